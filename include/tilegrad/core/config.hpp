@@ -1,0 +1,40 @@
+// Build configuration: which backends are compiled in, and the few macros the library uses.
+#pragma once
+
+#include <cstdint>
+
+#if !defined(TILEGRAD_USE_XSIMD)
+#if __has_include(<xsimd/xsimd.hpp>)
+#define TILEGRAD_USE_XSIMD 1
+#else
+#define TILEGRAD_USE_XSIMD 0
+#endif
+#endif
+
+#if !defined(TILEGRAD_USE_TBB)
+#if __has_include(<tbb/parallel_for.h>)
+#define TILEGRAD_USE_TBB 1
+#else
+#define TILEGRAD_USE_TBB 0
+#endif
+#endif
+
+#if !defined(TILEGRAD_USE_OPENMP)
+#if defined(_OPENMP)
+#define TILEGRAD_USE_OPENMP 1
+#else
+#define TILEGRAD_USE_OPENMP 0
+#endif
+#endif
+
+// Hot-path helpers are forced inline: the fused loops only vectorise when every node of an
+// expression is inlined into the loop body.
+#if defined(__GNUC__) || defined(__clang__)
+#define TILEGRAD_INLINE inline __attribute__((always_inline))
+#else
+#define TILEGRAD_INLINE inline
+#endif
+
+namespace tilegrad {
+inline namespace v0 {}
+} // namespace tilegrad

@@ -1,0 +1,176 @@
+// The one place that includes xsimd. Maps (element type, lane count) to a vector type, with
+// width 1 (the plain scalar) for any type that has no SIMD register: a custom scalar such as a
+// dual or adjoint number flows through the very same loops at width 1.
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+
+#include <cstdint>
+#include <type_traits>
+
+#if TILEGRAD_USE_XSIMD
+#include <xsimd/xsimd.hpp>
+#endif
+
+namespace tilegrad::simd {
+
+#if TILEGRAD_USE_XSIMD
+template <class T>
+inline constexpr bool is_vectorizable_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
+    std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint32_t> ||
+    std::is_same_v<T, std::uint64_t>;
+
+template <class T>
+inline constexpr int native_width_impl() {
+  if constexpr (is_vectorizable_v<T>)
+    return static_cast<int>(xsimd::batch<T>::size);
+  else
+    return 1;
+}
+#else
+template <class T>
+inline constexpr bool is_vectorizable_v = false;
+template <class T>
+inline constexpr int native_width_impl() {
+  return 1;
+}
+#endif
+
+/// Lanes of T in the widest register the build targets; 1 for a type without one.
+/// This is the trait a custom scalar type falls back through.
+template <class T>
+inline constexpr int native_width = native_width_impl<T>();
+
+namespace detail {
+template <class T, int W, class = void>
+struct vec_of {
+  using type = void; // no vector of this width
+};
+template <class T>
+struct vec_of<T, 1> {
+  using type = T;
+};
+#if TILEGRAD_USE_XSIMD
+template <class T, int W>
+  requires(W > 1 && is_vectorizable_v<T>)
+struct vec_of<T, W> {
+  using type = xsimd::make_sized_batch_t<T, static_cast<std::size_t>(W)>;
+};
+// A bool lane set of width W is the comparison mask of the float (or else double) vector of W
+// lanes; masks of other element types are converted to it where they meet.
+template <int W>
+  requires(W > 1)
+struct vec_of<bool, W> {
+  using fbatch = xsimd::make_sized_batch_t<float, static_cast<std::size_t>(W)>;
+  using dbatch = xsimd::make_sized_batch_t<double, static_cast<std::size_t>(W)>;
+  using type = typename std::conditional_t<!std::is_void_v<fbatch>, fbatch, dbatch>::batch_bool_type;
+};
+#endif
+} // namespace detail
+
+/// The vector of W lanes of T: T itself at W = 1, an xsimd batch or batch_bool otherwise, void
+/// when this build has no such register.
+template <class T, int W>
+using vec_t = typename detail::vec_of<T, W>::type;
+
+template <class T, int W>
+inline constexpr bool has_vec_v = !std::is_void_v<vec_t<T, W>>;
+
+template <class V>
+inline constexpr bool is_batch_v = false;
+template <class V>
+inline constexpr bool is_mask_v = false;
+#if TILEGRAD_USE_XSIMD
+template <class T, class A>
+inline constexpr bool is_batch_v<xsimd::batch<T, A>> = true;
+template <class T, class A>
+inline constexpr bool is_mask_v<xsimd::batch_bool<T, A>> = true;
+#endif
+
+template <class T, int W>
+TILEGRAD_INLINE vec_t<T, W> load(T const* p) {
+  if constexpr (W == 1)
+    return *p;
+  else
+    return vec_t<T, W>::load_unaligned(p);
+}
+
+template <class T, int W>
+TILEGRAD_INLINE void store(T* p, vec_t<T, W> const& v) {
+  if constexpr (W == 1)
+    *p = v;
+  else
+    v.store_unaligned(p);
+}
+
+template <class T, int W>
+TILEGRAD_INLINE vec_t<T, W> splat(T const& x) {
+  if constexpr (W == 1)
+    return x;
+  else
+    return vec_t<T, W>(x);
+}
+
+namespace detail {
+template <class T, int W>
+struct mask_of {
+  using type = typename vec_t<T, W>::batch_bool_type;
+};
+template <int W>
+struct mask_of<bool, W> {
+  using type = vec_t<bool, W>;
+};
+} // namespace detail
+
+/// Converts a comparison mask (of any element type) to the mask that selects between vectors
+/// of T with W lanes; T = bool gives the canonical mask type of W lanes.
+template <class T, int W, class M>
+TILEGRAD_INLINE auto mask_for(M const& m) {
+  if constexpr (W == 1) {
+    return static_cast<bool>(m);
+  } else {
+    using target_t = typename detail::mask_of<T, W>::type;
+    if constexpr (std::is_same_v<M, target_t>) {
+      return m;
+    } else if constexpr (std::is_same_v<typename M::register_type,
+                                        typename target_t::register_type>) {
+      return target_t(m.data); // AVX-512 mask registers: same bits whatever the element type
+    } else if constexpr (sizeof(typename M::register_type) ==
+                         sizeof(typename target_t::register_type)) {
+      // SSE/AVX: a mask is a full register of all-ones / all-zeros lanes; reinterpret it.
+      typename target_t::register_type r;
+      __builtin_memcpy(&r, &m.data, sizeof r);
+      return target_t(r);
+    } else {
+      // Different lane sizes (an int64 mask selecting float lanes): go through memory.
+      alignas(64) bool tmp[W];
+      m.store_unaligned(tmp);
+      return target_t::load_unaligned(tmp);
+    }
+  }
+}
+
+/// Element-type conversion of a vector (or scalar at width 1).
+template <class To, int W, class From, class V>
+TILEGRAD_INLINE vec_t<To, W> convert(V const& v) {
+  if constexpr (W == 1) {
+    return static_cast<To>(v);
+  } else if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else {
+#if TILEGRAD_USE_XSIMD
+    if constexpr (sizeof(To) == sizeof(From)) {
+      return xsimd::batch_cast<To>(v);
+    } else {
+      alignas(64) From in[W];
+      alignas(64) To out[W];
+      v.store_unaligned(in);
+      for (int i = 0; i < W; ++i) out[i] = static_cast<To>(in[i]);
+      return vec_t<To, W>::load_unaligned(out);
+    }
+#endif
+  }
+}
+
+} // namespace tilegrad::simd

@@ -1,0 +1,96 @@
+// Element-type rules: promotion between tile element types (Triton's rules), and the map from
+// a kernel's scalar type to "fp32 in the current mode".
+#pragma once
+
+#include "tilegrad/core/bf16.hpp"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace tilegrad {
+
+/// Element types that are plain machine numbers (every other type is a "custom scalar").
+template <class T>
+inline constexpr bool is_builtin_v = std::is_arithmetic_v<T> || std::is_same_v<T, bf16>;
+
+template <class T>
+inline constexpr bool is_integer_v = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+/// Floating element types: float, double, bf16 and every custom scalar (dual, adjoint, ...).
+template <class T>
+inline constexpr bool is_floating_v = std::is_floating_point_v<T> || !is_builtin_v<T>;
+
+namespace detail {
+template <class A, class B>
+struct promote {
+  using type = std::common_type_t<A, B>;
+};
+// A custom scalar absorbs builtin numbers: dual<float> * 2.0f stays dual<float>.
+template <class A, class B>
+  requires(!is_builtin_v<A> && is_builtin_v<B>)
+struct promote<A, B> {
+  using type = A;
+};
+template <class A, class B>
+  requires(is_builtin_v<A> && !is_builtin_v<B>)
+struct promote<A, B> {
+  using type = B;
+};
+template <class A>
+  requires(!is_builtin_v<A>)
+struct promote<A, A> {
+  using type = A;
+};
+// bool participates in arithmetic as int32, as in Triton.
+template <>
+struct promote<bool, bool> {
+  using type = std::int32_t;
+};
+} // namespace detail
+
+/// Result element type of a binary arithmetic op on tiles of A and B (Triton's promotion:
+/// int32 op int64 -> int64, integer op float -> float, float op double -> double).
+template <class A, class B>
+using promote_t = typename detail::promote<A, B>::type;
+
+namespace detail {
+template <class T>
+struct fp32_of {
+  using type = float; // integers, bool and bf16 compute in float
+};
+template <>
+struct fp32_of<double> {
+  using type = double; // the fp64 instantiation of a kernel stays fp64
+};
+template <class T>
+  requires(!is_builtin_v<T>)
+struct fp32_of<T> {
+  using type = T; // custom scalars name themselves (they specialise this to refine it)
+};
+} // namespace detail
+
+/// "fp32 in the current mode" (Triton's tl.float32): float on the fast path, double in the
+/// fp64 reference, the mode's own scalar for dual and adjoint numbers.
+template <class T>
+using fp32 = typename detail::fp32_of<std::remove_cv_t<T>>::type;
+
+/// Accumulator type of reductions and dot: fp32 for floats, int32 for small integers.
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, bool>, std::int32_t,
+                                 std::conditional_t<std::is_same_v<T, bf16>, float, T>>;
+
+/// Triton's cdiv: ceiling division of positive integers.
+template <class I>
+constexpr I cdiv(I a, I b) {
+  return (a + b - 1) / b;
+}
+
+/// Smallest power of two >= n (1 for n <= 1).
+template <class I>
+constexpr I next_power_of_2(I n) {
+  I p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+} // namespace tilegrad

@@ -1,0 +1,134 @@
+// dot(a, b[, acc]): the tile matrix product (Triton's tl.dot), a @ b + acc, accumulating in
+// fp32 (fp64 for double). Float and double run a register-blocked micro-kernel: a block of
+// MR rows x NB vectors of C lives in registers while k runs, each step broadcasting one
+// element of A and loading NB vectors of one row of B (B is row-major: no packing needed).
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/core/simd.hpp"
+#include "tilegrad/core/types.hpp"
+#include "tilegrad/tile/elementwise.hpp"
+#include "tilegrad/tile/expr.hpp"
+#include "tilegrad/tile/reduce.hpp"
+#include "tilegrad/tile/tile.hpp"
+
+#include <type_traits>
+#include <utility>
+
+namespace tilegrad {
+
+namespace detail {
+
+// C[i0:i0+MR, j0:j0+NB*W] += A[i0:i0+MR, :] @ B[:, j0:j0+NB*W]
+template <class T, int W, int MR, int NB, int N, int K>
+TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
+  using V = simd::vec_t<T, W>;
+  V acc[MR][NB];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int q = 0; q < NB; ++q) acc[r][q] = simd::load<T, W>(c + (i0 + r) * N + j0 + q * W);
+  for (int k = 0; k < K; ++k) {
+    V bv[NB];
+#pragma GCC unroll 8
+    for (int q = 0; q < NB; ++q) bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      V const av = simd::splat<T, W>(a[(i0 + r) * K + k]);
+#pragma GCC unroll 8
+      for (int q = 0; q < NB; ++q) acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int q = 0; q < NB; ++q) simd::store<T, W>(c + (i0 + r) * N + j0 + q * W, acc[r][q]);
+}
+
+// All row blocks of one column block of NB vectors starting at j0.
+template <class T, int W, int MR, int NB, int M, int N, int K>
+TILEGRAD_INLINE void gemm_columns(T* c, T const* a, T const* b, int j0) {
+  constexpr int full = M / MR * MR;
+  for (int i0 = 0; i0 < full; i0 += MR) gemm_block<T, W, MR, NB, N, K>(c, a, b, i0, j0);
+  if constexpr (M % MR != 0) gemm_block<T, W, M % MR, NB, N, K>(c, a, b, full, j0);
+}
+
+/// C (M x N) += A (M x K) @ B (K x N), all row-major and contiguous.
+template <class T, int M, int N, int K>
+void gemm(T* c, T const* a, T const* b) {
+  constexpr int W = simd::native_width<T>;
+  if constexpr (W == 1) {
+    for (int i = 0; i < M; ++i)
+      for (int k = 0; k < K; ++k) {
+        T const aik = a[i * K + k];
+        for (int j = 0; j < N; ++j) c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
+      }
+  } else {
+    // Register budget: 32 vector registers with AVX-512, 16 otherwise. MR x NB accumulators,
+    // NB operands of B and one broadcast of A must fit.
+    constexpr bool wide = W * sizeof(T) == 64;
+    constexpr int NB = wide ? 4 : 2;
+    constexpr int MR = 6;
+    constexpr int NV = N / W; // whole vectors per row
+    constexpr int jfull = NV / NB * NB * W;
+    for (int j0 = 0; j0 < jfull; j0 += NB * W) gemm_columns<T, W, MR, NB, M, N, K>(c, a, b, j0);
+    if constexpr (NV % NB != 0) gemm_columns<T, W, MR, NV % NB, M, N, K>(c, a, b, jfull);
+    // Columns past the last whole vector.
+    if constexpr (N % W != 0) {
+      constexpr int j1 = NV * W;
+      for (int i = 0; i < M; ++i)
+        for (int k = 0; k < K; ++k) {
+          T const aik = a[i * K + k];
+          for (int j = j1; j < N; ++j) c[i * N + j] += aik * b[k * N + j];
+        }
+    }
+  }
+}
+
+template <class T, class E>
+TILEGRAD_INLINE decltype(auto) materialize(E&& e) {
+  using D = std::remove_cvref_t<E>;
+  if constexpr (is_tile_v<D> && std::is_same_v<typename D::value_type, T>)
+    return std::forward<E>(e); // already contiguous storage of the right type
+  else
+    return tile_t<T, shape_of_t<D>>(to<T>(std::forward<E>(e)));
+}
+
+template <class A, class B>
+struct dot_shapes_do_not_match {
+  static_assert(A::rank == 2 && B::rank == 2 && A::dim(1) == B::dim(0),
+                "tilegrad: dot(a, b) needs a (M x K) and b (K x N) with the same K");
+  static constexpr bool value = true;
+};
+
+} // namespace detail
+
+/// dot(a, b, acc) = a @ b + acc, with a of shape (M, K), b (K, N), acc (M, N); bf16 and
+/// integer operands compute in float, double in double.
+template <tile_expression A, tile_expression B, tile_expression C>
+auto dot(A&& a, B&& b, C&& acc) {
+  using SA = shape_of_t<A>;
+  using SB = shape_of_t<B>;
+  static_assert(detail::dot_shapes_do_not_match<SA, SB>::value);
+  constexpr int M = SA::dim(0), K = SA::dim(1), N = SB::dim(1);
+  static_assert(std::is_same_v<shape_of_t<C>, shape<M, N>>,
+                "tilegrad: dot(a, b, acc): acc must have shape (M, N) of a @ b");
+  using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
+  tile<T, M, N> out(acc);
+  auto&& ta = detail::materialize<T>(std::forward<A>(a));
+  auto&& tb = detail::materialize<T>(std::forward<B>(b));
+  detail::gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
+  return out;
+}
+
+/// dot(a, b) = a @ b.
+template <tile_expression A, tile_expression B>
+auto dot(A&& a, B&& b) {
+  using SA = shape_of_t<A>;
+  using SB = shape_of_t<B>;
+  static_assert(detail::dot_shapes_do_not_match<SA, SB>::value);
+  using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
+  return dot(std::forward<A>(a), std::forward<B>(b), tile<T, SA::dim(0), SB::dim(1)>());
+}
+
+} // namespace tilegrad

@@ -1,0 +1,41 @@
+// Evaluation: the only place with loops over expression elements. One fused loop per
+// expression: full SIMD batches along each innermost row, a scalar tail at the row's end.
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/core/simd.hpp"
+#include "tilegrad/tile/expr.hpp"
+
+#include <type_traits>
+
+namespace tilegrad::detail {
+
+/// Lanes an evaluation into T uses: T's register width (bool tiles go at float's width).
+template <class T>
+inline constexpr int eval_width =
+    std::is_same_v<T, bool> ? simd::native_width<float> : simd::native_width<T>;
+
+/// The lane count evaluating E into a T uses: the vector width when every node of E supports
+/// it, else 1 (the scalar path, which any element type supports).
+template <class T, class E>
+inline constexpr int width_for = (eval_width<T> > 1 && E::template vectorizes<eval_width<T>>)
+                                     ? eval_width<T>
+                                     : 1;
+
+/// dst[row, col] = e[row, col] over shape S, in one pass. E::value_type must be T.
+template <class S, class T, class E>
+TILEGRAD_INLINE void assign(T* dst, E const& e) {
+  static_assert(std::is_same_v<value_of_t<E>, T>);
+  constexpr int W = width_for<T, E>;
+  constexpr int N = S::inner;
+  for (int r = 0; r < S::rows; ++r) {
+    T* d = dst + r * N;
+    int c = 0;
+    if constexpr (W > 1) {
+      for (; c + W <= N; c += W) simd::store<T, W>(d + c, e.template load<W>(r, c));
+    }
+    for (; c < N; ++c) d[c] = e.template load<1>(r, c);
+  }
+}
+
+} // namespace tilegrad::detail

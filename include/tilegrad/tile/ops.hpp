@@ -1,0 +1,353 @@
+// The op table: one functor per elementwise operation, with its value rule (one generic body
+// that serves plain scalars, xsimd batches and custom scalar types alike, found by ADL) and,
+// beside it, its reverse-mode rule. Everything elementwise in tilegrad goes through here.
+//
+// Reverse rules take the operands, the result and the result's adjoint `g`, and return the
+// adjoint contribution to one operand: unary `grad(x, y, g)`, binary `grad0/grad1(a, b, y, g)`.
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/core/simd.hpp"
+#include "tilegrad/core/types.hpp"
+
+#include <cmath>
+#include <numbers>
+#include <type_traits>
+
+namespace tilegrad::ops {
+
+namespace detail {
+// Brings std:: and xsimd:: math into overload resolution next to ADL, so one body serves
+// float, batch<float> and a custom scalar's own exp().
+using std::abs, std::cos, std::erf, std::exp, std::exp2, std::fma, std::fmod, std::log,
+    std::log2, std::sin, std::sqrt, std::tanh;
+#if TILEGRAD_USE_XSIMD
+using xsimd::abs, xsimd::cos, xsimd::erf, xsimd::exp, xsimd::exp2, xsimd::fma, xsimd::fmod,
+    xsimd::log, xsimd::log2, xsimd::sin, xsimd::sqrt, xsimd::tanh;
+#endif
+
+template <class V>
+TILEGRAD_INLINE V one() {
+  return V(1);
+}
+
+template <class M, class V>
+TILEGRAD_INLINE V select(M const& m, V const& a, V const& b) {
+#if TILEGRAD_USE_XSIMD
+  if constexpr (simd::is_batch_v<V>) return xsimd::select(m, a, b);
+#endif
+  if constexpr (!simd::is_batch_v<V>) return m ? a : b;
+}
+} // namespace detail
+
+/// Ops whose results are bool (comparisons, logic) derive this; they have no reverse rule.
+struct predicate {
+  static constexpr bool differentiable = false;
+  template <class T>
+  using result = bool;
+};
+/// Ops that keep their operands' element type.
+struct same_type {
+  static constexpr bool differentiable = true;
+  template <class T>
+  using result = T;
+  template <class T>
+  static constexpr bool vectorizes = true;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Unary ops
+// ---------------------------------------------------------------------------------------------
+
+#define TILEGRAD_UNARY_MATH(NAME, VALUE, GRAD)                                                     \
+  struct NAME : same_type {                                                                        \
+    static constexpr char const* name = #NAME;                                                     \
+    static constexpr bool floating_only = true;                                                    \
+    template <class V>                                                                             \
+    TILEGRAD_INLINE static V apply(V const& x) {                                                   \
+      using namespace detail;                                                                      \
+      return VALUE;                                                                                \
+    }                                                                                              \
+    template <class V>                                                                             \
+    TILEGRAD_INLINE static V grad([[maybe_unused]] V const& x, [[maybe_unused]] V const& y,        \
+                                  V const& g) {                                                    \
+      using namespace detail;                                                                      \
+      return GRAD;                                                                                 \
+    }                                                                                              \
+  };
+
+// name     value                          d/dx expressed with x, y = f(x) and upstream g
+TILEGRAD_UNARY_MATH(exp_op, exp(x), g* y)
+TILEGRAD_UNARY_MATH(exp2_op, exp2(x), g* y * V(std::numbers::ln2))
+TILEGRAD_UNARY_MATH(log_op, log(x), g / x)
+TILEGRAD_UNARY_MATH(log2_op, log2(x), g / (x * V(std::numbers::ln2)))
+TILEGRAD_UNARY_MATH(sqrt_op, sqrt(x), g / (V(2) * y))
+TILEGRAD_UNARY_MATH(rsqrt_op, one<V>() / sqrt(x), g * V(-0.5) * y * y * y)
+TILEGRAD_UNARY_MATH(sin_op, sin(x), g* cos(x))
+TILEGRAD_UNARY_MATH(cos_op, cos(x), -(g * sin(x)))
+TILEGRAD_UNARY_MATH(sigmoid_op, one<V>() / (one<V>() + exp(-x)), g* y*(one<V>() - y))
+TILEGRAD_UNARY_MATH(tanh_op, tanh(x), g*(one<V>() - y * y))
+TILEGRAD_UNARY_MATH(erf_op, erf(x), g* V(std::numbers::inv_sqrtpi * 2) * exp(-(x * x)))
+#undef TILEGRAD_UNARY_MATH
+
+struct abs_op : same_type {
+  static constexpr char const* name = "abs";
+  static constexpr bool floating_only = false;
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& x) {
+    using namespace detail;
+    if constexpr (std::is_integral_v<V> && sizeof(V) < sizeof(int))
+      return static_cast<V>(abs(static_cast<int>(x)));
+    else
+      return abs(x);
+  }
+  // Subgradient 0 at x == 0, as in PyTorch and JAX.
+  template <class V>
+  TILEGRAD_INLINE static V grad(V const& x, V const&, V const& g) {
+    return detail::select(x > V(0), g, detail::select(x < V(0), -g, V(0)));
+  }
+};
+
+struct neg_op : same_type {
+  static constexpr char const* name = "neg";
+  static constexpr bool floating_only = false;
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& x) {
+    return -x;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad(V const&, V const&, V const& g) {
+    return -g;
+  }
+};
+
+/// Bitwise complement on integers, logical not on bool tiles.
+struct invert_op : same_type {
+  static constexpr char const* name = "invert";
+  static constexpr bool differentiable = false;
+  static constexpr bool floating_only = false;
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& x) {
+    if constexpr (std::is_same_v<V, bool>)
+      return !x;
+    else
+      return ~x; // batch_bool's ~ is logical not as well
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Binary ops
+// ---------------------------------------------------------------------------------------------
+
+struct add_op : same_type {
+  static constexpr char const* name = "add";
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b) {
+    return a + b;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const&, V const&, V const&, V const& g) {
+    return g;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const&, V const&, V const&, V const& g) {
+    return g;
+  }
+};
+
+struct sub_op : same_type {
+  static constexpr char const* name = "sub";
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b) {
+    return a - b;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const&, V const&, V const&, V const& g) {
+    return g;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const&, V const&, V const&, V const& g) {
+    return -g;
+  }
+};
+
+struct mul_op : same_type {
+  static constexpr char const* name = "mul";
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b) {
+    return a * b;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const&, V const& b, V const&, V const& g) {
+    return g * b;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const& a, V const&, V const&, V const& g) {
+    return g * a;
+  }
+};
+
+/// Division: true division on floats; on integers C's truncating division, which is Triton's
+/// `//` on integer tensors.
+struct div_op : same_type {
+  static constexpr char const* name = "div";
+  template <class T>
+  static constexpr bool vectorizes = !std::is_integral_v<T>; // no SIMD integer division
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b) {
+    return a / b;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const&, V const& b, V const&, V const& g) {
+    return g / b;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const&, V const& b, V const& y, V const& g) {
+    return -(g * y / b);
+  }
+};
+
+/// Remainder with the sign of the dividend (C's `%` and fmod; Triton's `%`).
+struct mod_op : same_type {
+  static constexpr char const* name = "mod";
+  template <class T>
+  static constexpr bool vectorizes = false;
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b) {
+    using namespace detail;
+    if constexpr (std::is_integral_v<V>)
+      return a % b;
+    else
+      return fmod(a, b);
+  }
+  // d/da = 1, d/db = -trunc(a / b): piecewise, with y = a - trunc(a/b) * b.
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const&, V const&, V const&, V const& g) {
+    return g;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const& a, V const& b, V const& y, V const& g) {
+    return -(g * ((a - y) / b));
+  }
+};
+
+/// maximum/minimum: on ties the gradient goes to the first operand (documented, deterministic).
+struct maximum_op : same_type {
+  static constexpr char const* name = "maximum";
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b) {
+    return detail::select(b > a, b, a);
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const& a, V const& b, V const&, V const& g) {
+    return detail::select(b > a, V(0), g);
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const& a, V const& b, V const&, V const& g) {
+    return detail::select(b > a, g, V(0));
+  }
+};
+
+struct minimum_op : same_type {
+  static constexpr char const* name = "minimum";
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b) {
+    return detail::select(b < a, b, a);
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const& a, V const& b, V const&, V const& g) {
+    return detail::select(b < a, V(0), g);
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const& a, V const& b, V const&, V const& g) {
+    return detail::select(b < a, g, V(0));
+  }
+};
+
+#define TILEGRAD_INTEGER_BINARY(NAME, EXPR, VEC)                                                   \
+  struct NAME : same_type {                                                                        \
+    static constexpr char const* name = #NAME;                                                     \
+    static constexpr bool differentiable = false;                                                  \
+    template <class T>                                                                             \
+    static constexpr bool vectorizes = VEC;                                                        \
+    template <class V>                                                                             \
+    TILEGRAD_INLINE static V apply(V const& a, V const& b) {                                       \
+      return EXPR;                                                                                 \
+    }                                                                                              \
+  };
+// On bool tiles &, |, ^ are the logical operations.
+TILEGRAD_INTEGER_BINARY(and_op, a& b, true)
+TILEGRAD_INTEGER_BINARY(or_op, a | b, true)
+TILEGRAD_INTEGER_BINARY(xor_op, a ^ b, true)
+TILEGRAD_INTEGER_BINARY(shl_op, a << b, false)
+TILEGRAD_INTEGER_BINARY(shr_op, a >> b, false)
+#undef TILEGRAD_INTEGER_BINARY
+
+#define TILEGRAD_COMPARISON(NAME, OP)                                                              \
+  struct NAME : predicate {                                                                        \
+    static constexpr char const* name = #NAME;                                                     \
+    template <class T>                                                                             \
+    static constexpr bool vectorizes = true;                                                       \
+    template <class V>                                                                             \
+    TILEGRAD_INLINE static auto apply(V const& a, V const& b) {                                    \
+      return a OP b;                                                                               \
+    }                                                                                              \
+  };
+TILEGRAD_COMPARISON(eq_op, ==)
+TILEGRAD_COMPARISON(ne_op, !=)
+TILEGRAD_COMPARISON(lt_op, <)
+TILEGRAD_COMPARISON(le_op, <=)
+TILEGRAD_COMPARISON(gt_op, >)
+TILEGRAD_COMPARISON(ge_op, >=)
+#undef TILEGRAD_COMPARISON
+
+// ---------------------------------------------------------------------------------------------
+// Ternary ops
+// ---------------------------------------------------------------------------------------------
+
+/// where(c, a, b): a where c holds, else b. The mask gets no gradient.
+struct where_op : same_type {
+  static constexpr char const* name = "where";
+  template <class M, class V>
+  TILEGRAD_INLINE static V apply(M const& c, V const& a, V const& b) {
+    if constexpr (simd::is_batch_v<V>)
+      return detail::select(simd::mask_for<typename V::value_type, int(V::size)>(c), a, b);
+    else
+      return c ? a : b;
+  }
+  template <class M, class V>
+  TILEGRAD_INLINE static V grad1(M const& c, V const& g) {
+    return detail::select(c, g, V(0));
+  }
+  template <class M, class V>
+  TILEGRAD_INLINE static V grad2(M const& c, V const& g) {
+    return detail::select(c, V(0), g);
+  }
+};
+
+/// fma(a, b, c) = a * b + c, fused where the hardware has it.
+struct fma_op : same_type {
+  static constexpr char const* name = "fma";
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& a, V const& b, V const& c) {
+    using namespace detail;
+    if constexpr (std::is_arithmetic_v<V> || simd::is_batch_v<V>)
+      return fma(a, b, c);
+    else
+      return a * b + c;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad0(V const&, V const& b, V const&, V const& g) {
+    return g * b;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad1(V const& a, V const&, V const&, V const& g) {
+    return g * a;
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad2(V const&, V const&, V const&, V const& g) {
+    return g;
+  }
+};
+
+} // namespace tilegrad::ops

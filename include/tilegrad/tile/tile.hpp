@@ -1,0 +1,130 @@
+// tile<T, N...>: a value-semantics block of T with a compile-time shape (Triton's block).
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/core/shape.hpp"
+#include "tilegrad/core/simd.hpp"
+#include "tilegrad/core/types.hpp"
+#include "tilegrad/tile/eval.hpp"
+#include "tilegrad/tile/expr.hpp"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace tilegrad {
+
+namespace detail {
+// Instantiated only on a shape mismatch: the compiler prints its name, which holds both shapes.
+template <class Target, class Source>
+struct cannot_assign_tile_shape {
+  static_assert(std::is_same_v<Target, Source>,
+                "tilegrad: tile shape mismatch: the expression's shape differs from the tile's "
+                "(broadcast_to<...>(e) or reshape<...>(e) makes it match)");
+  static constexpr bool value = true;
+};
+template <class Target, class Source>
+inline constexpr bool require_same_shape =
+    std::is_same_v<Target, Source> || cannot_assign_tile_shape<Target, Source>::value;
+
+template <class To, class From>
+struct cannot_convert_tile_implicitly {
+  static_assert(std::is_same_v<To, From>,
+                "tilegrad: narrowing element-type conversion: write to<T>(e) to convert "
+                "explicitly");
+  static constexpr bool value = true;
+};
+// Implicit conversion is allowed where Triton would promote (int -> float, float -> double,
+// float -> a custom scalar); narrowing needs to<T>.
+template <class To, class From>
+inline constexpr bool require_implicit =
+    std::is_same_v<promote_t<To, From>, To> || cannot_convert_tile_implicitly<To, From>::value;
+} // namespace detail
+
+template <class T, int... Ns>
+class tile : public node_base {
+public:
+  using value_type = T;
+  using shape_type = shape<Ns...>;
+  static constexpr int rank = shape_type::rank;
+  static constexpr int size = shape_type::size;
+  static constexpr bool may_alias = false;
+  template <int W>
+  static constexpr bool vectorizes = simd::has_vec_v<T, W>;
+
+  /// Zero-filled.
+  tile() : data_{} {}
+
+  /// Every element equal to v.
+  explicit tile(T const& v) { std::fill_n(data_, size, v); }
+
+  /// Evaluates an expression (one fused loop).
+  template <tile_expression E>
+    requires(!std::is_same_v<std::remove_cvref_t<E>, tile>)
+  tile(E const& e) { // NOLINT: implicit, as in `tile<float, 16> y = exp(x);`
+    static_assert(detail::require_same_shape<shape_type, shape_of_t<E>>);
+    static_assert(detail::require_implicit<T, value_of_t<E>>);
+    assign_from(e);
+  }
+
+  tile(tile const&) = default;
+  tile& operator=(tile const&) = default;
+
+  template <tile_expression E>
+    requires(!std::is_same_v<std::remove_cvref_t<E>, tile>)
+  tile& operator=(E const& e) {
+    static_assert(detail::require_same_shape<shape_type, shape_of_t<E>>);
+    static_assert(detail::require_implicit<T, value_of_t<E>>);
+    if constexpr (std::remove_cvref_t<E>::may_alias) {
+      tile tmp(e); // a permuted view of this very tile would read what it overwrites
+      *this = tmp;
+    } else {
+      assign_from(e);
+    }
+    return *this;
+  }
+
+  T* data() { return data_; }
+  T const* data() const { return data_; }
+
+  /// Element access by coordinates (for tests and host code; kernels use tile algebra).
+  template <class... I>
+  T& operator()(I... idx) {
+    return data_[flat(idx...)];
+  }
+  template <class... I>
+  T const& operator()(I... idx) const {
+    return data_[flat(idx...)];
+  }
+
+  /// The value of a rank-0 tile.
+  T const& item() const
+    requires(rank == 0)
+  {
+    return data_[0];
+  }
+
+  // Node protocol: a temporary tile held by an expression reads like a tile_ref.
+  template <int W>
+  TILEGRAD_INLINE simd::vec_t<T, W> load(int row, int col) const {
+    return simd::load<T, W>(data_ + row * shape_type::inner + col);
+  }
+
+private:
+  template <class E>
+  void assign_from(E const& e) {
+    auto n = detail::convert_as<T>(detail::as_node(e));
+    detail::assign<shape_type>(data_, n);
+  }
+
+  template <class... I>
+  static int flat(I... idx) {
+    static_assert(sizeof...(I) == rank, "tilegrad: give one index per axis");
+    int f = 0, a = 0;
+    ((f += static_cast<int>(idx) * shape_type::stride(a++)), ...);
+    return f;
+  }
+
+  alignas(64) T data_[size];
+};
+
+} // namespace tilegrad
