@@ -1,0 +1,5 @@
+#include <tilegrad/tilegrad.hpp>
+
+int main() {
+  return 0;
+}
