@@ -1,0 +1,311 @@
+// launch(grid, kernel, args...): runs a kernel once per program id, on TBB, OpenMP or a plain
+// loop. The one header that includes TBB and OpenMP, so the rest of the library stays free of
+// both and a build without them (the `scalar` preset) only loses the parallel executors.
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/grid/program.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#if TILEGRAD_USE_TBB
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+#include <tbb/task_group.h>
+#endif
+
+#if TILEGRAD_USE_OPENMP
+#if !defined(_OPENMP)
+#error "tilegrad: TILEGRAD_USE_OPENMP=1 but this file is not compiled with OpenMP (-fopenmp); link tilegrad::tilegrad, or define TILEGRAD_USE_OPENMP=0"
+#endif
+#include <mutex>
+#include <omp.h>
+#endif
+
+namespace tilegrad {
+
+/// How the programs of a launch are run.
+enum class executor {
+  tbb,        ///< tbb::parallel_for, one task per program (the default when TBB is compiled in)
+  openmp,     ///< `omp parallel for schedule(dynamic, 1)`
+  sequential, ///< a plain loop in linear order on the calling thread: deterministic, debuggable
+};
+
+/// "tbb", "openmp", "sequential", or "executor(<n>)" for a value that names none of them.
+inline std::string to_string(executor e) {
+  switch (e) {
+  case executor::tbb: return "tbb";
+  case executor::openmp: return "openmp";
+  case executor::sequential: return "sequential";
+  }
+  return "executor(" + std::to_string(static_cast<int>(e)) + ")";
+}
+
+/// Whether `e` is compiled into this build (TILEGRAD_USE_TBB / TILEGRAD_USE_OPENMP).
+constexpr bool executor_available(executor e) {
+  switch (e) {
+  case executor::tbb: return TILEGRAD_USE_TBB != 0;
+  case executor::openmp: return TILEGRAD_USE_OPENMP != 0;
+  case executor::sequential: return true;
+  }
+  return false;
+}
+
+namespace detail {
+inline constexpr executor compiled_default_executor = TILEGRAD_USE_TBB      ? executor::tbb
+                                                      : TILEGRAD_USE_OPENMP ? executor::openmp
+                                                                            : executor::sequential;
+
+// Process-wide defaults; atomics so that setting them races with no launch.
+inline std::atomic<executor> default_executor{compiled_default_executor};
+inline std::atomic<int> default_num_threads{0};
+
+inline void check_executor(executor e, char const* who) {
+  if (!executor_available(e)) {
+    auto const name = to_string(e);
+    if (name.starts_with("executor("))
+      throw std::invalid_argument(std::string(who) + ": unknown executor " + name);
+    throw std::invalid_argument(std::string(who) + ": executor " + name +
+                                " is not compiled into this build (TILEGRAD_USE_" +
+                                (e == executor::tbb ? "TBB" : "OPENMP") + "=0)");
+  }
+}
+
+inline void check_num_threads(int n, char const* who) {
+  if (n < 0)
+    throw std::invalid_argument(std::string(who) + ": num_threads is " + std::to_string(n) +
+                                "; it must be 0 (all hardware threads) or positive");
+}
+} // namespace detail
+
+/// Options of one launch. A default-constructed value holds the process-wide defaults at the
+/// moment of construction (see set_default_executor / set_num_threads), so
+/// `launch_options{.num_threads = 2}` changes the thread count and keeps the default executor.
+struct launch_options {
+  executor exec = detail::default_executor.load(std::memory_order_relaxed);
+  /// Most threads the launch uses; 0 = all hardware threads (TBB: the concurrency of the
+  /// enclosing task arena, so a nested launch inherits its caller's limit). Ignored by the
+  /// sequential executor.
+  int num_threads = detail::default_num_threads.load(std::memory_order_relaxed);
+};
+
+/// Process-wide default executor of launch(grid, ...) and of launch_options{}.
+/// @throws std::invalid_argument when `e` is not compiled in.
+inline void set_default_executor(executor e) {
+  detail::check_executor(e, "tilegrad::set_default_executor");
+  detail::default_executor.store(e, std::memory_order_relaxed);
+}
+
+/// Process-wide default thread count (0 = all hardware threads).
+/// @throws std::invalid_argument when `n` is negative.
+inline void set_num_threads(int n) {
+  detail::check_num_threads(n, "tilegrad::set_num_threads");
+  detail::default_num_threads.store(n, std::memory_order_relaxed);
+}
+
+/// The process-wide defaults.
+inline launch_options default_options() {
+  return launch_options{};
+}
+
+namespace detail {
+
+/// Customization hook applied once per launch to every kernel argument; identity by default.
+/// A type that should reach kernels as something else (an owning tensor as its view) declares
+/// an overload found by argument-dependent lookup, best as a hidden friend:
+///   friend tensor<T> kernel_arg(owning_tensor& t) { return t.view(); }
+/// ADL finds it wherever its header is included relative to this one; an overload in
+/// tilegrad::detail itself is only seen when declared before this header. What kernel_arg
+/// returns must stay valid until launch returns (a value, or a reference into the argument).
+template <class A>
+constexpr A&& kernel_arg(A&& a) noexcept {
+  return std::forward<A>(a);
+}
+
+// How a prepared argument is held for the duration of a launch, and so what the kernel sees:
+// an lvalue reference stays one (the caller's object, its constness kept); a reference to a
+// temporary is seen as a const lvalue (programs share it; none may change it for the others);
+// a value returned by kernel_arg is stored once and seen as a const lvalue.
+template <class R>
+struct held_arg {
+  using type = R const;
+};
+template <class R>
+struct held_arg<R&> {
+  using type = R&;
+};
+template <class R>
+struct held_arg<R&&> {
+  using type = R const&;
+};
+
+// The unqualified call, made from inside tilegrad::detail, finds the identity above by ordinary
+// lookup and the argument type's own overloads by ADL (a qualified call would skip ADL).
+template <class A>
+constexpr decltype(auto) prepare_arg(A&& a) {
+  return kernel_arg(std::forward<A>(a));
+}
+template <class A>
+using held_arg_t = typename held_arg<decltype(prepare_arg(std::declval<A>()))>::type;
+
+inline void validate(launch_options const& opts, grid const& g) {
+  check_executor(opts.exec, "tilegrad::launch");
+  check_num_threads(opts.num_threads, "tilegrad::launch");
+  if (g.rank < 1 || g.rank > 3)
+    throw std::invalid_argument("tilegrad::launch: grid rank is " + std::to_string(g.rank) +
+                                "; it must be 1, 2 or 3");
+  for (int axis = 0; axis < g.rank; ++axis) {
+    int const extent = g.dims[static_cast<std::size_t>(axis)];
+    if (extent <= 0)
+      throw std::invalid_argument("tilegrad::launch: grid extent " + std::to_string(axis) +
+                                  " is " + std::to_string(extent) +
+                                  "; every extent must be positive");
+  }
+  for (int axis = g.rank; axis < 3; ++axis) {
+    if (g.dims[static_cast<std::size_t>(axis)] != 1)
+      throw std::invalid_argument("tilegrad::launch: grid of rank " + std::to_string(g.rank) +
+                                  " has extent " + std::to_string(axis) + " = " +
+                                  std::to_string(g.dims[static_cast<std::size_t>(axis)]) +
+                                  "; extents past the rank must be 1");
+  }
+}
+
+/// The program with linear index `linear` (axis 0 fastest).
+inline program program_at(grid const& g, std::int64_t linear) {
+  auto const n0 = std::int64_t{g.dims[0]};
+  auto const n1 = std::int64_t{g.dims[1]};
+  return program({static_cast<int>(linear % n0), static_cast<int>((linear / n0) % n1),
+                  static_cast<int>(linear / (n0 * n1))},
+                 g.dims);
+}
+
+// ----- executors: each calls run(linear) for every linear id in [0, n) ----------------------
+
+template <class Run>
+void run_sequential(std::int64_t n, Run& run) {
+  for (std::int64_t i = 0; i < n; ++i)
+    run(i);
+}
+
+#if TILEGRAD_USE_TBB
+template <class Run>
+void run_tbb(std::int64_t n, int num_threads, Run& run) {
+  auto loop = [&] {
+    // A bound context: cancelling an enclosing TBB task group (or an outer launch whose
+    // program threw) also stops this launch.
+    tbb::task_group_context ctx;
+    // isolate(): a thread waiting for this launch runs only this launch's programs, never
+    // an outer program (a nested launch's thread would otherwise pick up a sibling of the
+    // program that launched it, which breaks per-thread state and can self-deadlock on a lock).
+    tbb::this_task_arena::isolate([&] {
+      // Grain 1 with simple_partitioner: one task per program, so uneven programs (causal
+      // masks, block-sparse rows) balance; ~30-50 ns per program, small beside a tile program.
+      tbb::parallel_for(
+          tbb::blocked_range<std::int64_t>(0, n, 1),
+          [&](tbb::blocked_range<std::int64_t> const& r) {
+            for (std::int64_t i = r.begin(); i != r.end(); ++i)
+              run(i);
+          },
+          tbb::simple_partitioner{}, ctx);
+    });
+    // A program that throws makes parallel_for rethrow; a cancellation from outside returns
+    // normally with programs skipped, which must not pass for success.
+    if (ctx.is_group_execution_cancelled())
+      throw std::runtime_error("tilegrad::launch: cancelled by an enclosing TBB task group; "
+                               "some programs did not run");
+  };
+  if (num_threads > 0) {
+    // One arena per launch: about a microsecond, and concurrent launches never share a cap.
+    tbb::task_arena arena(num_threads);
+    arena.execute(loop);
+  } else {
+    loop();
+  }
+}
+#endif
+
+#if TILEGRAD_USE_OPENMP
+template <class Run>
+void run_openmp(std::int64_t n, int num_threads, Run& run) {
+  int const threads = num_threads > 0 ? num_threads : omp_get_max_threads();
+  // An exception must not leave the parallel region: keep the first, skip the rest, rethrow.
+  std::atomic<bool> failed{false};
+  std::exception_ptr first;
+  std::mutex first_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (failed.load(std::memory_order_relaxed))
+      continue;
+    try {
+      run(i);
+    } catch (...) {
+      std::lock_guard lock(first_mutex);
+      if (!first)
+        first = std::current_exception();
+      failed.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (first)
+    std::rethrow_exception(first);
+}
+#endif
+
+} // namespace detail
+
+/// Runs `kernel(p, args...)` once for every program `p` of grid `g`, in any order and possibly
+/// in parallel, each inside a detail::program_scope (so memory operations can name the program
+/// in errors), and returns when all have run. Every argument goes through detail::kernel_arg
+/// once, then reaches every call as an lvalue: the caller's object (constness kept) for an
+/// lvalue, a const lvalue for a temporary. Nothing is moved into a call or copied per program.
+///
+/// @throws std::invalid_argument before any program runs when a grid extent is not positive,
+///   the rank is not 1-3, num_threads is negative, or the executor is not compiled in.
+/// @throws whatever a program throws (with the TBB and OpenMP executors, the first one caught
+///   when several throw). Remaining programs may then be skipped, and outputs may hold the
+///   partial results of the programs that did run: the call throws, so none is reported as a
+///   success.
+/// A launch from inside a running program (nested launch) is allowed with every executor.
+template <class Kernel, class... Args>
+void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args) {
+  detail::validate(opts, g);
+  std::tuple<detail::held_arg_t<Args&&>...> held(detail::prepare_arg(std::forward<Args>(args))...);
+  auto run = [&](std::int64_t linear) {
+    program const p = detail::program_at(g, linear);
+    detail::program_scope const scope(p);
+    std::apply([&](auto&... a) { kernel(p, a...); }, held);
+  };
+  switch (opts.exec) {
+  case executor::tbb:
+#if TILEGRAD_USE_TBB
+    detail::run_tbb(g.size(), opts.num_threads, run);
+#endif
+    return;
+  case executor::openmp:
+#if TILEGRAD_USE_OPENMP
+    detail::run_openmp(g.size(), opts.num_threads, run);
+#endif
+    return;
+  case executor::sequential:
+    detail::run_sequential(g.size(), run);
+    return;
+  }
+}
+
+/// launch with default_options().
+template <class Kernel, class... Args>
+void launch(grid g, Kernel&& kernel, Args&&... args) {
+  launch(default_options(), g, std::forward<Kernel>(kernel), std::forward<Args>(args)...);
+}
+
+} // namespace tilegrad

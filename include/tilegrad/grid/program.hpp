@@ -1,0 +1,68 @@
+// The program context a kernel receives: its id on the launch grid and the grid's extent
+// (Triton's tl.program_id / tl.num_programs).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace tilegrad {
+
+/// Grid extents of a launch: 1 to 3 axes, each positive.
+struct grid {
+  std::array<int, 3> dims{1, 1, 1};
+  int rank = 1;
+
+  grid() = default;
+  grid(int x) : dims{x, 1, 1}, rank(1) {}                 // NOLINT: launch(n, ...) reads well
+  grid(int x, int y) : dims{x, y, 1}, rank(2) {}
+  grid(int x, int y, int z) : dims{x, y, z}, rank(3) {}
+
+  std::int64_t size() const {
+    return std::int64_t{dims[0]} * dims[1] * dims[2];
+  }
+};
+
+/// One program of a launch. Programs of one launch run in any order, possibly in parallel.
+class program {
+public:
+  program(std::array<int, 3> id, std::array<int, 3> num) : id_(id), num_(num) {}
+
+  int program_id(int axis = 0) const { return id_[static_cast<std::size_t>(axis)]; }
+  int num_programs(int axis = 0) const { return num_[static_cast<std::size_t>(axis)]; }
+
+  /// Linear index of this program on its grid (axis 0 fastest).
+  std::int64_t linear_id() const {
+    return id_[0] + std::int64_t{num_[0]} * (id_[1] + std::int64_t{num_[1]} * id_[2]);
+  }
+
+  /// "program (x, y, z)" for error messages.
+  std::string describe() const {
+    return "program (" + std::to_string(id_[0]) + ", " + std::to_string(id_[1]) + ", " +
+           std::to_string(id_[2]) + ")";
+  }
+
+private:
+  std::array<int, 3> id_;
+  std::array<int, 3> num_;
+};
+
+namespace detail {
+/// The program running on this thread (null outside a launch): lets memory operations name
+/// the program in their errors without the kernel passing it along.
+inline program const*& current_program() {
+  thread_local program const* p = nullptr;
+  return p;
+}
+
+/// Sets the current program for the lifetime of the guard.
+struct program_scope {
+  program const* saved;
+  explicit program_scope(program const& p) : saved(current_program()) { current_program() = &p; }
+  ~program_scope() { current_program() = saved; }
+  program_scope(program_scope const&) = delete;
+  program_scope& operator=(program_scope const&) = delete;
+};
+} // namespace detail
+
+} // namespace tilegrad

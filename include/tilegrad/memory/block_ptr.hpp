@@ -1,0 +1,275 @@
+// Block pointers (Triton's tl.make_block_ptr): a block of a tensor at an offset, advanced by
+// whole steps, loaded and stored with per-axis boundary checks and a padding choice.
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/core/shape.hpp"
+#include "tilegrad/core/simd.hpp"
+#include "tilegrad/memory/checked.hpp"
+#include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/tile/elementwise.hpp"
+#include "tilegrad/tile/expr.hpp"
+#include "tilegrad/tile/reduce.hpp"
+#include "tilegrad/tile/tile.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace tilegrad {
+
+/// Axes a block load/store checks against the tensor's shape (Triton's boundary_check):
+/// `load(bp, bounds<0, 1>)`. Unchecked axes must stay inside (checked mode throws if not).
+template <int... Axes>
+struct boundary_check {
+  static constexpr bool has(int axis) { return ((Axes == axis) || ...); }
+};
+template <int... Axes>
+inline constexpr boundary_check<Axes...> bounds{};
+
+/// What out-of-bounds elements of a checked block load read (Triton's padding_option).
+enum class padding { zero, nan };
+
+/// A pointer to a block of shape (Bs...) of a tensor, starting at `offsets`.
+template <class T, int... Bs>
+class block_ptr {
+public:
+  static constexpr int rank = sizeof...(Bs);
+  using element_type = T;
+  using shape_type = ::tilegrad::shape<Bs...>;
+  using index_array = std::array<std::int64_t, sizeof...(Bs)>;
+
+  block_ptr(tensor<T> base, index_array shape, index_array strides, index_array offsets)
+      : base_(base), shape_(shape), strides_(strides), offsets_(offsets) {}
+
+  /// The block moved by whole elements along each axis (Triton's tl.advance).
+  template <class... D>
+  [[nodiscard]] block_ptr advance(D... deltas) const {
+    static_assert(sizeof...(D) == rank, "tilegrad: advance takes one step per block axis");
+    block_ptr b = *this;
+    int a = 0;
+    ((b.offsets_[a++] += static_cast<std::int64_t>(deltas)), ...);
+    return b;
+  }
+
+  tensor<T> const& base() const { return base_; }
+  index_array const& shape() const { return shape_; }
+  index_array const& strides() const { return strides_; }
+  index_array const& offsets() const { return offsets_; }
+
+private:
+  tensor<T> base_;
+  index_array shape_, strides_, offsets_;
+};
+
+namespace detail {
+template <class T, int... Bs>
+void validate_block_ptr(block_ptr<T, Bs...> const& bp, std::array<int, sizeof...(Bs)> order) {
+  int seen = 0;
+  for (int o : order) {
+    if (o < 0 || o >= static_cast<int>(sizeof...(Bs)) || (seen & (1 << o)))
+      throw std::invalid_argument("tilegrad::make_block_ptr: order must be a permutation of the "
+                                  "block's axes");
+    seen |= 1 << o;
+  }
+  for (std::size_t a = 0; a < sizeof...(Bs); ++a)
+    if (bp.shape()[a] < 0)
+      throw std::invalid_argument("tilegrad::make_block_ptr: negative extent in shape");
+}
+} // namespace detail
+
+/// make_block_ptr<B...>(base, shape, strides, offsets, order): Triton's full form; the base
+/// tensor supplies the data pointer and the name used in errors.
+template <int... Bs, class T>
+block_ptr<T, Bs...> make_block_ptr(tensor<T> base,
+                                   std::array<std::int64_t, sizeof...(Bs)> shape,
+                                   std::array<std::int64_t, sizeof...(Bs)> strides,
+                                   std::array<std::int64_t, sizeof...(Bs)> offsets,
+                                   std::array<int, sizeof...(Bs)> order) {
+  static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
+  static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
+  block_ptr<T, Bs...> bp(base, shape, strides, offsets);
+  detail::validate_block_ptr(bp, order);
+  return bp;
+}
+
+/// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
+template <int... Bs, class T>
+block_ptr<T, Bs...> make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
+  static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
+  static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
+  if (t.rank() != static_cast<int>(sizeof...(Bs)))
+    throw std::invalid_argument("tilegrad::make_block_ptr: a block of rank " +
+                                std::to_string(sizeof...(Bs)) + " on tensor " +
+                                detail::tensor_label(t.name()) + " of rank " +
+                                std::to_string(t.rank()));
+  std::array<std::int64_t, sizeof...(Bs)> shape{}, strides{};
+  for (std::size_t a = 0; a < sizeof...(Bs); ++a) {
+    shape[a] = t.size(static_cast<int>(a));
+    strides[a] = t.stride(static_cast<int>(a));
+  }
+  return block_ptr<T, Bs...>(t, shape, strides, offsets);
+}
+
+namespace detail {
+
+template <class T, int... Bs>
+[[noreturn]] void block_out_of_bounds(block_ptr<T, Bs...> const& bp,
+                                      std::array<std::int64_t, sizeof...(Bs)> const& coord,
+                                      int axis, char const* what, std::source_location const& loc) {
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("host code");
+  std::string elem = "(", shp = "(";
+  for (std::size_t a = 0; a < sizeof...(Bs); ++a) {
+    elem += (a ? ", " : "") + std::to_string(coord[a]);
+    shp += (a ? ", " : "") + std::to_string(bp.shape()[a]);
+  }
+  elem += ")";
+  shp += ")";
+  throw access_error("tilegrad: out-of-bounds block " + std::string(what) + " by " + prog +
+                         ": tensor " + tensor_label(bp.base().name()) + " has shape " + shp +
+                         ", element " + elem + " is outside it on axis " + std::to_string(axis) +
+                         " (add the axis to boundary_check, or keep the block inside), at " +
+                         where_string(loc),
+                     prog, bp.base().name(), elem, loc);
+}
+
+// Walks the block's innermost rows. For each row: `row(r, mem_offset_of_col0, lo, hi)` with
+// [lo, hi) the columns inside the tensor; rows outside (on a checked axis) get lo = hi = 0.
+template <class Check, class T, int... Bs, class F>
+void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
+                        std::source_location const& loc, F&& row) {
+  using S = shape<Bs...>;
+  constexpr int R = S::rank;
+  constexpr int L = S::inner;
+  bool const chk = checked();
+  auto const& shp = bp.shape();
+  auto const& str = bp.strides();
+  auto const& off = bp.offsets();
+  for (int r = 0; r < S::rows; ++r) {
+    std::array<std::int64_t, R> coord{};
+    int rem = r;
+    bool inside = true;
+    std::int64_t mem = 0;
+    for (int a = R - 2; a >= 0; --a) {
+      coord[a] = off[a] + rem % S::dim(a);
+      rem /= S::dim(a);
+    }
+    for (int a = 0; a < R - 1; ++a) {
+      bool const in = coord[a] >= 0 && coord[a] < shp[a];
+      if (!in) {
+        if (Check::has(a)) {
+          inside = false;
+        } else if (chk) {
+          coord[R - 1] = off[R - 1];
+          block_out_of_bounds(bp, coord, a, what, loc);
+        }
+      }
+      mem += coord[a] * str[a];
+    }
+    if (!inside) {
+      row(r, std::int64_t{0}, 0, 0);
+      continue;
+    }
+    std::int64_t const c0 = off[R - 1];
+    int lo = 0, hi = L;
+    if (Check::has(R - 1)) {
+      lo = static_cast<int>(std::clamp<std::int64_t>(-c0, 0, L));
+      hi = static_cast<int>(std::clamp<std::int64_t>(shp[R - 1] - c0, 0, L));
+      if (hi < lo) hi = lo;
+    } else if (chk && (c0 < 0 || c0 + L > shp[R - 1])) {
+      coord[R - 1] = c0 < 0 ? c0 : shp[R - 1];
+      block_out_of_bounds(bp, coord, R - 1, what, loc);
+    }
+    mem += c0 * str[R - 1];
+    if (chk && hi > lo) { // the block's own shape may exceed the base tensor's memory
+      check_offset(bp.base(), mem + lo * str[R - 1], what, loc);
+      check_offset(bp.base(), mem + (hi - 1) * str[R - 1], what, loc);
+    }
+    row(r, mem, lo, hi);
+  }
+}
+
+} // namespace detail
+
+/// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
+/// axes read the padding (zero or NaN) and are not accessed.
+template <class T, int... Bs, int... Axes>
+auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding pad = padding::zero,
+          std::source_location loc = std::source_location::current()) {
+  using V = std::remove_const_t<T>;
+  using S = shape<Bs...>;
+  constexpr int L = S::inner;
+  constexpr int W = simd::native_width<V>;
+  tile<V, Bs...> out;
+  V* o = out.data();
+  T* base = bp.base().data();
+  std::int64_t const sc = bp.strides()[S::rank - 1];
+  V const fill = [&] {
+    if constexpr (std::numeric_limits<V>::has_quiet_NaN)
+      return pad == padding::nan ? std::numeric_limits<V>::quiet_NaN() : V(0);
+    else if constexpr (std::is_same_v<V, bf16>)
+      return pad == padding::nan ? bf16(std::numeric_limits<float>::quiet_NaN()) : bf16(0.0f);
+    else
+      return V(0);
+  }();
+  detail::for_each_block_row<boundary_check<Axes...>>(
+      bp, "load", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+        V* d = o + r * L;
+        for (int c = 0; c < lo; ++c) d[c] = fill;
+        if (sc == 1) {
+          T const* src = base + mem;
+          int c = lo;
+          if constexpr (W > 1)
+            for (; c + W <= hi; c += W) simd::store<V, W>(d + c, simd::load<V, W>(src + c));
+          for (; c < hi; ++c) d[c] = src[c];
+        } else {
+          for (int c = lo; c < hi; ++c) d[c] = base[mem + c * sc];
+        }
+        for (int c = hi; c < L; ++c) d[c] = fill;
+      });
+  return out;
+}
+
+/// store(bp, value[, bounds<axes...>]): writes the block (value cast to the tensor's type);
+/// elements outside the tensor on checked axes are not written.
+template <class T, int... Bs, tile_expression E, int... Axes>
+void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {},
+           std::source_location loc = std::source_location::current()) {
+  static_assert(!std::is_const_v<T>, "tilegrad: store through a block pointer of a const tensor");
+  using S = shape<Bs...>;
+  static_assert(detail::require_same_shape<S, shape_of_t<E>>);
+  constexpr int L = S::inner;
+  constexpr int W = simd::native_width<T>;
+  // Values as one contiguous block (a tile of the right type is used in place).
+  auto&& vals = [&]() -> decltype(auto) {
+    using D = std::remove_cvref_t<E>;
+    if constexpr (is_tile_v<D> && std::is_same_v<typename D::value_type, T>)
+      return std::forward<E>(value);
+    else
+      return tile<T, Bs...>(to<T>(std::forward<E>(value)));
+  }();
+  T const* v = vals.data();
+  T* base = bp.base().data();
+  std::int64_t const sc = bp.strides()[S::rank - 1];
+  detail::for_each_block_row<boundary_check<Axes...>>(
+      bp, "store", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+        T const* s = v + r * L;
+        if (sc == 1) {
+          T* dst = base + mem;
+          int c = lo;
+          if constexpr (W > 1)
+            for (; c + W <= hi; c += W) simd::store<T, W>(dst + c, simd::load<T, W>(s + c));
+          for (; c < hi; ++c) dst[c] = s[c];
+        } else {
+          for (int c = lo; c < hi; ++c) base[mem + c * sc] = s[c];
+        }
+      });
+}
+
+} // namespace tilegrad

@@ -1,0 +1,106 @@
+// Checked memory access: the switch, and the error an out-of-bounds access throws (naming the
+// program, the tensor, the element, the extent and the source line of the load or store).
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/tensor.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+
+namespace tilegrad {
+
+namespace detail {
+inline std::atomic<bool>& checked_flag() {
+#if defined(TILEGRAD_CHECKED)
+  static std::atomic<bool> on{TILEGRAD_CHECKED != 0};
+#elif defined(NDEBUG)
+  static std::atomic<bool> on{false};
+#else
+  static std::atomic<bool> on{true};
+#endif
+  return on;
+}
+} // namespace detail
+
+/// Whether loads, stores and atomics check their addresses: on by default in debug builds
+/// (without NDEBUG), off in release builds; TILEGRAD_CHECKED=0/1 sets the default.
+inline bool checked() { return detail::checked_flag().load(std::memory_order_relaxed); }
+inline void set_checked(bool on) { detail::checked_flag().store(on, std::memory_order_relaxed); }
+
+/// Turns checking on (or off) for a scope.
+class checked_scope {
+public:
+  explicit checked_scope(bool on = true) : saved_(checked()) { set_checked(on); }
+  ~checked_scope() { set_checked(saved_); }
+  checked_scope(checked_scope const&) = delete;
+  checked_scope& operator=(checked_scope const&) = delete;
+
+private:
+  bool saved_;
+};
+
+/// An access outside a tensor (or another misuse of memory) by a kernel.
+class access_error : public std::out_of_range {
+public:
+  access_error(std::string const& what, std::string program, std::string tensor,
+               std::string element, std::source_location where)
+      : std::out_of_range(what), program_(std::move(program)), tensor_(std::move(tensor)),
+        element_(std::move(element)), where_(where) {}
+
+  std::string const& program() const { return program_; }
+  std::string const& tensor() const { return tensor_; }
+  std::string const& element() const { return element_; }
+  std::source_location const& where() const { return where_; }
+
+private:
+  std::string program_, tensor_, element_;
+  std::source_location where_;
+};
+
+namespace detail {
+
+inline std::string where_string(std::source_location const& loc) {
+  return std::string(loc.file_name()) + ":" + std::to_string(loc.line());
+}
+
+inline std::string tensor_label(char const* name) {
+  return name && *name ? std::string("'") + name + "'" : std::string("(unnamed)");
+}
+
+/// Throws access_error for an access of `what` ("load", "store", ...) at `offset` elements
+/// from t.data(), which lies outside t.
+template <class T>
+[[noreturn]] void out_of_bounds(tensor<T> const& t, std::int64_t offset, char const* what,
+                                std::source_location const& loc) {
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("host code");
+  std::string const elem = t.coordinates(offset);
+  throw access_error("tilegrad: out-of-bounds " + std::string(what) + " by " + prog +
+                         ": tensor " + tensor_label(t.name()) + " has shape " +
+                         t.shape_string() + ", element " + elem + " (offset " +
+                         std::to_string(offset) + ") is outside it, at " + where_string(loc),
+                     prog, t.name(), elem, loc);
+}
+
+/// Checks one offset (when checking is on).
+template <class T>
+TILEGRAD_INLINE void check_offset(tensor<T> const& t, std::int64_t offset, char const* what,
+                                  std::source_location const& loc) {
+  if (!t.contains(offset)) out_of_bounds(t, offset, what, loc);
+}
+
+/// Checks a contiguous run of n offsets from e; reports the first one outside.
+template <class T>
+TILEGRAD_INLINE void check_run(tensor<T> const& t, std::int64_t e, int n, char const* what,
+                               std::source_location const& loc) {
+  if (e < 0 || e + n > t.span() || !t.is_contiguous())
+    for (int l = 0; l < n; ++l) check_offset(t, e + l, what, loc);
+}
+
+} // namespace detail
+} // namespace tilegrad

@@ -1,0 +1,377 @@
+// Pointer tiles (Triton's `ptr + offsets`): load, store and atomics through a tile of integer
+// offsets into a tensor, with masks. Offsets with affine rows (see affine.hpp) load and store
+// contiguous rows as vectors, masked lanes only at the edges; other offsets gather/scatter.
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/core/simd.hpp"
+#include "tilegrad/core/types.hpp"
+#include "tilegrad/memory/affine.hpp"
+#include "tilegrad/memory/checked.hpp"
+#include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/tile/elementwise.hpp"
+#include "tilegrad/tile/expr.hpp"
+#include "tilegrad/tile/reduce.hpp"
+#include "tilegrad/tile/tile.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <source_location>
+#include <type_traits>
+#include <utility>
+
+namespace tilegrad {
+
+/// A tile of addresses: a tensor and a tile of integer element offsets from its data().
+template <class T, class Off>
+struct ptr_tile {
+  using element_type = T;
+  using shape_type = shape_of_t<Off>;
+  tensor<T> base;
+  Off offsets;
+};
+
+template <class X>
+inline constexpr bool is_ptr_tile_v = false;
+template <class T, class Off>
+inline constexpr bool is_ptr_tile_v<ptr_tile<T, Off>> = true;
+
+namespace detail {
+template <class E>
+concept offset_expression = tile_expression<E> && is_integer_v<value_of_t<E>>;
+} // namespace detail
+
+/// t + offsets: the addresses t.data() + offsets (Triton's `x_ptr + offsets`).
+template <class T, detail::offset_expression E>
+TILEGRAD_INLINE auto operator+(tensor<T> const& t, E&& offsets) {
+  using N = detail::node_t<E>;
+  return ptr_tile<T, N>{t, detail::as_node(std::forward<E>(offsets))};
+}
+
+/// t + n: a single address (a rank-0 pointer tile), as Triton's `x_ptr + row * stride`.
+template <class T, std::integral I>
+TILEGRAD_INLINE auto operator+(tensor<T> const& t, I n) {
+  return ptr_tile<T, scalar_node<std::int64_t>>{t, {{}, static_cast<std::int64_t>(n)}};
+}
+
+/// p + more: offsets add (and broadcast).
+template <class T, class Off, class E>
+  requires(detail::offset_expression<E> || std::integral<std::remove_cvref_t<E>>)
+TILEGRAD_INLINE auto operator+(ptr_tile<T, Off> const& p, E&& more) {
+  auto sum = p.offsets + std::forward<E>(more);
+  return ptr_tile<T, decltype(sum)>{p.base, std::move(sum)};
+}
+
+namespace detail {
+
+struct no_mask {};
+
+template <class T>
+using loaded_t = std::remove_const_t<T>;
+
+template <class Mask, int W>
+TILEGRAD_INLINE bool lane_active(Mask const& m, int r, int c) {
+  if constexpr (std::is_same_v<Mask, no_mask>)
+    return true;
+  else
+    return m.template load<1>(r, c);
+}
+
+template <class N, int W>
+constexpr bool vectorizes_or_absent() {
+  if constexpr (std::is_same_v<N, no_mask>)
+    return true;
+  else
+    return N::template vectorizes<W>;
+}
+
+// Width for a row-wise vector access to T with mask and value nodes of these types.
+template <class T, class Mask, class Val>
+inline constexpr int access_width =
+    (simd::native_width<T> > 1 && vectorizes_or_absent<Mask, simd::native_width<T>>() &&
+     vectorizes_or_absent<Val, simd::native_width<T>>())
+        ? simd::native_width<T>
+        : 1;
+
+// Shape of an access: the pointers' shape, broadcast with the mask's.
+template <class Off, class Mask>
+struct access_shape {
+  using type = broadcast_shape_t<shape_of_t<Off>, shape_of_t<Mask>>;
+};
+template <class Off>
+struct access_shape<Off, no_mask> {
+  using type = shape_of_t<Off>;
+};
+template <class Off, class Mask>
+using access_shape_t = typename access_shape<Off, Mask>::type;
+
+template <class Mask, int W>
+TILEGRAD_INLINE int mask_state(Mask const& m, int r, int c) { // 2: all, 0: none, 1: some
+  if constexpr (std::is_same_v<Mask, no_mask>) {
+    return 2;
+  } else {
+    auto v = m.template load<W>(r, c);
+    if constexpr (W == 1) {
+      return v ? 2 : 0;
+    } else {
+#if TILEGRAD_USE_XSIMD
+      if (xsimd::all(v)) return 2;
+      return xsimd::any(v) ? 1 : 0;
+#endif
+    }
+  }
+}
+
+template <class S, class N>
+TILEGRAD_INLINE auto broadcast_to_shape(N&& n) {
+  return broadcast_as<S>(as_node(std::forward<N>(n)));
+}
+
+template <class S, class N>
+TILEGRAD_INLINE auto bcast(N&& n) {
+  return broadcast_as<S>(std::forward<N>(n));
+}
+
+// The loop shared by loads, stores and atomics: for each element (r, c) of shape S whose mask
+// lane is on, calls `one(r, c, offset)`; where a row is contiguous and a whole vector of lanes
+// is on, calls `vec(r, c, offset_of_lane_0)` instead (when Vectorise).
+template <class S, int W, class Off, class Mask, class One, class Vec>
+TILEGRAD_INLINE void for_each_access(Off const& off, Mask const& mask, One&& one, Vec&& vec) {
+  constexpr int L = S::inner;
+  for (int r = 0; r < S::rows; ++r) {
+    affine_row a{0, 0, false};
+    if constexpr (is_affine_v<Off>) a = affine_at(off, r);
+    int c = 0;
+    if constexpr (W > 1) {
+      if (a.ok && a.step == 1) {
+        for (; c + W <= L; c += W) {
+          int const state = mask_state<Mask, W>(mask, r, c);
+          if (state == 2) {
+            vec(r, c, a.base + c);
+          } else if (state == 1) {
+            for (int l = c; l < c + W; ++l)
+              if (lane_active<Mask, 1>(mask, r, l)) one(r, l, a.base + l);
+          }
+        }
+      }
+    }
+    for (; c < L; ++c) {
+      if (!lane_active<Mask, 1>(mask, r, c)) continue;
+      std::int64_t const o =
+          a.ok ? a.base + a.step * c : static_cast<std::int64_t>(off.template load<1>(r, c));
+      one(r, c, o);
+    }
+  }
+}
+
+template <class T, class Off, class Mask, class Other>
+auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& other_in,
+               std::source_location const& loc) {
+  using V = loaded_t<T>;
+  using S = access_shape_t<Off, Mask>;
+  auto off = bcast<S>(p.offsets);
+  auto mask = [&] {
+    if constexpr (std::is_same_v<Mask, no_mask>)
+      return no_mask{};
+    else
+      return bcast<S>(mask_in);
+  }();
+  tile_t<V, S> out;
+  V* o = out.data();
+  T* base = p.base.data();
+  bool const chk = checked();
+  constexpr int W = access_width<V, decltype(mask), no_mask>;
+  constexpr bool has_other = !std::is_same_v<Other, no_mask>;
+  if constexpr (!std::is_same_v<Mask, no_mask>) {
+    // Masked-off lanes read `other` (zero without one).
+    if constexpr (has_other)
+      out = broadcast_to_shape<S>(to<V>(other_in));
+    else
+      out = tile_t<V, S>();
+  }
+  for_each_access<S, W>(
+      off, mask,
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_offset(p.base, e, "load", loc);
+        o[r * S::inner + c] = base[e];
+      },
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_run(p.base, e, W, "load", loc);
+        simd::store<V, W>(o + r * S::inner + c, simd::load<V, W>(base + e));
+      });
+  return out;
+}
+
+template <class T, class Off, class Mask, class Val>
+void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in,
+                std::source_location const& loc) {
+  static_assert(!std::is_const_v<T>, "tilegrad: store through a pointer tile of a const tensor");
+  using S = access_shape_t<Off, Mask>;
+  static_assert(broadcastable_v<shape_of_t<Val>, S>,
+                "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
+  auto off = bcast<S>(p.offsets);
+  auto mask = [&] {
+    if constexpr (std::is_same_v<Mask, no_mask>)
+      return no_mask{};
+    else
+      return bcast<S>(mask_in);
+  }();
+  // Triton casts the stored value to the pointer's element type.
+  auto val = bcast<S>(convert_as<T>(val_in));
+  T* base = p.base.data();
+  bool const chk = checked();
+  constexpr int W = access_width<T, decltype(mask), decltype(val)>;
+  for_each_access<S, W>(
+      off, mask,
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_offset(p.base, e, "store", loc);
+        base[e] = val.template load<1>(r, c);
+      },
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_run(p.base, e, W, "store", loc);
+        simd::store<T, W>(base + e, val.template load<W>(r, c));
+      });
+}
+
+template <class M>
+TILEGRAD_INLINE auto mask_node(M&& m) {
+  static_assert(std::is_same_v<value_of_t<node_t<M>>, bool>,
+                "tilegrad: a mask must be a bool tile (a comparison such as offs < n)");
+  return as_node(std::forward<M>(m));
+}
+
+} // namespace detail
+
+/// load(p): the elements at the addresses of p (no mask: every address must be inside).
+template <class T, class Off>
+auto load(ptr_tile<T, Off> const& p,
+          std::source_location loc = std::source_location::current()) {
+  return detail::load_impl(p, detail::no_mask{}, detail::no_mask{}, loc);
+}
+
+/// load(p, mask): masked-off lanes read 0 and are not accessed.
+template <class T, class Off, tile_expression M>
+auto load(ptr_tile<T, Off> const& p, M&& mask,
+          std::source_location loc = std::source_location::current()) {
+  return detail::load_impl(p, detail::mask_node(std::forward<M>(mask)), detail::no_mask{}, loc);
+}
+
+/// load(p, mask, other): masked-off lanes read `other` (a number or a tile) and are not accessed.
+template <class T, class Off, tile_expression M, class O>
+  requires(tile_expression<O> || scalar_operand<O>)
+auto load(ptr_tile<T, Off> const& p, M&& mask, O&& other,
+          std::source_location loc = std::source_location::current()) {
+  return detail::load_impl(p, detail::mask_node(std::forward<M>(mask)),
+                           detail::as_node(std::forward<O>(other)), loc);
+}
+
+/// store(p, value): writes value (broadcast to p's shape, cast to the tensor's type).
+template <class T, class Off, class V>
+  requires(tile_expression<V> || scalar_operand<V>)
+void store(ptr_tile<T, Off> const& p, V&& value,
+           std::source_location loc = std::source_location::current()) {
+  detail::store_impl(p, detail::as_node(std::forward<V>(value)), detail::no_mask{}, loc);
+}
+
+/// store(p, value, mask): masked-off lanes write nothing and are not accessed.
+template <class T, class Off, class V, tile_expression M>
+  requires(tile_expression<V> || scalar_operand<V>)
+void store(ptr_tile<T, Off> const& p, V&& value, M&& mask,
+           std::source_location loc = std::source_location::current()) {
+  detail::store_impl(p, detail::as_node(std::forward<V>(value)),
+                     detail::mask_node(std::forward<M>(mask)), loc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Atomics: element by element with std::atomic_ref, safe under the parallel grid. Each returns
+// the old values (masked-off lanes: 0).
+// ---------------------------------------------------------------------------------------------
+
+namespace detail {
+
+template <class T, class Off, class Val, class Mask, class F>
+auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
+                 char const* what, std::source_location const& loc) {
+  static_assert(!std::is_const_v<T>, "tilegrad: atomic on a const tensor");
+  static_assert(std::is_arithmetic_v<T>,
+                "tilegrad: atomics work on float, double and integer tensors");
+  using S = access_shape_t<Off, Mask>;
+  auto off = bcast<S>(p.offsets);
+  auto mask = [&] {
+    if constexpr (std::is_same_v<Mask, no_mask>)
+      return no_mask{};
+    else
+      return bcast<S>(mask_in);
+  }();
+  auto val = bcast<S>(convert_as<T>(val_in));
+  tile_t<T, S> old;
+  T* base = p.base.data();
+  bool const chk = checked();
+  for_each_access<S, 1>(
+      off, mask,
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_offset(p.base, e, what, loc);
+        old.data()[r * S::inner + c] = f(std::atomic_ref<T>(base[e]), val.template load<1>(r, c));
+      },
+      [](int, int, std::int64_t) {});
+  return old;
+}
+
+template <class T>
+T atomic_update(std::atomic_ref<T> a, T v, bool take_max) {
+  T cur = a.load(std::memory_order_relaxed);
+  while ((take_max ? v > cur : v < cur) &&
+         !a.compare_exchange_weak(cur, v, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+  }
+  return cur;
+}
+
+} // namespace detail
+
+#define TILEGRAD_ATOMIC(NAME, BODY)                                                                \
+  template <class T, class Off, class V>                                                           \
+    requires(tile_expression<V> || scalar_operand<V>)                                              \
+  auto NAME(ptr_tile<T, Off> const& p, V&& value,                                                  \
+            std::source_location loc = std::source_location::current()) {                          \
+    return detail::atomic_impl(p, detail::as_node(std::forward<V>(value)), detail::no_mask{},      \
+                               [](auto a, auto v) { return BODY; }, #NAME, loc);                   \
+  }                                                                                                \
+  template <class T, class Off, class V, tile_expression M>                                        \
+    requires(tile_expression<V> || scalar_operand<V>)                                              \
+  auto NAME(ptr_tile<T, Off> const& p, V&& value, M&& mask,                                        \
+            std::source_location loc = std::source_location::current()) {                          \
+    return detail::atomic_impl(p, detail::as_node(std::forward<V>(value)),                         \
+                               detail::mask_node(std::forward<M>(mask)),                           \
+                               [](auto a, auto v) { return BODY; }, #NAME, loc);                   \
+  }
+
+/// atomic_add(p, v[, mask]): *p += v atomically; returns the old values.
+TILEGRAD_ATOMIC(atomic_add, a.fetch_add(v, std::memory_order_acq_rel))
+/// atomic_max(p, v[, mask]): *p = max(*p, v) atomically; returns the old values.
+TILEGRAD_ATOMIC(atomic_max, detail::atomic_update(a, v, true))
+/// atomic_min(p, v[, mask]): *p = min(*p, v) atomically; returns the old values.
+TILEGRAD_ATOMIC(atomic_min, detail::atomic_update(a, v, false))
+/// atomic_xchg(p, v[, mask]): *p = v atomically; returns the old values.
+TILEGRAD_ATOMIC(atomic_xchg, a.exchange(v, std::memory_order_acq_rel))
+#undef TILEGRAD_ATOMIC
+
+/// atomic_cas(p, cmp, v): where *p == cmp, *p = v, atomically; returns the old values.
+template <class T, class Off, class C, class V>
+  requires(tile_expression<C> || scalar_operand<C>) && (tile_expression<V> || scalar_operand<V>)
+auto atomic_cas(ptr_tile<T, Off> const& p, C&& cmp, V&& value,
+                std::source_location loc = std::source_location::current()) {
+  using S = shape_of_t<Off>;
+  auto c = detail::bcast<S>(detail::convert_as<T>(detail::as_node(std::forward<C>(cmp))));
+  // Pair each lane's compare value with its new value through the lane index.
+  detail::tile_t<T, S> cmps(c);
+  return detail::atomic_impl(
+      p, detail::as_node(std::forward<V>(value)), detail::no_mask{},
+      [&cmps, i = 0](std::atomic_ref<T> a, T v) mutable {
+        T expected = cmps.data()[i++];
+        a.compare_exchange_strong(expected, v, std::memory_order_acq_rel);
+        return expected;
+      },
+      "atomic_cas", loc);
+}
+
+} // namespace tilegrad

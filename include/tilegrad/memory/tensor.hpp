@@ -1,0 +1,265 @@
+// Tensors: a non-owning view (pointer, shape, strides, name; rank 1 to 4) that kernels take,
+// and an owning tensor with aligned storage for host code.
+#pragma once
+
+#include "tilegrad/core/bf16.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace tilegrad {
+
+inline constexpr int max_tensor_rank = 4;
+using extents = std::array<std::int64_t, max_tensor_rank>;
+
+/// A view of strided memory: what kernels take as arguments (Triton's pointer arguments plus
+/// the shape and strides they are launched with). Copying a view copies no data.
+template <class T>
+class tensor {
+public:
+  using element_type = T;
+  using value_type = std::remove_const_t<T>;
+
+  tensor() = default;
+
+  /// A contiguous row-major view.
+  tensor(T* data, std::initializer_list<std::int64_t> shape, char const* name = "")
+      : data_(data), name_(name) {
+    set_shape(shape.begin(), shape.size());
+    std::int64_t s = 1;
+    for (int a = rank_ - 1; a >= 0; --a) {
+      strides_[a] = s;
+      s *= shape_[a];
+    }
+  }
+
+  /// A strided view (strides in elements).
+  tensor(T* data, std::initializer_list<std::int64_t> shape,
+         std::initializer_list<std::int64_t> strides, char const* name = "")
+      : data_(data), name_(name) {
+    set_shape(shape.begin(), shape.size());
+    if (strides.size() != shape.size())
+      throw std::invalid_argument("tilegrad::tensor: give one stride per axis");
+    std::copy(strides.begin(), strides.end(), strides_.begin());
+  }
+
+  tensor(T* data, int rank, extents const& shape, extents const& strides, char const* name = "")
+      : data_(data), rank_(rank), shape_(shape), strides_(strides), name_(name) {
+    if (rank < 1 || rank > max_tensor_rank)
+      throw std::invalid_argument("tilegrad::tensor: rank must be 1 to 4");
+  }
+
+  /// A view of mutable data converts to a view of const data.
+  operator tensor<T const>() const
+    requires(!std::is_const_v<T>)
+  {
+    return tensor<T const>(data_, rank_, shape_, strides_, name_);
+  }
+
+  T* data() const { return data_; }
+  int rank() const { return rank_; }
+  std::int64_t size(int axis) const { return shape_[check_axis(axis)]; }
+  std::int64_t stride(int axis) const { return strides_[check_axis(axis)]; }
+  extents const& shape() const { return shape_; }
+  extents const& strides() const { return strides_; }
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (int a = 0; a < rank_; ++a) n *= shape_[a];
+    return n;
+  }
+  char const* name() const { return name_; }
+
+  /// The same view under another name (names appear in error messages and reports).
+  tensor named(char const* name) const {
+    tensor t = *this;
+    t.name_ = name;
+    return t;
+  }
+
+  /// Element access by coordinates, for host code.
+  template <class... I>
+  T& operator()(I... idx) const {
+    std::int64_t off = 0;
+    int a = 0;
+    ((off += static_cast<std::int64_t>(idx) * strides_[a++]), ...);
+    return data_[off];
+  }
+
+  /// Offsets that address elements of this view lie in [0, span()).
+  std::int64_t span() const {
+    std::int64_t hi = 0;
+    for (int a = 0; a < rank_; ++a) hi += (shape_[a] - 1) * strides_[a];
+    return hi + 1;
+  }
+
+  /// Whether the layout is contiguous row-major.
+  bool is_contiguous() const {
+    std::int64_t s = 1;
+    for (int a = rank_ - 1; a >= 0; --a) {
+      if (shape_[a] != 1 && strides_[a] != s) return false;
+      s *= shape_[a];
+    }
+    return true;
+  }
+
+  /// Whether `offset` from data() addresses an element of this view.
+  bool contains(std::int64_t offset) const {
+    if (offset < 0 || offset >= span()) return false;
+    if (is_contiguous()) return true;
+    auto c = unravel(offset);
+    std::int64_t back = 0;
+    for (int a = 0; a < rank_; ++a) {
+      if (c[a] < 0 || c[a] >= shape_[a]) return false;
+      back += c[a] * strides_[a];
+    }
+    return back == offset;
+  }
+
+  /// Coordinates of the element at `offset` from data(), for messages: "(3, 17)".
+  std::string coordinates(std::int64_t offset) const {
+    auto c = unravel(offset);
+    std::string out = "(";
+    for (int a = 0; a < rank_; ++a) out += (a ? ", " : "") + std::to_string(c[a]);
+    return out + ")";
+  }
+
+private:
+  std::array<std::int64_t, max_tensor_rank> unravel(std::int64_t offset) const {
+    // Unravel along axes by decreasing stride; an offset outside the view still gets
+    // coordinates (some past their extent), which is what a message about it needs.
+    std::array<int, max_tensor_rank> order{};
+    for (int a = 0; a < rank_; ++a) order[a] = a;
+    std::sort(order.begin(), order.begin() + rank_,
+              [&](int x, int y) { return strides_[x] > strides_[y]; });
+    std::array<std::int64_t, max_tensor_rank> c{};
+    std::int64_t rem = offset;
+    for (int i = 0; i < rank_; ++i) {
+      int const a = order[i];
+      std::int64_t const s = strides_[a] == 0 ? 1 : strides_[a];
+      c[a] = i == rank_ - 1 ? rem / s : floor_div(rem, s);
+      rem -= c[a] * s;
+    }
+    return c;
+  }
+
+public:
+
+  std::string shape_string() const {
+    std::string out = "(";
+    for (int a = 0; a < rank_; ++a) out += (a ? ", " : "") + std::to_string(shape_[a]);
+    return out + ")";
+  }
+
+private:
+  static std::int64_t floor_div(std::int64_t a, std::int64_t b) {
+    std::int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+  }
+  void set_shape(std::int64_t const* s, std::size_t n) {
+    if (n < 1 || n > max_tensor_rank)
+      throw std::invalid_argument("tilegrad::tensor: rank must be 1 to 4");
+    rank_ = static_cast<int>(n);
+    for (std::size_t a = 0; a < n; ++a) {
+      if (s[a] < 0) throw std::invalid_argument("tilegrad::tensor: negative extent");
+      shape_[a] = s[a];
+    }
+  }
+  int check_axis(int axis) const {
+    if (axis < 0) axis += rank_;
+    if (axis < 0 || axis >= rank_)
+      throw std::out_of_range("tilegrad::tensor: axis " + std::to_string(axis) +
+                              " out of range for rank " + std::to_string(rank_));
+    return axis;
+  }
+
+  T* data_ = nullptr;
+  int rank_ = 1;
+  extents shape_{0, 1, 1, 1};
+  extents strides_{1, 1, 1, 1};
+  char const* name_ = "";
+};
+
+/// A contiguous row-major tensor that owns its (64-byte aligned, zero-initialised) storage.
+/// Converts to views; pass it to launch and it is passed on as tensor<T>.
+template <class T>
+class owned_tensor {
+public:
+  owned_tensor() = default;
+  explicit owned_tensor(std::initializer_list<std::int64_t> shape, char const* name = "")
+      : owned_tensor(shape.begin(), shape.size(), name) {}
+  owned_tensor(std::int64_t const* shape, std::size_t rank, char const* name = "") {
+    std::int64_t n = 1;
+    for (std::size_t a = 0; a < rank; ++a) n *= shape[a];
+    storage_.reset(static_cast<T*>(::operator new[](static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T),
+                                                    std::align_val_t{64})));
+    std::uninitialized_value_construct_n(storage_.get(), n);
+    size_ = n;
+    extents e{1, 1, 1, 1};
+    std::copy(shape, shape + rank, e.begin());
+    extents s{1, 1, 1, 1};
+    std::int64_t st = 1;
+    for (int a = static_cast<int>(rank) - 1; a >= 0; --a) {
+      s[a] = st;
+      st *= e[a];
+    }
+    view_ = tensor<T>(storage_.get(), static_cast<int>(rank), e, s, name);
+  }
+
+  ~owned_tensor() {
+    if (storage_) std::destroy_n(storage_.get(), size_);
+  }
+  owned_tensor(owned_tensor&&) noexcept = default;
+  owned_tensor& operator=(owned_tensor&&) noexcept = default;
+  owned_tensor(owned_tensor const& o)
+      : owned_tensor(o.view_.shape().data(), static_cast<std::size_t>(o.view_.rank()),
+                     o.view_.name()) {
+    std::copy(o.data(), o.data() + size_, data());
+  }
+  owned_tensor& operator=(owned_tensor const& o) {
+    if (this != &o) *this = owned_tensor(o);
+    return *this;
+  }
+
+  tensor<T> view() const { return view_; }
+  tensor<T const> cview() const { return view_; }
+  operator tensor<T>() const { return view_; }             // NOLINT: views are what kernels take
+  operator tensor<T const>() const { return view_; }       // NOLINT
+
+  T* data() const { return storage_.get(); }
+  T* begin() const { return data(); }
+  T* end() const { return data() + size_; }
+  std::int64_t numel() const { return size_; }
+  int rank() const { return view_.rank(); }
+  std::int64_t size(int axis) const { return view_.size(axis); }
+  char const* name() const { return view_.name(); }
+  template <class... I>
+  T& operator()(I... idx) const {
+    return view_(idx...);
+  }
+
+private:
+  struct deleter {
+    void operator()(T* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<T, deleter> storage_;
+  std::int64_t size_ = 0;
+  tensor<T> view_;
+};
+
+namespace detail {
+/// launch() passes owning tensors on as views (the hook grid/launch.hpp applies to arguments).
+template <class T>
+tensor<T> kernel_arg(owned_tensor<T> const& t) {
+  return t.view();
+}
+} // namespace detail
+
+} // namespace tilegrad
