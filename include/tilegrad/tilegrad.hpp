@@ -6,6 +6,7 @@
 #include "tilegrad/core/shape.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/core/types.hpp"
+#include "tilegrad/grid/launch.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/affine.hpp"
 #include "tilegrad/memory/block_ptr.hpp"

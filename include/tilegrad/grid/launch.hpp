@@ -243,7 +243,7 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
   std::atomic<bool> failed{false};
   std::exception_ptr first;
   std::mutex first_mutex;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 1) 
   for (std::int64_t i = 0; i < n; ++i) {
     if (failed.load(std::memory_order_relaxed))
       continue;
@@ -279,7 +279,7 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
 template <class Kernel, class... Args>
 void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args) {
   detail::validate(opts, g);
-  std::tuple<detail::held_arg_t<Args&&>...> held(detail::prepare_arg(std::forward<Args>(args))...);
+  std::tuple<detail::held_arg_t<Args&&>...> held{detail::prepare_arg(std::forward<Args>(args))...};
   auto run = [&](std::int64_t linear) {
     program const p = detail::program_at(g, linear);
     detail::program_scope const scope(p);

@@ -118,6 +118,21 @@ struct affine<map_node<ops::mul_op, A, B>> {
   }
 };
 
+// a % m is affine along a row that does not wrap: 0 <= a < m across the row, m constant.
+// (The Triton matmul tutorial's `(pid_n * BN + arange) % N` is affine on all but edge tiles.)
+template <class A, class B>
+struct affine<map_node<ops::mod_op, A, B>> {
+  static constexpr bool value = is_affine_v<A> && is_affine_v<B>;
+  static affine_row row(map_node<ops::mod_op, A, B> const& n, int r) {
+    constexpr int L = shape_of_t<A>::inner;
+    auto a = affine_at(std::get<0>(n.es), r);
+    auto m = affine_at(std::get<1>(n.es), r);
+    std::int64_t const last = a.base + a.step * (L - 1);
+    bool const inside = m.step == 0 && a.base >= 0 && last >= 0 && a.base < m.base && last < m.base;
+    return {a.base, a.step, a.ok && m.ok && inside};
+  }
+};
+
 template <class A>
 struct affine<map_node<ops::neg_op, A>> {
   static constexpr bool value = is_affine_v<A>;

@@ -14,6 +14,7 @@
 #include "tilegrad/tile/reduce.hpp"
 #include "tilegrad/tile/tile.hpp"
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <source_location>
@@ -22,13 +23,36 @@
 
 namespace tilegrad {
 
-/// A tile of addresses: a tensor and a tile of integer element offsets from its data().
+/// A tile of addresses: a tensor and a tile of integer element offsets from its data(), plus
+/// a scalar shift, so that `p += BK * stride` in a loop keeps p's type.
+/// The affine structure of the offsets is worked out once, when the pointer tile is made
+/// (a table of base and step per row): loads in a loop that advances p cost no index math.
 template <class T, class Off>
 struct ptr_tile {
   using element_type = T;
   using shape_type = shape_of_t<Off>;
   tensor<T> base;
   Off offsets;
+  std::int64_t shift = 0;
+  std::array<detail::affine_row, shape_type::rows> rows{};
+
+  ptr_tile(tensor<T> t, Off off, std::int64_t sh = 0) : base(t), offsets(std::move(off)), shift(sh) {
+    for (int r = 0; r < shape_type::rows; ++r) {
+      if constexpr (detail::is_affine_v<Off>)
+        rows[r] = detail::affine_at(offsets, r);
+      else
+        rows[r] = {0, 0, false};
+    }
+  }
+
+  ptr_tile& operator+=(std::int64_t n) {
+    shift += n;
+    return *this;
+  }
+  ptr_tile& operator-=(std::int64_t n) {
+    shift -= n;
+    return *this;
+  }
 };
 
 template <class X>
@@ -45,21 +69,27 @@ concept offset_expression = tile_expression<E> && is_integer_v<value_of_t<E>>;
 template <class T, detail::offset_expression E>
 TILEGRAD_INLINE auto operator+(tensor<T> const& t, E&& offsets) {
   using N = detail::node_t<E>;
-  return ptr_tile<T, N>{t, detail::as_node(std::forward<E>(offsets))};
+  return ptr_tile<T, N>(t, detail::as_node(std::forward<E>(offsets)));
 }
 
 /// t + n: a single address (a rank-0 pointer tile), as Triton's `x_ptr + row * stride`.
 template <class T, std::integral I>
 TILEGRAD_INLINE auto operator+(tensor<T> const& t, I n) {
-  return ptr_tile<T, scalar_node<std::int64_t>>{t, {{}, static_cast<std::int64_t>(n)}};
+  return ptr_tile<T, scalar_node<std::int64_t>>(t, {{}, static_cast<std::int64_t>(n)});
 }
 
-/// p + more: offsets add (and broadcast).
-template <class T, class Off, class E>
-  requires(detail::offset_expression<E> || std::integral<std::remove_cvref_t<E>>)
+/// p + offsets: offsets add (and broadcast).
+template <class T, class Off, detail::offset_expression E>
 TILEGRAD_INLINE auto operator+(ptr_tile<T, Off> const& p, E&& more) {
   auto sum = p.offsets + std::forward<E>(more);
-  return ptr_tile<T, decltype(sum)>{p.base, std::move(sum)};
+  return ptr_tile<T, decltype(sum)>(p.base, std::move(sum), p.shift);
+}
+
+/// p + n: every address moved by n elements (same type as p).
+template <class T, class Off, std::integral I>
+TILEGRAD_INLINE ptr_tile<T, Off> operator+(ptr_tile<T, Off> p, I n) {
+  p.shift += static_cast<std::int64_t>(n);
+  return p;
 }
 
 namespace detail {
@@ -135,12 +165,21 @@ TILEGRAD_INLINE auto bcast(N&& n) {
 // The loop shared by loads, stores and atomics: for each element (r, c) of shape S whose mask
 // lane is on, calls `one(r, c, offset)`; where a row is contiguous and a whole vector of lanes
 // is on, calls `vec(r, c, offset_of_lane_0)` instead (when Vectorise).
-template <class S, int W, class Off, class Mask, class One, class Vec>
-TILEGRAD_INLINE void for_each_access(Off const& off, Mask const& mask, One&& one, Vec&& vec) {
+template <class S, int W, class T, class P, class Mask, class One, class Vec>
+TILEGRAD_INLINE void for_each_access(ptr_tile<T, P> const& p, Mask const& mask, One&& one,
+                                     Vec&& vec) {
   constexpr int L = S::inner;
+  // Pointers broadcast to a larger mask shape lose the row table: recompute through the view.
+  constexpr bool table = std::is_same_v<S, shape_of_t<P>>;
+  auto const off = bcast<S>(p.offsets);
+  std::int64_t const shift = p.shift;
   for (int r = 0; r < S::rows; ++r) {
     affine_row a{0, 0, false};
-    if constexpr (is_affine_v<Off>) a = affine_at(off, r);
+    if constexpr (table)
+      a = p.rows[r];
+    else if constexpr (is_affine_v<decltype(off)>)
+      a = affine_at(off, r);
+    a.base += shift;
     int c = 0;
     if constexpr (W > 1) {
       if (a.ok && a.step == 1) {
@@ -158,7 +197,8 @@ TILEGRAD_INLINE void for_each_access(Off const& off, Mask const& mask, One&& one
     for (; c < L; ++c) {
       if (!lane_active<Mask, 1>(mask, r, c)) continue;
       std::int64_t const o =
-          a.ok ? a.base + a.step * c : static_cast<std::int64_t>(off.template load<1>(r, c));
+          a.ok ? a.base + a.step * c
+               : static_cast<std::int64_t>(off.template load<1>(r, c)) + shift;
       one(r, c, o);
     }
   }
@@ -169,7 +209,6 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
                std::source_location const& loc) {
   using V = loaded_t<T>;
   using S = access_shape_t<Off, Mask>;
-  auto off = bcast<S>(p.offsets);
   auto mask = [&] {
     if constexpr (std::is_same_v<Mask, no_mask>)
       return no_mask{};
@@ -190,7 +229,7 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
       out = tile_t<V, S>();
   }
   for_each_access<S, W>(
-      off, mask,
+      p, mask,
       [&](int r, int c, std::int64_t e) {
         if (chk) check_offset(p.base, e, "load", loc);
         o[r * S::inner + c] = base[e];
@@ -209,7 +248,6 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
   using S = access_shape_t<Off, Mask>;
   static_assert(broadcastable_v<shape_of_t<Val>, S>,
                 "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
-  auto off = bcast<S>(p.offsets);
   auto mask = [&] {
     if constexpr (std::is_same_v<Mask, no_mask>)
       return no_mask{};
@@ -222,7 +260,7 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
   bool const chk = checked();
   constexpr int W = access_width<T, decltype(mask), decltype(val)>;
   for_each_access<S, W>(
-      off, mask,
+      p, mask,
       [&](int r, int c, std::int64_t e) {
         if (chk) check_offset(p.base, e, "store", loc);
         base[e] = val.template load<1>(r, c);
@@ -296,7 +334,6 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
   static_assert(std::is_arithmetic_v<T>,
                 "tilegrad: atomics work on float, double and integer tensors");
   using S = access_shape_t<Off, Mask>;
-  auto off = bcast<S>(p.offsets);
   auto mask = [&] {
     if constexpr (std::is_same_v<Mask, no_mask>)
       return no_mask{};
@@ -308,7 +345,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
   T* base = p.base.data();
   bool const chk = checked();
   for_each_access<S, 1>(
-      off, mask,
+      p, mask,
       [&](int r, int c, std::int64_t e) {
         if (chk) check_offset(p.base, e, what, loc);
         old.data()[r * S::inner + c] = f(std::atomic_ref<T>(base[e]), val.template load<1>(r, c));

@@ -245,6 +245,10 @@ public:
     return view_(idx...);
   }
 
+  // launch() hands kernels the view (found by argument-dependent lookup).
+  friend tensor<T> kernel_arg(owned_tensor& t) { return t.view(); }
+  friend tensor<T> kernel_arg(owned_tensor const& t) { return t.view(); }
+
 private:
   struct deleter {
     void operator()(T* p) const { ::operator delete[](p, std::align_val_t{64}); }
@@ -253,13 +257,5 @@ private:
   std::int64_t size_ = 0;
   tensor<T> view_;
 };
-
-namespace detail {
-/// launch() passes owning tensors on as views (the hook grid/launch.hpp applies to arguments).
-template <class T>
-tensor<T> kernel_arg(owned_tensor<T> const& t) {
-  return t.view();
-}
-} // namespace detail
 
 } // namespace tilegrad

@@ -182,16 +182,27 @@ TILEGRAD_INLINE auto minimum(A&& a, B&& b) {
 }
 
 /// where(c, a, b): a where the bool tile c holds, else b; all three broadcast together.
+namespace detail {
+// Element type where(c, a, b) selects in: that of a binary op on a and b when either is a tile,
+// else the promotion of the two numbers. (A class template, so that only the branch that
+// applies is instantiated: promote_t of two expression node types does not exist.)
+template <class A, class B>
+struct where_type {
+  using type = promote_t<std::remove_cvref_t<A>, std::remove_cvref_t<B>>;
+};
+template <class A, class B>
+  requires(tile_expression<A> || tile_expression<B>)
+struct where_type<A, B> {
+  using type = typename operand_type<std::conditional_t<tile_expression<A>, A, B>,
+                                     std::conditional_t<tile_expression<A>, B, A>>::type;
+};
+} // namespace detail
+
 template <tile_expression C, class A, class B>
   requires std::is_same_v<value_of_t<C>, bool> &&
            (tile_expression<A> || scalar_operand<A>) && (tile_expression<B> || scalar_operand<B>)
 TILEGRAD_INLINE auto where(C&& c, A&& a, B&& b) {
-  using T = std::conditional_t<
-      tile_expression<A> || tile_expression<B>,
-      typename detail::operand_type<
-          std::conditional_t<tile_expression<A>, A, B>,
-          std::conditional_t<tile_expression<A>, B, A>>::type,
-      promote_t<std::remove_cvref_t<A>, std::remove_cvref_t<B>>>;
+  using T = typename detail::where_type<A, B>::type;
   using S = broadcast_shape_t<
       shape_of_t<detail::node_t<C>>,
       broadcast_shape_t<shape_of_t<detail::node_t<A>>, shape_of_t<detail::node_t<B>>>>;

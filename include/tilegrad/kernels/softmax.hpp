@@ -1,0 +1,33 @@
+// Row softmax, the classic Triton tutorial kernel: one row per program, the whole row in one
+// block of next_power_of_2(n_cols) lanes, masked past the row's end.
+#pragma once
+
+#include "tilegrad/core/types.hpp"
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/pointer.hpp"
+#include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/tile/creation.hpp"
+#include "tilegrad/tile/elementwise.hpp"
+#include "tilegrad/tile/reduce.hpp"
+
+#include <limits>
+
+namespace tilegrad::kernels {
+
+/// y[i, :] = softmax(x[i, :]). Grid: one program per row; Block >= n_cols, a power of two.
+template <int Block>
+inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const> x,
+                                                tensor<T> y) {
+  static_assert(next_power_of_2(Block) == Block, "softmax_fwd: Block must be a power of two");
+  int const row_idx = p.program_id(0);
+  auto const cols = arange<0, Block>();
+  auto const mask = cols < x.size(1);
+  auto const row = load(x + row_idx * x.stride(0) + cols * x.stride(1), mask,
+                        -std::numeric_limits<float>::infinity());
+  // Subtract the maximum for stability; masked lanes are -inf and vanish in exp.
+  auto const num = exp(row - max(row));
+  tile<fp32<T>, Block> const out = num / sum(num);
+  store(y + row_idx * y.stride(0) + cols * y.stride(1), out, mask);
+};
+
+} // namespace tilegrad::kernels
