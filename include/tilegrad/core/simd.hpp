@@ -133,9 +133,10 @@ TILEGRAD_INLINE auto mask_for(M const& m) {
     using target_t = typename detail::mask_of<T, W>::type;
     if constexpr (std::is_same_v<M, target_t>) {
       return m;
-    } else if constexpr (std::is_same_v<typename M::register_type,
-                                        typename target_t::register_type>) {
-      return target_t(m.data); // AVX-512 mask registers: same bits whatever the element type
+    } else if constexpr (sizeof(typename M::register_type) <= 8 &&
+                         sizeof(typename target_t::register_type) <= 8) {
+      // AVX-512 mask registers: one bit per lane whatever the element type.
+      return target_t(static_cast<typename target_t::register_type>(m.data));
     } else if constexpr (sizeof(typename M::register_type) ==
                          sizeof(typename target_t::register_type)) {
       // SSE/AVX: a mask is a full register of all-ones / all-zeros lanes; reinterpret it.

@@ -243,7 +243,7 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
   std::atomic<bool> failed{false};
   std::exception_ptr first;
   std::mutex first_mutex;
-#pragma omp parallel for schedule(dynamic, 1) 
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (std::int64_t i = 0; i < n; ++i) {
     if (failed.load(std::memory_order_relaxed))
       continue;

@@ -135,10 +135,10 @@ private:
   std::array<std::int64_t, max_tensor_rank> unravel(std::int64_t offset) const {
     // Unravel along axes by decreasing stride; an offset outside the view still gets
     // coordinates (some past their extent), which is what a message about it needs.
-    std::array<int, max_tensor_rank> order{};
-    for (int a = 0; a < rank_; ++a) order[a] = a;
-    std::sort(order.begin(), order.begin() + rank_,
-              [&](int x, int y) { return strides_[x] > strides_[y]; });
+    std::array<int, max_tensor_rank> order{0, 1, 2, 3};
+    for (int i = 1; i < rank_; ++i) // insertion sort of at most 4 axes
+      for (int j = i; j > 0 && strides_[order[j - 1]] < strides_[order[j]]; --j)
+        std::swap(order[j - 1], order[j]);
     std::array<std::int64_t, max_tensor_rank> c{};
     std::int64_t rem = offset;
     for (int i = 0; i < rank_; ++i) {

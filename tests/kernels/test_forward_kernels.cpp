@@ -1,0 +1,134 @@
+// The forward kernels of the example ladder (weighted sum, softmax, matmul) against plain
+// loops, in float and double, on shapes that do not divide the tiles, on every executor.
+#include <tilegrad/kernels/matmul.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/kernels/weighted_sum.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace tg = tilegrad;
+
+namespace {
+
+template <class T>
+void fill(tg::owned_tensor<T>& t, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(-1, 1);
+  for (T& v : t) v = static_cast<T>(d(rng));
+}
+
+template <class T>
+double tol() {
+  return std::is_same_v<T, float> ? 2e-5 : 1e-12;
+}
+
+std::vector<tg::executor> executors() {
+  std::vector<tg::executor> e{tg::executor::sequential};
+  if (tg::executor_available(tg::executor::tbb)) e.push_back(tg::executor::tbb);
+  if (tg::executor_available(tg::executor::openmp)) e.push_back(tg::executor::openmp);
+  return e;
+}
+
+} // namespace
+
+template <class T>
+class ForwardKernels : public ::testing::Test {};
+using Types = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(ForwardKernels, Types);
+
+TYPED_TEST(ForwardKernels, WeightedSumMatchesLoop) {
+  using T = TypeParam;
+  for (auto [n, d] : {std::pair{1, 1}, {37, 70}, {100, 333}, {16, 64}}) {
+    tg::owned_tensor<T> x({n, d}, "x"), w({d}, "w"), y({n}, "y");
+    fill(x, 1);
+    fill(w, 2);
+    for (auto e : executors()) {
+      for (T& v : y) v = T(123);
+      tg::launch({e, 2}, tg::cdiv(n, 16), tg::kernels::weighted_sum_fwd<16, 32>, x.cview(),
+                 w.cview(), y.view());
+      for (int i = 0; i < n; ++i) {
+        double r = 0;
+        for (int j = 0; j < d; ++j) r += double(x(i, j)) * double(w(j));
+        ASSERT_NEAR(y(i), r, tol<T>() * (1 + d)) << "row " << i << " n=" << n << " d=" << d
+                                                 << " executor " << tg::to_string(e);
+      }
+    }
+  }
+}
+
+TYPED_TEST(ForwardKernels, SoftmaxMatchesLoop) {
+  using T = TypeParam;
+  for (auto [n, d] : {std::pair{1, 1}, {5, 37}, {33, 100}, {7, 128}}) {
+    tg::owned_tensor<T> x({n, d}, "x"), y({n, d}, "y");
+    fill(x, 3);
+    for (T& v : x) v *= T(4);
+    for (auto e : executors()) {
+      tg::launch({e, 2}, n, tg::kernels::softmax_fwd<128>, x.cview(), y.view());
+      for (int i = 0; i < n; ++i) {
+        double m = -INFINITY, z = 0;
+        for (int j = 0; j < d; ++j) m = std::max(m, double(x(i, j)));
+        for (int j = 0; j < d; ++j) z += std::exp(double(x(i, j)) - m);
+        for (int j = 0; j < d; ++j)
+          ASSERT_NEAR(y(i, j), std::exp(double(x(i, j)) - m) / z, tol<T>())
+              << "(" << i << ", " << j << ") n=" << n << " d=" << d;
+      }
+    }
+  }
+}
+
+TYPED_TEST(ForwardKernels, MatmulMatchesLoop) {
+  using T = TypeParam;
+  struct dims {
+    int m, k, n;
+  };
+  for (auto [M, K, N] : {dims{1, 1, 1}, dims{33, 17, 45}, dims{70, 100, 37}, dims{64, 64, 64}}) {
+    tg::owned_tensor<T> a({M, K}, "a"), b({K, N}, "b"), c({M, N}, "c");
+    fill(a, 4);
+    fill(b, 5);
+    int const grid = tg::cdiv(M, 32) * tg::cdiv(N, 32);
+    for (auto e : executors()) {
+      for (T& v : c) v = T(123);
+      tg::launch({e, 2}, grid, tg::kernels::matmul_fwd<32, 32, 16, 2>, a.cview(), b.cview(),
+                 c.view());
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+          double r = 0;
+          for (int k = 0; k < K; ++k) r += double(a(i, k)) * double(b(k, j));
+          ASSERT_NEAR(c(i, j), r, tol<T>() * (1 + K))
+              << "(" << i << ", " << j << ") M=" << M << " K=" << K << " N=" << N;
+        }
+    }
+  }
+}
+
+TEST(ForwardKernels, OutOfBoundsInKernelNamesProgramTensorAndLine) {
+  tg::checked_scope on(true);
+  tg::owned_tensor<float> x({10, 20}, "x"), y({10, 20}, "y");
+  // A block of 32 columns without a mask reads past the 20 columns of x: rows 0-8 still read
+  // inside x's memory (the next row), as in Triton; the last row runs past its end.
+  static int line = 0;
+  auto bad = []<class T>(tg::program const& p, tg::tensor<T const> in, tg::tensor<T> out) {
+    auto cols = tg::arange<0, 32>();
+    line = __LINE__ + 1;
+    auto v = tg::load(in + p.program_id(0) * in.stride(0) + cols);
+    tg::store(out + p.program_id(0) * out.stride(0) + cols, v, cols < out.size(1));
+  };
+  try {
+    tg::launch({tg::executor::sequential, 1}, 10, bad, x.cview(), y.view());
+    FAIL() << "expected an access_error";
+  } catch (tg::access_error const& e) {
+    std::string const what = e.what();
+    EXPECT_NE(what.find("program (9, 0, 0)"), std::string::npos) << what;
+    EXPECT_NE(what.find("'x'"), std::string::npos) << what;
+    EXPECT_NE(what.find("shape (10, 20)"), std::string::npos) << what;
+    EXPECT_NE(what.find("element (10, 0)"), std::string::npos) << what;
+    EXPECT_NE(what.find("test_forward_kernels.cpp:" + std::to_string(line)), std::string::npos)
+        << what;
+    EXPECT_EQ(e.where().line(), static_cast<unsigned>(line));
+  }
+}
