@@ -12,7 +12,6 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -27,7 +26,8 @@
 
 #if TILEGRAD_USE_OPENMP
 #if !defined(_OPENMP)
-#error "tilegrad: TILEGRAD_USE_OPENMP=1 but this file is not compiled with OpenMP (-fopenmp); link tilegrad::tilegrad, or define TILEGRAD_USE_OPENMP=0"
+// Without -fopenmp the pragma would be ignored and the "openmp" executor silently sequential.
+#error "tilegrad: TILEGRAD_USE_OPENMP=1 needs -fopenmp (link OpenMP::OpenMP_CXX, or set it to 0)"
 #endif
 #include <mutex>
 #include <omp.h>
@@ -45,9 +45,12 @@ enum class executor {
 /// "tbb", "openmp", "sequential", or "executor(<n>)" for a value that names none of them.
 inline std::string to_string(executor e) {
   switch (e) {
-  case executor::tbb: return "tbb";
-  case executor::openmp: return "openmp";
-  case executor::sequential: return "sequential";
+  case executor::tbb:
+    return "tbb";
+  case executor::openmp:
+    return "openmp";
+  case executor::sequential:
+    return "sequential";
   }
   return "executor(" + std::to_string(static_cast<int>(e)) + ")";
 }
@@ -55,9 +58,12 @@ inline std::string to_string(executor e) {
 /// Whether `e` is compiled into this build (TILEGRAD_USE_TBB / TILEGRAD_USE_OPENMP).
 constexpr bool executor_available(executor e) {
   switch (e) {
-  case executor::tbb: return TILEGRAD_USE_TBB != 0;
-  case executor::openmp: return TILEGRAD_USE_OPENMP != 0;
-  case executor::sequential: return true;
+  case executor::tbb:
+    return TILEGRAD_USE_TBB != 0;
+  case executor::openmp:
+    return TILEGRAD_USE_OPENMP != 0;
+  case executor::sequential:
+    return true;
   }
   return false;
 }
@@ -95,8 +101,8 @@ inline void check_num_threads(int n, char const* who) {
 struct launch_options {
   executor exec = detail::default_executor.load(std::memory_order_relaxed);
   /// Most threads the launch uses; 0 = all hardware threads (TBB: the concurrency of the
-  /// enclosing task arena, so a nested launch inherits its caller's limit). Ignored by the
-  /// sequential executor.
+  /// enclosing task arena, so a nested launch inherits its caller's limit; OpenMP:
+  /// omp_get_max_threads(), which OMP_NUM_THREADS sets). Ignored by the sequential executor.
   int num_threads = detail::default_num_threads.load(std::memory_order_relaxed);
 };
 
@@ -168,9 +174,8 @@ inline void validate(launch_options const& opts, grid const& g) {
   for (int axis = 0; axis < g.rank; ++axis) {
     int const extent = g.dims[static_cast<std::size_t>(axis)];
     if (extent <= 0)
-      throw std::invalid_argument("tilegrad::launch: grid extent " + std::to_string(axis) +
-                                  " is " + std::to_string(extent) +
-                                  "; every extent must be positive");
+      throw std::invalid_argument("tilegrad::launch: grid extent " + std::to_string(axis) + " is " +
+                                  std::to_string(extent) + "; every extent must be positive");
   }
   for (int axis = g.rank; axis < 3; ++axis) {
     if (g.dims[static_cast<std::size_t>(axis)] != 1)
@@ -202,15 +207,15 @@ void run_sequential(std::int64_t n, Run& run) {
 template <class Run>
 void run_tbb(std::int64_t n, int num_threads, Run& run) {
   auto loop = [&] {
-    // A bound context: cancelling an enclosing TBB task group (or an outer launch whose
-    // program threw) also stops this launch.
+    // A bound context: cancelling an enclosing TBB task group (such as that of an outer
+    // launch in the same arena whose program threw) also stops this launch.
     tbb::task_group_context ctx;
     // isolate(): a thread waiting for this launch runs only this launch's programs, never
     // an outer program (a nested launch's thread would otherwise pick up a sibling of the
     // program that launched it, which breaks per-thread state and can self-deadlock on a lock).
     tbb::this_task_arena::isolate([&] {
       // Grain 1 with simple_partitioner: one task per program, so uneven programs (causal
-      // masks, block-sparse rows) balance; ~30-50 ns per program, small beside a tile program.
+      // masks, block-sparse rows) balance; ~50-70 ns per program, small beside a tile program.
       tbb::parallel_for(
           tbb::blocked_range<std::int64_t>(0, n, 1),
           [&](tbb::blocked_range<std::int64_t> const& r) {
@@ -225,12 +230,16 @@ void run_tbb(std::int64_t n, int num_threads, Run& run) {
       throw std::runtime_error("tilegrad::launch: cancelled by an enclosing TBB task group; "
                                "some programs did not run");
   };
-  if (num_threads > 0) {
-    // One arena per launch: about a microsecond, and concurrent launches never share a cap.
+  if (num_threads > 0 && num_threads < tbb::this_task_arena::max_concurrency()) {
+    // A fresh arena per launch, not one cached per thread count: the caller always finds a
+    // free slot in it, so a nested launch never waits for a slot held by a thread that waits
+    // for it in turn, and concurrent launches never share a cap. The cost is ~1 us to create
+    // it plus the time for workers to join (~35 us at 8 threads for an empty 1000-program
+    // launch on a 16-core machine), small beside a launch of real tile programs.
     tbb::task_arena arena(num_threads);
     arena.execute(loop);
   } else {
-    loop();
+    loop(); // the enclosing arena already caps the launch at num_threads or fewer
   }
 }
 #endif
@@ -275,7 +284,9 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
 ///   when several throw). Remaining programs may then be skipped, and outputs may hold the
 ///   partial results of the programs that did run: the call throws, so none is reported as a
 ///   success.
-/// A launch from inside a running program (nested launch) is allowed with every executor.
+/// A launch from inside a running program (nested launch) is allowed with every executor; a
+/// nested OpenMP launch runs on one thread unless nested parallelism is enabled (the OpenMP
+/// default).
 template <class Kernel, class... Args>
 void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args) {
   detail::validate(opts, g);
@@ -302,8 +313,10 @@ void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args)
   }
 }
 
-/// launch with default_options().
+/// launch with default_options(). (The constraint keeps `launch({}, g, kernel)` unambiguous: a
+/// grid where the kernel goes means the braces were the options.)
 template <class Kernel, class... Args>
+  requires(!std::is_same_v<std::remove_cvref_t<Kernel>, grid>)
 void launch(grid g, Kernel&& kernel, Args&&... args) {
   launch(default_options(), g, std::forward<Kernel>(kernel), std::forward<Args>(args)...);
 }

@@ -30,11 +30,11 @@ struct affine {
 };
 
 template <class N>
-inline constexpr bool is_affine_v = affine<N>::value;
+inline constexpr bool is_affine_v = affine<std::remove_cvref_t<N>>::value;
 
 template <class N>
 TILEGRAD_INLINE affine_row affine_at(N const& n, int r) {
-  return affine<N>::row(n, r);
+  return affine<std::remove_cvref_t<N>>::row(n, r);
 }
 
 template <class T>

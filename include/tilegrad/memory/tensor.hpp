@@ -247,7 +247,8 @@ public:
 
   // launch() hands kernels the view (found by argument-dependent lookup).
   friend tensor<T> kernel_arg(owned_tensor& t) { return t.view(); }
-  friend tensor<T> kernel_arg(owned_tensor const& t) { return t.view(); }
+  friend tensor<T> kernel_arg(owned_tensor&& t) { return t.view(); } // lives until launch returns
+  friend tensor<T const> kernel_arg(owned_tensor const& t) { return t.cview(); }
 
 private:
   struct deleter {
