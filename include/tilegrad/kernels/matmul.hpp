@@ -13,6 +13,7 @@
 #include "tilegrad/tile/shape_ops.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace tilegrad::kernels {
 
@@ -44,7 +45,7 @@ inline constexpr auto matmul_fwd = []<class T>(program const& p, tensor<T const>
   for (int k = 0; k < cdiv(K, BK); ++k) {
     auto const a_tile = load(a_ptrs, row(offs_k) < K - k * BK, 0.0f);
     auto const b_tile = load(b_ptrs, col(offs_k) < K - k * BK, 0.0f);
-    acc = dot(a_tile, b_tile, acc);
+    acc = dot(a_tile, b_tile, std::move(acc)); // accumulates in place
     a_ptrs += BK * a.stride(1);
     b_ptrs += BK * b.stride(0);
   }

@@ -206,7 +206,7 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
   using S = shape<Bs...>;
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<V>;
-  tile<V, Bs...> out;
+  tile<V, Bs...> out(uninitialized);
   V* o = out.data();
   T* base = bp.base().data();
   std::int64_t const sc = bp.strides()[S::rank - 1];

@@ -177,7 +177,7 @@ TILEGRAD_INLINE void for_each_access(ptr_tile<T, P> const& p, Mask const& mask, 
     affine_row a{0, 0, false};
     if constexpr (table)
       a = p.rows[r];
-    else if constexpr (is_affine_v<decltype(off)>)
+    else if constexpr (is_affine_v<std::remove_cvref_t<decltype(off)>>)
       a = affine_at(off, r);
     a.base += shift;
     int c = 0;
@@ -215,7 +215,7 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
     else
       return bcast<S>(mask_in);
   }();
-  tile_t<V, S> out;
+  tile_t<V, S> out(uninitialized);
   V* o = out.data();
   T* base = p.base.data();
   bool const chk = checked();
@@ -226,7 +226,7 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
     if constexpr (has_other)
       out = broadcast_to_shape<S>(to<V>(other_in));
     else
-      out = tile_t<V, S>();
+      std::fill_n(o, S::size, V{});
   }
   for_each_access<S, W>(
       p, mask,

@@ -114,7 +114,14 @@ auto dot(A&& a, B&& b, C&& acc) {
   static_assert(std::is_same_v<shape_of_t<C>, shape<M, N>>,
                 "tilegrad: dot(a, b, acc): acc must have shape (M, N) of a @ b");
   using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
-  tile<T, M, N> out(acc);
+  // An accumulator passed as a temporary (acc = dot(a, b, std::move(acc))) is reused in place.
+  tile<T, M, N> out = [&]() -> tile<T, M, N> {
+    if constexpr (std::is_same_v<std::remove_cvref_t<C>, tile<T, M, N>> &&
+                  !std::is_lvalue_reference_v<C>)
+      return std::move(acc);
+    else
+      return tile<T, M, N>(acc);
+  }();
   auto&& ta = detail::materialize<T>(std::forward<A>(a));
   auto&& tb = detail::materialize<T>(std::forward<B>(b));
   detail::gemm<T, M, N, K>(out.data(), ta.data(), tb.data());

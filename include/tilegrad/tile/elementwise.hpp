@@ -212,11 +212,48 @@ TILEGRAD_INLINE auto where(C&& c, A&& a, B&& b) {
       detail::broadcast_as<S>(detail::convert_as<T>(detail::as_node(std::forward<B>(b)))));
 }
 
+namespace detail {
+// Element type of an op on several operands, as binary ops have it: the tile operands' types
+// promote together, then each plain number meets that type (a double constant keeps a float
+// tile float).
+template <class Acc, class X, bool IsTile = tile_expression<X>>
+struct fold_tile_type {
+  using type = Acc; // a number: skipped here
+};
+template <class X>
+struct fold_tile_type<void, X, true> {
+  using type = elem_t<X>;
+};
+template <class Acc, class X>
+  requires(!std::is_void_v<Acc>)
+struct fold_tile_type<Acc, X, true> {
+  using type = promote_t<Acc, elem_t<X>>;
+};
+template <class T, class X, bool IsTile = tile_expression<X>>
+struct fold_scalar_type {
+  using type = T;
+};
+template <class T, class X>
+struct fold_scalar_type<T, X, false> {
+  using type = scalar_meets_t<T, elem_t<X>>;
+};
+template <class A, class B, class C>
+using ternary_type_t = typename fold_scalar_type<
+    typename fold_scalar_type<
+        typename fold_scalar_type<
+            typename fold_tile_type<
+                typename fold_tile_type<typename fold_tile_type<void, A>::type, B>::type,
+                C>::type,
+            A>::type,
+        B>::type,
+    C>::type;
+} // namespace detail
+
 /// fma(a, b, c) = a * b + c (fused on the SIMD path).
 template <class A, class B, class C>
   requires(tile_expression<A> || tile_expression<B> || tile_expression<C>)
 TILEGRAD_INLINE auto fma(A&& a, B&& b, C&& c) {
-  using T = promote_t<promote_t<detail::elem_t<A>, detail::elem_t<B>>, detail::elem_t<C>>;
+  using T = detail::ternary_type_t<A, B, C>;
   using S = broadcast_shape_t<
       shape_of_t<detail::node_t<A>>,
       broadcast_shape_t<shape_of_t<detail::node_t<B>>, shape_of_t<detail::node_t<C>>>>;

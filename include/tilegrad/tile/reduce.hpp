@@ -128,7 +128,7 @@ TILEGRAD_INLINE T reduce_all(N const& n) {
   if constexpr (C::rank == 0) {
     return n.template load<1>(0, 0);
   } else {
-    tile_t<T, shape<C::rows>> rows_acc; // reduce each row, then the row results
+    tile_t<T, shape<C::rows>> rows_acc(uninitialized); // reduce each row, then the row results
     reduce_axis<Op, C, C::rank - 1, T>(rows_acc.data(), n);
     T acc = rows_acc.data()[0];
     for (int r = 1; r < C::rows; ++r) acc = combine<Op>(acc, rows_acc.data()[r]);
@@ -144,7 +144,7 @@ TILEGRAD_INLINE auto reduce(E&& e) {
                 "tilegrad: bf16 is a storage type: convert with to<float>(x) before reducing");
   auto n = convert_as<T>(as_node(std::forward<E>(e)));
   constexpr int a = normalize_axis<C, Axis>();
-  tile_t<T, reduced_shape_t<C, a, Keep>> out;
+  tile_t<T, reduced_shape_t<C, a, Keep>> out(uninitialized);
   reduce_axis<Op, C, a, T>(out.data(), n);
   return out;
 }
@@ -173,7 +173,7 @@ TILEGRAD_INLINE auto arg_reduce(E&& e) {
   auto n = as_node(std::forward<E>(e));
   constexpr int a = normalize_axis<C, Axis>();
   using split = axis_split<C, a>;
-  tile_t<std::int32_t, reduced_shape_t<C, a, Keep>> out;
+  tile_t<std::int32_t, reduced_shape_t<C, a, Keep>> out(uninitialized);
   auto at = [&](int flat) { return n.template load<1>(flat / C::inner, flat % C::inner); };
   for (int o = 0; o < split::outer; ++o) {
     for (int i = 0; i < split::inner; ++i) {
@@ -247,7 +247,7 @@ TILEGRAD_INLINE auto cumsum(E&& e) {
   constexpr int a = normalize_axis<C, Axis>();
   using split = detail::axis_split<C, a>;
   auto n = detail::convert_as<T>(detail::as_node(std::forward<E>(e)));
-  detail::tile_t<T, C> out;
+  detail::tile_t<T, C> out(uninitialized);
   T* d = out.data();
   constexpr int L = C::inner;
   if constexpr (a == C::rank - 1) {

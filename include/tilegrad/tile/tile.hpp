@@ -4,12 +4,14 @@
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/shape.hpp"
 #include "tilegrad/core/simd.hpp"
+#include "tilegrad/core/storage.hpp"
 #include "tilegrad/core/types.hpp"
 #include "tilegrad/tile/eval.hpp"
 #include "tilegrad/tile/expr.hpp"
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 namespace tilegrad {
 
@@ -28,7 +30,9 @@ inline constexpr bool require_same_shape =
 
 template <class To, class From>
 struct cannot_convert_tile_implicitly {
-  static_assert(std::is_same_v<To, From>,
+  // The whole condition, not just is_same: require_implicit's || instantiates this struct
+  // whether or not its left operand already holds.
+  static_assert(std::is_same_v<promote_t<To, From>, To>,
                 "tilegrad: narrowing element-type conversion: write to<T>(e) to convert "
                 "explicitly");
   static constexpr bool value = true;
@@ -52,10 +56,13 @@ public:
   static constexpr bool vectorizes = simd::has_vec_v<T, W>;
 
   /// Zero-filled.
-  tile() : data_{} {}
+  tile() { std::fill_n(data(), size, T{}); }
+
+  /// Elements left unset (for code that writes every element next).
+  explicit tile(uninitialized_t) {}
 
   /// Every element equal to v.
-  explicit tile(T const& v) { std::fill_n(data_, size, v); }
+  explicit tile(T const& v) { std::fill_n(data(), size, v); }
 
   /// Evaluates an expression (one fused loop).
   template <tile_expression E>
@@ -67,7 +74,9 @@ public:
   }
 
   tile(tile const&) = default;
+  tile(tile&&) noexcept = default;
   tile& operator=(tile const&) = default;
+  tile& operator=(tile&&) noexcept = default;
 
   template <tile_expression E>
     requires(!std::is_same_v<std::remove_cvref_t<E>, tile>)
@@ -76,44 +85,44 @@ public:
     static_assert(detail::require_implicit<T, value_of_t<E>>);
     if constexpr (std::remove_cvref_t<E>::may_alias) {
       tile tmp(e); // a permuted view of this very tile would read what it overwrites
-      *this = tmp;
+      *this = std::move(tmp);
     } else {
       assign_from(e);
     }
     return *this;
   }
 
-  T* data() { return data_; }
-  T const* data() const { return data_; }
+  T* data() { return storage_.get(); }
+  T const* data() const { return storage_.get(); }
 
   /// Element access by coordinates (for tests and host code; kernels use tile algebra).
   template <class... I>
   T& operator()(I... idx) {
-    return data_[flat(idx...)];
+    return data()[flat(idx...)];
   }
   template <class... I>
   T const& operator()(I... idx) const {
-    return data_[flat(idx...)];
+    return data()[flat(idx...)];
   }
 
   /// The value of a rank-0 tile.
   T const& item() const
     requires(rank == 0)
   {
-    return data_[0];
+    return data()[0];
   }
 
   // Node protocol: a temporary tile held by an expression reads like a tile_ref.
   template <int W>
   TILEGRAD_INLINE simd::vec_t<T, W> load(int row, int col) const {
-    return simd::load<T, W>(data_ + row * shape_type::inner + col);
+    return simd::load<T, W>(data() + row * shape_type::inner + col);
   }
 
 private:
   template <class E>
   void assign_from(E const& e) {
     auto n = detail::convert_as<T>(detail::as_node(e));
-    detail::assign<shape_type>(data_, n);
+    detail::assign<shape_type>(data(), n);
   }
 
   template <class... I>
@@ -124,7 +133,7 @@ private:
     return f;
   }
 
-  alignas(64) T data_[size];
+  detail::tile_storage<T, size> storage_;
 };
 
 } // namespace tilegrad

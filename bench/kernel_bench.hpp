@@ -1,0 +1,62 @@
+// Shared pieces of the kernel benchmarks: thread counts to sweep, a STREAM-like triad
+// baseline on the same threads, and random fills.
+#pragma once
+
+#include <tilegrad/tilegrad.hpp>
+
+#include <benchmark/benchmark.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <cstdint>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace bench {
+
+inline int all_threads() { return static_cast<int>(std::thread::hardware_concurrency()); }
+
+/// Thread counts swept: 1, 2, 4, ... up to all hardware threads (always including it).
+inline std::vector<std::int64_t> thread_counts() {
+  std::vector<std::int64_t> t;
+  for (int n = 1; n < all_threads(); n *= 2) t.push_back(n);
+  t.push_back(all_threads());
+  return t;
+}
+
+template <class T>
+void fill(tilegrad::owned_tensor<T>& t, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (T& v : t) v = static_cast<T>(d(rng));
+}
+
+/// a = b + s * c over n floats, split into chunks over `threads` TBB threads: the machine's
+/// sustainable memory bandwidth, the yardstick of memory-bound kernels.
+class triad {
+public:
+  explicit triad(std::int64_t n) : a_(n), b_(n, 1.0f), c_(n, 2.0f) {}
+  void run(int threads) {
+    tbb::task_arena arena(threads);
+    arena.execute([&] {
+      std::int64_t const n = static_cast<std::int64_t>(a_.size());
+      tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, 1 << 14),
+                        [&](tbb::blocked_range<std::int64_t> const& r) {
+                          float* a = a_.data();
+                          float const* b = b_.data();
+                          float const* c = c_.data();
+                          for (std::int64_t i = r.begin(); i < r.end(); ++i) a[i] = b[i] + 3.0f * c[i];
+                        });
+    });
+    benchmark::DoNotOptimize(a_.data());
+    benchmark::ClobberMemory();
+  }
+  std::int64_t bytes() const { return 3 * static_cast<std::int64_t>(a_.size()) * 4; }
+
+private:
+  std::vector<float> a_, b_, c_;
+};
+
+} // namespace bench
