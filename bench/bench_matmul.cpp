@@ -13,7 +13,7 @@ namespace tg = tilegrad;
 
 namespace {
 
-constexpr int BM = 128, BN = 64, BK = 64;
+constexpr int BM = 128, BN = 64, BK = 64, GroupM = 2;
 
 void BM_matmul(benchmark::State& state) {
   std::int64_t const n = state.range(0);
@@ -24,7 +24,7 @@ void BM_matmul(benchmark::State& state) {
   tg::launch_options opts{tg::executor::tbb, threads};
   int const grid = tg::cdiv<int>(n, BM) * tg::cdiv<int>(n, BN);
   for (auto _ : state) {
-    tg::launch(opts, grid, tg::kernels::matmul_fwd<BM, BN, BK>, a.cview(), b.cview(), c.view());
+    tg::launch(opts, grid, tg::kernels::matmul_fwd<BM, BN, BK, GroupM>, a.cview(), b.cview(), c.view());
     benchmark::ClobberMemory();
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * state.iterations(),
