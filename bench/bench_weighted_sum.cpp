@@ -9,8 +9,9 @@ namespace tg = tilegrad;
 namespace {
 
 constexpr std::int64_t rows = 16384, cols = 1000; // 65.5 MB of x: far beyond the caches
-constexpr int BR = 16, BD = 128;
 
+// Tile shapes: BR rows of x per program, BD columns per step.
+template <int BR, int BD>
 void BM_weighted_sum(benchmark::State& state) {
   int const threads = static_cast<int>(state.range(0));
   tg::owned_tensor<float> x({rows, cols}, "x"), w({cols}, "w"), y({rows}, "y");
@@ -42,6 +43,9 @@ void threads_arg(benchmark::internal::Benchmark* b) {
 
 } // namespace
 
-BENCHMARK(BM_weighted_sum)->Apply(threads_arg);
+BENCHMARK(BM_weighted_sum<16, 128>)->Apply(threads_arg);
+BENCHMARK(BM_weighted_sum<8, 256>)->Apply(threads_arg);
+BENCHMARK(BM_weighted_sum<4, 512>)->Apply(threads_arg);
+BENCHMARK(BM_weighted_sum<2, 1024>)->Apply(threads_arg);
 BENCHMARK(BM_triad)->Apply(threads_arg);
 BENCHMARK_MAIN();

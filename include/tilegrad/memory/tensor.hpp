@@ -196,6 +196,7 @@ public:
   explicit owned_tensor(std::initializer_list<std::int64_t> shape, char const* name = "")
       : owned_tensor(shape.begin(), shape.size(), name) {}
   owned_tensor(std::int64_t const* shape, std::size_t rank, char const* name = "") {
+    if (rank < 1 || rank > max_tensor_rank) throw std::invalid_argument("tilegrad::owned_tensor: rank must be 1 to 4");
     std::int64_t n = 1;
     for (std::size_t a = 0; a < rank; ++a) n *= shape[a];
     storage_.reset(static_cast<T*>(::operator new[](static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T),

@@ -65,6 +65,20 @@ TILEGRAD_INLINE V combine(V const& a, V const& b) {
   return Op::apply(a, b);
 }
 
+// Op-reduction of the lanes of one vector.
+template <class Op, class T, class V>
+TILEGRAD_INLINE T reduce_lanes(V const& v) {
+#if TILEGRAD_USE_XSIMD
+  if constexpr (std::is_same_v<Op, ops::add_op>) return xsimd::hadd(v);
+#endif
+  // Pairwise, so the combines of one step are independent of each other.
+  alignas(64) T lanes[V::size];
+  v.store_unaligned(lanes);
+  for (std::size_t w = V::size / 2; w >= 1; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) lanes[l] = combine<Op>(lanes[l], lanes[l + w]);
+  return lanes[0];
+}
+
 // out[o*I + i] = Op-reduction over k of n[o, k, i]; out has C::size / extent elements.
 template <class Op, class C, int A, class T, class N>
 TILEGRAD_INLINE void reduce_axis(T* out, N const& n) {
@@ -80,10 +94,7 @@ TILEGRAD_INLINE void reduce_axis(T* out, N const& n) {
         if (L >= W) {
           auto v = n.template load<W>(r, 0);
           for (c = W; c + W <= L; c += W) v = combine<Op>(v, n.template load<W>(r, c));
-          alignas(64) T lanes[W];
-          v.store_unaligned(lanes);
-          acc = lanes[0];
-          for (int l = 1; l < W; ++l) acc = combine<Op>(acc, lanes[l]);
+          acc = reduce_lanes<Op, T>(v);
         } else {
           acc = n.template load<1>(r, 0);
           c = 1;

@@ -28,20 +28,24 @@ template <class Target, class Source>
 inline constexpr bool require_same_shape =
     std::is_same_v<Target, Source> || cannot_assign_tile_shape<Target, Source>::value;
 
+// Implicit conversion is allowed where Triton would promote (int -> float, float -> double,
+// float -> a custom scalar); narrowing needs to<T>.
+template <class To, class From>
+inline constexpr bool converts_implicitly =
+    std::is_same_v<To, From> || std::is_same_v<promote_t<To, From>, To>;
+
 template <class To, class From>
 struct cannot_convert_tile_implicitly {
-  // The whole condition, not just is_same: require_implicit's || instantiates this struct
-  // whether or not its left operand already holds.
-  static_assert(std::is_same_v<promote_t<To, From>, To>,
+  // The whole condition: require_implicit's || instantiates this struct whether or not its left
+  // operand already holds.
+  static_assert(converts_implicitly<To, From>,
                 "tilegrad: narrowing element-type conversion: write to<T>(e) to convert "
                 "explicitly");
   static constexpr bool value = true;
 };
-// Implicit conversion is allowed where Triton would promote (int -> float, float -> double,
-// float -> a custom scalar); narrowing needs to<T>.
 template <class To, class From>
 inline constexpr bool require_implicit =
-    std::is_same_v<promote_t<To, From>, To> || cannot_convert_tile_implicitly<To, From>::value;
+    converts_implicitly<To, From> || cannot_convert_tile_implicitly<To, From>::value;
 } // namespace detail
 
 template <class T, int... Ns>

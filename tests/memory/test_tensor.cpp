@@ -1,0 +1,319 @@
+// Tensors (memory/tensor.hpp): contiguous and strided views, their queries (size, stride,
+// numel, span, is_contiguous, contains, coordinates) checked against plain loops over the
+// elements a view addresses, conversion to a const view, and owned_tensor's storage
+// (64-byte alignment, zero fill, deep copies, moves).
+#include "memory_test_util.hpp"
+
+#include <tilegrad/memory/tensor.hpp>
+
+#include <cstdint>
+#include <initializer_list>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace tilegrad;
+using tg_mem::at;
+using tg_mem::value_at;
+
+template <class T>
+class Tensor : public ::testing::Test {};
+TYPED_TEST_SUITE(Tensor, tg_mem::AllTypes);
+
+// The offsets a view addresses, enumerated from its shape and strides (the reference for
+// contains() and span()).
+template <class T>
+std::set<std::int64_t> addressed(tensor<T> const& t) {
+  std::set<std::int64_t> out;
+  std::int64_t idx[4] = {0, 0, 0, 0};
+  if (t.numel() == 0) return out;
+  for (;;) {
+    std::int64_t off = 0;
+    for (int a = 0; a < t.rank(); ++a) off += idx[a] * t.stride(a);
+    out.insert(off);
+    int a = t.rank() - 1;
+    while (a >= 0 && ++idx[a] == t.size(a)) idx[a--] = 0;
+    if (a < 0) return out;
+  }
+}
+
+// contains(o) for every o in [lo, hi) against the enumerated set, and coordinates() of every
+// addressed offset against the coordinates that produced it.
+template <class T>
+void check_contains(tensor<T> const& t, std::int64_t lo, std::int64_t hi) {
+  auto const in = addressed(t);
+  for (std::int64_t o = lo; o < hi; ++o)
+    EXPECT_EQ(t.contains(o), in.count(o) == 1) << "offset " << o << " of " << t.shape_string();
+}
+
+TYPED_TEST(Tensor, ContiguousViewQueries) {
+  using T = TypeParam;
+  std::vector<T> buf(37 * 70);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = value_at<T>(static_cast<std::int64_t>(i));
+  tensor<T> x(buf.data(), {37, 70}, "x");
+  EXPECT_EQ(x.data(), buf.data());
+  EXPECT_EQ(x.rank(), 2);
+  EXPECT_EQ(x.size(0), 37);
+  EXPECT_EQ(x.size(1), 70);
+  EXPECT_EQ(x.size(-1), 70);
+  EXPECT_EQ(x.size(-2), 37);
+  EXPECT_EQ(x.stride(0), 70);
+  EXPECT_EQ(x.stride(1), 1);
+  EXPECT_EQ(x.numel(), 37 * 70);
+  EXPECT_EQ(x.span(), 37 * 70);
+  EXPECT_TRUE(x.is_contiguous());
+  EXPECT_EQ(std::string(x.name()), "x");
+  EXPECT_EQ(x.shape_string(), "(37, 70)");
+  EXPECT_THROW((void)x.size(2), std::out_of_range);
+  EXPECT_THROW((void)x.stride(-3), std::out_of_range);
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 70; ++j) {
+      ASSERT_EQ(&x(i, j), &buf[static_cast<std::size_t>(i * 70 + j)]) << at(i, j);
+      ASSERT_EQ(x.coordinates(i * 70 + j), tg_mem::coord(i, j))
+          << at(i, j);
+    }
+  check_contains(x, -75, 37 * 70 + 75);
+  // Offsets outside still get coordinates (past the extent), which is what messages need.
+  EXPECT_EQ(x.coordinates(37 * 70), "(37, 0)");
+  EXPECT_EQ(x.coordinates(-1), "(-1, 69)");
+  EXPECT_EQ(x.coordinates(-70), "(-1, 0)");
+
+  // Writes through the view land in the buffer.
+  x(36, 69) = T(5);
+  EXPECT_EQ(buf.back(), T(5));
+
+  // named(): the same view under another name; the original keeps its own.
+  auto y = x.named("y");
+  EXPECT_EQ(std::string(y.name()), "y");
+  EXPECT_EQ(std::string(x.name()), "x");
+  EXPECT_EQ(y.data(), x.data());
+  EXPECT_EQ(y.shape(), x.shape());
+  EXPECT_EQ(y.strides(), x.strides());
+}
+
+TYPED_TEST(Tensor, RanksOneToFour) {
+  using T = TypeParam;
+  std::vector<T> buf(3 * 4 * 5 * 7);
+  tensor<T> a(buf.data(), {37});
+  EXPECT_EQ(a.rank(), 1);
+  EXPECT_EQ(a.stride(0), 1);
+  EXPECT_EQ(a.span(), 37);
+  EXPECT_EQ(a.coordinates(-1), "(-1)");
+  EXPECT_EQ(a.coordinates(37), "(37)");
+  EXPECT_EQ(std::string(a.name()), "");
+  check_contains(a, -3, 40);
+
+  tensor<T> c(buf.data(), {3, 4, 5});
+  EXPECT_EQ(c.stride(0), 20);
+  EXPECT_EQ(c.stride(1), 5);
+  EXPECT_EQ(c.stride(2), 1);
+  EXPECT_EQ(c.numel(), 60);
+  EXPECT_EQ(&c(2, 3, 4), &buf[59]);
+  EXPECT_EQ(c.coordinates(2 * 20 + 3 * 5 + 4), "(2, 3, 4)");
+
+  tensor<T> d(buf.data(), {3, 4, 5, 7});
+  EXPECT_EQ(d.rank(), 4);
+  EXPECT_EQ(d.stride(0), 140);
+  EXPECT_EQ(d.numel(), 420);
+  EXPECT_EQ(d.span(), 420);
+  EXPECT_EQ(&d(1, 2, 3, 4), &buf[140 + 70 + 21 + 4]);
+  EXPECT_EQ(d.coordinates(140 + 70 + 21 + 4), "(1, 2, 3, 4)");
+}
+
+TYPED_TEST(Tensor, StridedViewWithGaps) {
+  using T = TypeParam;
+  std::vector<T> buf(50);
+  // Rows of 7 in a buffer of rows of 10: offsets 7, 8, 9 of each row are gaps.
+  tensor<T> x(buf.data(), {5, 7}, {10, 1}, "g");
+  EXPECT_FALSE(x.is_contiguous());
+  EXPECT_EQ(x.numel(), 35);
+  EXPECT_EQ(x.span(), 4 * 10 + 6 + 1);
+  EXPECT_EQ(x.stride(0), 10);
+  EXPECT_EQ(&x(3, 6), &buf[36]);
+  check_contains(x, -12, 60);
+  EXPECT_FALSE(x.contains(8)) << "offset 8 is in a gap";
+  EXPECT_EQ(x.coordinates(8), "(0, 8)");
+  EXPECT_EQ(x.coordinates(36), "(3, 6)");
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 7; ++j)
+      EXPECT_EQ(x.coordinates(i * 10 + j), tg_mem::coord(i, j))
+          << at(i, j);
+
+  // Every other column of a 37 x 70 buffer.
+  std::vector<T> big(37 * 70);
+  tensor<T> ev(big.data(), {37, 35}, {70, 2});
+  EXPECT_FALSE(ev.is_contiguous());
+  EXPECT_EQ(ev.span(), 36 * 70 + 34 * 2 + 1);
+  check_contains(ev, -3, 37 * 70 + 3);
+
+  // A 3-D slice with strides (40, 10, 2) of a 120-element buffer.
+  std::vector<T> b3(120);
+  tensor<T> s3(b3.data(), {3, 4, 5}, {40, 10, 2});
+  EXPECT_FALSE(s3.is_contiguous());
+  check_contains(s3, -2, 125);
+  EXPECT_EQ(s3.coordinates(40 + 20 + 8), "(1, 2, 4)");
+}
+
+TYPED_TEST(Tensor, TransposedViewByStrides) {
+  using T = TypeParam;
+  std::vector<T> buf(37 * 70);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = value_at<T>(static_cast<std::int64_t>(i));
+  // The (70, 37) transpose of a contiguous (37, 70) buffer.
+  tensor<T> t(buf.data(), {70, 37}, {1, 70});
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.span(), 37 * 70);
+  EXPECT_EQ(t.numel(), 37 * 70);
+  for (int i = 0; i < 70; ++i)
+    for (int j = 0; j < 37; ++j) {
+      ASSERT_EQ(t(i, j), buf[static_cast<std::size_t>(j * 70 + i)]) << at(i, j);
+      ASSERT_EQ(t.coordinates(j * 70 + i), tg_mem::coord(i, j))
+          << at(i, j);
+    }
+  check_contains(t, -3, 37 * 70 + 3);
+}
+
+TYPED_TEST(Tensor, LayoutEdgeCases) {
+  using T = TypeParam;
+  std::vector<T> buf(500);
+  // An extent-1 axis may have any stride and the view is still contiguous.
+  tensor<T> one_row(buf.data(), {1, 5}, {100, 1});
+  EXPECT_TRUE(one_row.is_contiguous());
+  EXPECT_EQ(one_row.span(), 5);
+  // Column-major is not row-major contiguous.
+  tensor<T> colmajor(buf.data(), {5, 7}, {1, 5});
+  EXPECT_FALSE(colmajor.is_contiguous());
+  check_contains(colmajor, -1, 40);
+  // An empty view addresses nothing.
+  tensor<T> empty(buf.data(), {0, 5});
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.span(), 0);
+  EXPECT_FALSE(empty.contains(0));
+  // A default view: rank 1, no elements.
+  tensor<T> def;
+  EXPECT_EQ(def.rank(), 1);
+  EXPECT_EQ(def.numel(), 0);
+  EXPECT_EQ(def.data(), nullptr);
+}
+
+TYPED_TEST(Tensor, ConstructionErrors) {
+  using T = TypeParam;
+  std::vector<T> buf(16);
+  EXPECT_THROW((tensor<T>(buf.data(), {2, 8}, {8})), std::invalid_argument);
+  EXPECT_THROW((tensor<T>(buf.data(), {1, 1, 1, 1, 1})), std::invalid_argument);
+  EXPECT_THROW((tensor<T>(buf.data(), {})), std::invalid_argument);
+  EXPECT_THROW((tensor<T>(buf.data(), {2, -1})), std::invalid_argument);
+  EXPECT_THROW((tensor<T>(buf.data(), 0, extents{}, extents{})), std::invalid_argument);
+  EXPECT_THROW((tensor<T>(buf.data(), 5, extents{}, extents{})), std::invalid_argument);
+}
+
+TYPED_TEST(Tensor, ConvertsToConstView) {
+  using T = TypeParam;
+  static_assert(std::is_convertible_v<tensor<T>, tensor<T const>>);
+  static_assert(!std::is_convertible_v<tensor<T const>, tensor<T>>);
+  static_assert(std::is_same_v<typename tensor<T const>::value_type, T>);
+  static_assert(std::is_same_v<typename tensor<T const>::element_type, T const>);
+  std::vector<T> buf(37 * 70);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = value_at<T>(static_cast<std::int64_t>(i));
+  tensor<T> x(buf.data(), {37, 35}, {70, 2}, "x");
+  tensor<T const> c = x;
+  EXPECT_EQ(c.data(), x.data());
+  EXPECT_EQ(c.rank(), 2);
+  EXPECT_EQ(c.shape(), x.shape());
+  EXPECT_EQ(c.strides(), x.strides());
+  EXPECT_EQ(std::string(c.name()), "x");
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 35; ++j) ASSERT_EQ(c(i, j), buf[static_cast<std::size_t>(i * 70 + 2 * j)]) << at(i, j);
+  static_assert(std::is_same_v<decltype(c(0, 0)), T const&>);
+}
+
+template <class T>
+void expect_aligned(T const* p) {
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u) << "storage at " << static_cast<void const*>(p);
+}
+
+TYPED_TEST(Tensor, OwnedTensorStorage) {
+  using T = TypeParam;
+  {
+    owned_tensor<T> a({1});
+    expect_aligned(a.data());
+    owned_tensor<T> b({7});
+    expect_aligned(b.data());
+    owned_tensor<T> c({3, 5, 7}, "c");
+    expect_aligned(c.data());
+    EXPECT_EQ(c.numel(), 105);
+    EXPECT_EQ(c.rank(), 3);
+    EXPECT_EQ(c.size(2), 7);
+    EXPECT_EQ(std::string(c.name()), "c");
+    EXPECT_EQ(c.end() - c.begin(), 105);
+  }
+  owned_tensor<T> x({37, 70}, "x");
+  expect_aligned(x.data());
+  EXPECT_EQ(x.numel(), 37 * 70);
+  for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.data()[i], T(0)) << at(i);
+  tensor<T> v = x; // converts to a view of its storage
+  EXPECT_EQ(v.data(), x.data());
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_EQ(v.size(0), 37);
+  EXPECT_EQ(v.stride(0), 70);
+  EXPECT_EQ(std::string(v.name()), "x");
+  tensor<T const> cv = x;
+  EXPECT_EQ(cv.data(), x.data());
+  EXPECT_EQ(x.cview().data(), x.data());
+  x(36, 69) = T(3);
+  EXPECT_EQ(x.data()[37 * 70 - 1], T(3));
+  EXPECT_EQ(x.view()(36, 69), T(3));
+}
+
+TYPED_TEST(Tensor, OwnedTensorRankErrors) {
+  using T = TypeParam;
+  EXPECT_THROW((owned_tensor<T>({1, 2, 3, 4, 5})), std::invalid_argument);
+  EXPECT_THROW((owned_tensor<T>(std::initializer_list<std::int64_t>{})), std::invalid_argument);
+  owned_tensor<T> four({2, 3, 1, 5});
+  EXPECT_EQ(four.rank(), 4);
+  EXPECT_EQ(four.numel(), 30);
+  EXPECT_EQ(four.view().stride(0), 15);
+}
+
+TYPED_TEST(Tensor, OwnedTensorCopyAndMove) {
+  using T = TypeParam;
+  owned_tensor<T> x({37, 70}, "x");
+  tg_mem::fill_values(x);
+  owned_tensor<T> y = x; // deep copy
+  EXPECT_NE(y.data(), x.data());
+  expect_aligned(y.data());
+  EXPECT_EQ(y.numel(), x.numel());
+  EXPECT_EQ(y.size(0), 37);
+  EXPECT_EQ(y.size(1), 70);
+  EXPECT_EQ(std::string(y.name()), "x");
+  for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(y.data()[i], x.data()[i]) << at(i);
+  y(0, 0) = T(1);
+  x(0, 1) = T(2);
+  EXPECT_EQ(x(0, 0), value_at<T>(0)) << "the copy shares no storage";
+  EXPECT_EQ(y(0, 1), value_at<T>(1)) << "the copy shares no storage";
+  EXPECT_EQ(y.view().data(), y.data()) << "the copy's view points at its own storage";
+
+  owned_tensor<T> z({3});
+  z = x; // copy assignment replaces shape and contents
+  EXPECT_EQ(z.rank(), 2);
+  EXPECT_EQ(z.numel(), 37 * 70);
+  EXPECT_NE(z.data(), x.data());
+  EXPECT_EQ(z.view().data(), z.data());
+  for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(z.data()[i], x.data()[i]) << at(i);
+  auto const* before = z.data();
+  z = static_cast<owned_tensor<T> const&>(z); // self-assignment keeps everything
+  EXPECT_EQ(z.data(), before);
+  EXPECT_EQ(z(0, 1), T(2));
+
+  T* storage = x.data();
+  owned_tensor<T> m = std::move(x); // a move takes the storage over
+  EXPECT_EQ(m.data(), storage);
+  EXPECT_EQ(m.view().data(), storage);
+  EXPECT_EQ(m(0, 1), T(2));
+}
+
+} // namespace

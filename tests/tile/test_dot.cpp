@@ -1,0 +1,182 @@
+// dot(a, b[, acc]) of tile/dot.hpp against a triple loop in double, for (M, K, N) mixes of 1, 3,
+// 16, 17, 33 and 64 (square and not, multiples of 16 and not, so every edge of the register
+// blocking runs), with and without an accumulator, with operands given as expressions (a * 2,
+// trans(b)) and as bf16 tiles. Inputs are multiples of 1/8: every product and partial sum is
+// exact in float, so results must equal the double reference exactly, whatever the order of
+// accumulation.
+#include "../support/reference.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using namespace tilegrad;
+using tg_test::make_rng;
+
+// C = A (M x K) @ B (K x N) + acc, in double; A and B read through accessors.
+template <int M, int K, int N, class A, class B, class Acc>
+std::vector<double> matmul_ref(A a, B b, Acc acc) {
+  std::vector<double> c(static_cast<std::size_t>(M * N));
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = acc(i, j);
+      for (int k = 0; k < K; ++k)
+        s += a(i, k) * b(k, j);
+      c[static_cast<std::size_t>(i * N + j)] = s;
+    }
+  return c;
+}
+
+template <class T, int M, int N>
+void expect_matrix_eq(tile<T, M, N> const& got, std::vector<double> const& want, char const* what) {
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j)
+      EXPECT_EQ(double(got(i, j)), want[static_cast<std::size_t>(i * N + j)])
+          << what << " at (" << i << ", " << j << ")";
+}
+
+template <class T>
+class Dot : public ::testing::Test {};
+using FloatTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(Dot, FloatTypes);
+
+template <class T, int M, int K, int N>
+void check_dot() {
+  auto rng = make_rng(M * 10000 + K * 100 + N);
+  tile<T, M, K> a;
+  tile<T, K, N> b;
+  tile<T, N, K> bt; // b given transposed: dot(a, trans(bt))
+  tile<T, M, N> acc;
+  tg_test::fill_dyadic(a, rng);
+  tg_test::fill_dyadic(b, rng);
+  tg_test::fill_dyadic(bt, rng);
+  tg_test::fill_dyadic(acc, rng);
+  auto A = [&](int i, int k) { return double(a(i, k)); };
+  auto B = [&](int k, int j) { return double(b(k, j)); };
+  auto zero = [](int, int) { return 0.0; };
+
+  tile<T, M, N> const c = dot(a, b);
+  static_assert(std::is_same_v<value_of_t<decltype(dot(a, b))>, T>);
+  expect_matrix_eq(c, matmul_ref<M, K, N>(A, B, zero), "dot(a, b)");
+
+  tile<T, M, N> const ca = dot(a, b, acc);
+  expect_matrix_eq(ca, matmul_ref<M, K, N>(A, B, [&](int i, int j) { return double(acc(i, j)); }),
+                   "dot(a, b, acc)");
+
+  // Operands as expressions: a * 2 and the transpose of bt; an accumulator expression.
+  tile<T, M, N> const ce = dot(a * 2, trans(bt), acc * 0.5);
+  expect_matrix_eq(ce,
+                   matmul_ref<M, K, N>([&](int i, int k) { return 2 * double(a(i, k)); },
+                                       [&](int k, int j) { return double(bt(j, k)); },
+                                       [&](int i, int j) { return 0.5 * double(acc(i, j)); }),
+                   "dot(a * 2, trans(bt), acc * 0.5)");
+
+  // The accumulator passed as a temporary, as a K loop writes it.
+  tile<T, M, N> run = acc;
+  run = dot(a, b, std::move(run));
+  run = dot(a * -1, b, std::move(run));
+  expect_matrix_eq(run,
+                   matmul_ref<M, K, N>(zero, zero, [&](int i, int j) { return double(acc(i, j)); }),
+                   "acc = dot(a, b, acc); acc = dot(-a, b, acc)");
+}
+
+TYPED_TEST(Dot, AgainstTripleLoop) {
+  using T = TypeParam;
+  check_dot<T, 1, 1, 1>();
+  check_dot<T, 1, 3, 16>();
+  check_dot<T, 3, 17, 33>();
+  check_dot<T, 16, 16, 16>();
+  check_dot<T, 17, 33, 3>();
+  check_dot<T, 33, 64, 17>();
+  check_dot<T, 17, 1, 64>();
+  check_dot<T, 64, 64, 64>();
+}
+
+// General (non-dyadic) inputs: rounding differs with the order of accumulation, so the
+// comparison allows K ulp-sized errors per element, scaled by sum |a_ik b_kj|.
+TYPED_TEST(Dot, GeneralValuesWithinRoundingError) {
+  using T = TypeParam;
+  constexpr int M = 33, K = 64, N = 17;
+  auto rng = make_rng(99);
+  tile<T, M, K> a;
+  tile<T, K, N> b;
+  tg_test::fill_uniform(a, rng, -1, 1);
+  tg_test::fill_uniform(b, rng, -1, 1);
+  tile<T, M, N> const c = dot(a, b);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0, mag = 0;
+      for (int k = 0; k < K; ++k) {
+        s += double(a(i, k)) * double(b(k, j));
+        mag += std::abs(double(a(i, k)) * double(b(k, j)));
+      }
+      EXPECT_NEAR(double(c(i, j)), s, K * std::numeric_limits<T>::epsilon() * mag)
+          << "at (" << i << ", " << j << ")";
+    }
+}
+
+// bf16 operands compute in float (Triton's tl.dot on bf16 accumulates in fp32).
+template <int M, int K, int N>
+void check_bf16_dot() {
+  auto rng = make_rng(7 + M + K + N);
+  tile<float, M, K> af;
+  tile<float, K, N> bf;
+  tile<float, M, N> acc;
+  tg_test::fill_dyadic(af, rng); // multiples of 1/8 up to 2: exact in bf16
+  tg_test::fill_dyadic(bf, rng);
+  tg_test::fill_dyadic(acc, rng);
+  tile<bf16, M, K> const a = to<bf16>(af);
+  tile<bf16, K, N> const b = to<bf16>(bf);
+  static_assert(std::is_same_v<value_of_t<decltype(dot(a, b))>, float>);
+  tile<float, M, N> const c = dot(a, b);
+  tile<float, M, N> const ca = dot(a, b, acc);
+  tile<float, M, N> const cm = dot(a, to<bf16>(bf * 2)); // a bf16 expression operand
+  auto A = [&](int i, int k) { return double(af(i, k)); };
+  auto B = [&](int k, int j) { return double(bf(k, j)); };
+  expect_matrix_eq(c, matmul_ref<M, K, N>(A, B, [](int, int) { return 0.0; }), "bf16 dot(a, b)");
+  expect_matrix_eq(ca, matmul_ref<M, K, N>(A, B, [&](int i, int j) { return double(acc(i, j)); }),
+                   "bf16 dot(a, b, acc)");
+  expect_matrix_eq(
+      cm,
+      matmul_ref<M, K, N>(
+          A, [&](int k, int j) { return 2 * double(bf(k, j)); }, [](int, int) { return 0.0; }),
+      "dot(a, to<bf16>(b * 2))");
+}
+
+TEST(DotBf16, OperandsComputeInFloat) {
+  check_bf16_dot<16, 16, 16>();
+  check_bf16_dot<3, 17, 33>();
+  check_bf16_dot<33, 64, 17>();
+}
+
+TEST(DotMixed, IntegerAndMixedPrecisionOperands) {
+  auto rng = make_rng(11);
+  tile<std::int32_t, 3, 17> ia;
+  tile<std::int32_t, 17, 5> ib;
+  tg_test::fill_uniform(ia, rng, -20, 20);
+  tg_test::fill_uniform(ib, rng, -20, 20);
+  static_assert(std::is_same_v<value_of_t<decltype(dot(ia, ib))>, float>);
+  tile<float, 3, 5> const c = dot(ia, ib);
+  expect_matrix_eq(c,
+                   matmul_ref<3, 17, 5>([&](int i, int k) { return double(ia(i, k)); },
+                                        [&](int k, int j) { return double(ib(k, j)); },
+                                        [](int, int) { return 0.0; }),
+                   "int32 dot");
+  tile<float, 3, 17> fa;
+  tile<double, 17, 5> db;
+  tg_test::fill_dyadic(fa, rng);
+  tg_test::fill_dyadic(db, rng);
+  static_assert(std::is_same_v<value_of_t<decltype(dot(fa, db))>, double>);
+  tile<double, 3, 5> const d = dot(fa, db);
+  expect_matrix_eq(d,
+                   matmul_ref<3, 17, 5>([&](int i, int k) { return double(fa(i, k)); },
+                                        [&](int k, int j) { return db(k, j); },
+                                        [](int, int) { return 0.0; }),
+                   "float @ double");
+}
+
+} // namespace

@@ -1,0 +1,176 @@
+// The math table of tile/elementwise.hpp (exp exp2 log log2 sqrt rsqrt abs sin cos sigmoid tanh
+// erf maximum minimum fma) against the std:: functions, element by element. xsimd's vector math
+// is not bit-identical to libm, so transcendental results are compared with a relative
+// tolerance of a few ulp (tg_test::math_rtol); exact operations are compared exactly.
+#include "../support/reference.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace {
+
+using namespace tilegrad;
+using tg_test::expect_eq;
+using tg_test::expect_near;
+using tg_test::from_flat;
+using tg_test::make_rng;
+
+template <class T>
+class Math : public ::testing::Test {};
+using FloatTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(Math, FloatTypes);
+
+// Each unary function on inputs uniform in its domain [lo, hi]. `floor` makes the tolerance
+// absolute (rtol * floor) where the function crosses zero inside the range.
+template <class T, int... Ns>
+void check_unary_functions() {
+  using tl = tile<T, Ns...>;
+  auto rng = make_rng(tl::size);
+  tl x;
+  // f (on the tile) against ref (std::, on each element) for x uniform in [lo, hi].
+  auto check = [&](char const* what, double lo, double hi, double floor, auto f, auto ref) {
+    tg_test::fill_uniform(x, rng, lo, hi);
+    tl const got = f(x);
+    expect_near(got, from_flat<tl>([&](int i) { return ref(x.data()[i]); }), tg_test::math_rtol<T>,
+                floor, what);
+  };
+  check(
+      "exp", -20, 20, 0, [](tl const& t) { return tl(exp(t)); }, [](T v) { return std::exp(v); });
+  check(
+      "exp2", -30, 30, 0, [](tl const& t) { return tl(exp2(t)); },
+      [](T v) { return std::exp2(v); });
+  check(
+      "log", 1e-3, 1e3, 1, [](tl const& t) { return tl(log(t)); }, [](T v) { return std::log(v); });
+  check(
+      "log2", 1e-3, 1e3, 1, [](tl const& t) { return tl(log2(t)); },
+      [](T v) { return std::log2(v); });
+  check(
+      "sqrt", 0, 1e3, 0, [](tl const& t) { return tl(sqrt(t)); }, [](T v) { return std::sqrt(v); });
+  check(
+      "rsqrt", 1e-3, 1e3, 0, [](tl const& t) { return tl(rsqrt(t)); },
+      [](T v) { return T(1) / std::sqrt(v); });
+  check(
+      "abs", -10, 10, 0, [](tl const& t) { return tl(abs(t)); }, [](T v) { return std::abs(v); });
+  check(
+      "sin", -10, 10, 1, [](tl const& t) { return tl(sin(t)); }, [](T v) { return std::sin(v); });
+  check(
+      "cos", -10, 10, 1, [](tl const& t) { return tl(cos(t)); }, [](T v) { return std::cos(v); });
+  check(
+      "sigmoid", -20, 20, 0, [](tl const& t) { return tl(sigmoid(t)); },
+      [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+  check(
+      "tanh", -10, 10, 0, [](tl const& t) { return tl(tanh(t)); },
+      [](T v) { return std::tanh(v); });
+  check(
+      "erf", -4, 4, 0, [](tl const& t) { return tl(erf(t)); }, [](T v) { return std::erf(v); });
+  // Small arguments, where relative accuracy is hardest to keep.
+  check(
+      "tanh (small x)", -1e-3, 1e-3, 0, [](tl const& t) { return tl(tanh(t)); },
+      [](T v) { return std::tanh(v); });
+  check(
+      "erf (small x)", -1e-3, 1e-3, 0, [](tl const& t) { return tl(erf(t)); },
+      [](T v) { return std::erf(v); });
+}
+
+template <class T, int... Ns>
+void check_binary_functions() {
+  using tl = tile<T, Ns...>;
+  auto rng = make_rng(tl::size + 1);
+  tl a, b, c;
+  tg_test::fill_uniform(a, rng, 0.5, 2);
+  tg_test::fill_uniform(b, rng, -2, -0.5);
+  tg_test::fill_uniform(c, rng, -2, -0.5);
+  T const* A = a.data();
+  T const* B = b.data();
+  T const* C = c.data();
+  // a * b and c share their sign: no cancellation, so an unfused a * b + c (xsimd's fma on a
+  // target without FMA instructions) stays within two ulp of the fused result.
+  expect_near(tl(fma(a, b, c)), from_flat<tl>([&](int i) { return std::fma(A[i], B[i], C[i]); }),
+              4 * std::numeric_limits<T>::epsilon(), 0, "fma(a, b, c)");
+  expect_near(tl(fma(a, T(-3), c)),
+              from_flat<tl>([&](int i) { return std::fma(A[i], T(-3), C[i]); }),
+              4 * std::numeric_limits<T>::epsilon(), 0, "fma(a, -3, c)");
+
+  tg_test::fill_uniform(b, rng, -2, 2);
+  for (int i = 0; i < tl::size; i += 5)
+    b.data()[i] = a.data()[i]; // ties
+  expect_eq(tl(maximum(a, b)), from_flat<tl>([&](int i) { return std::max(A[i], B[i]); }),
+            "maximum(a, b)");
+  expect_eq(tl(minimum(a, b)), from_flat<tl>([&](int i) { return std::min(A[i], B[i]); }),
+            "minimum(a, b)");
+  expect_eq(tl(maximum(b, 0.0)), from_flat<tl>([&](int i) { return std::max(B[i], T(0)); }),
+            "maximum(b, 0.0)");
+  expect_eq(tl(minimum(1, b)), from_flat<tl>([&](int i) { return std::min(T(1), B[i]); }),
+            "minimum(1, b)");
+}
+
+TYPED_TEST(Math, UnaryFunctions) {
+  check_unary_functions<TypeParam, 5, 37>();
+  check_unary_functions<TypeParam, 3, 4, 19>();
+}
+
+TYPED_TEST(Math, BinaryAndTernaryFunctions) {
+  check_binary_functions<TypeParam, 1>();
+  check_binary_functions<TypeParam, 5, 37>();
+  check_binary_functions<TypeParam, 3, 4, 19>();
+}
+
+// A composite of several functions in one fused loop, on the remaining shapes.
+template <class T, int... Ns>
+void check_composite() {
+  using tl = tile<T, Ns...>;
+  auto rng = make_rng(tl::size + 2);
+  tl a, b;
+  tg_test::fill_uniform(a, rng, -3, 3);
+  tg_test::fill_uniform(b, rng, 0.25, 4);
+  T const* A = a.data();
+  T const* B = b.data();
+  expect_near(tl(exp(sin(a)) * sqrt(b) - tanh(a) / log2(b + 1) + sigmoid(-a)),
+              from_flat<tl>([&](int i) {
+                return std::exp(std::sin(A[i])) * std::sqrt(B[i]) -
+                       std::tanh(A[i]) / std::log2(B[i] + 1) + T(1) / (T(1) + std::exp(A[i]));
+              }),
+              4 * tg_test::math_rtol<T>, 1, "composite");
+}
+
+TYPED_TEST(Math, CompositeExpression) {
+  check_composite<TypeParam, 1>();
+  check_composite<TypeParam, 3>();
+  check_composite<TypeParam, 7, 5>();
+  check_composite<TypeParam, 64, 64>();
+}
+
+// IEEE special values (infinities, signed zeros, overflow, NaN out of the domain) come through
+// as libm gives them.
+template <class T>
+void expect_special(T got, T want, char const* what, int i) {
+  if (std::isnan(want))
+    EXPECT_TRUE(std::isnan(got)) << what << " at (" << i << "): got " << got;
+  else if (std::isinf(want) || want == 0)
+    EXPECT_EQ(got, want) << what << " at (" << i << ")";
+  else
+    EXPECT_NEAR(got, want, tg_test::math_rtol<T> * std::abs(want)) << what << " at (" << i << ")";
+}
+
+TYPED_TEST(Math, SpecialValues) {
+  using T = TypeParam;
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  constexpr int n = 11;
+  T const v[n] = {-inf, -1000, -1, T(-0.0), 0, T(1e-30), 1, 1000, inf, T(-1e-20), T(0.5)};
+  tile<T, n> x;
+  for (int i = 0; i < n; ++i)
+    x(i) = v[i];
+  tile<T, n> const e = exp(x), sg = sigmoid(x), th = tanh(x), ab = abs(x), sq = sqrt(x),
+                   lg = log(x), ef = erf(x);
+  for (int i = 0; i < n; ++i) {
+    expect_special(e(i), std::exp(v[i]), "exp", i);
+    expect_special(sg(i), T(1) / (T(1) + std::exp(-v[i])), "sigmoid", i);
+    expect_special(th(i), std::tanh(v[i]), "tanh", i);
+    expect_special(ab(i), std::abs(v[i]), "abs", i);
+    expect_special(sq(i), std::sqrt(v[i]), "sqrt", i);
+    expect_special(lg(i), std::log(v[i]), "log", i);
+    expect_special(ef(i), std::erf(v[i]), "erf", i);
+  }
+}
+
+} // namespace
