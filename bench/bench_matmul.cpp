@@ -32,6 +32,23 @@ void BM_matmul(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
+// Tile shapes and group sizes at n = 1024 on one thread (sequential executor).
+template <int TM, int TN, int TK, int G>
+void BM_matmul_tiles(benchmark::State& state) {
+  std::int64_t const n = 1024;
+  tg::owned_tensor<float> a({n, n}, "a"), b({n, n}, "b"), c({n, n}, "c");
+  bench::fill(a, 1);
+  bench::fill(b, 2);
+  int const grid = tg::cdiv<int>(n, TM) * tg::cdiv<int>(n, TN);
+  for (auto _ : state) {
+    tg::launch({tg::executor::sequential, 1}, grid, tg::kernels::matmul_fwd<TM, TN, TK, G>,
+               a.cview(), b.cview(), c.view());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * state.iterations(),
+                                                 benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+}
+
 #if TILEGRAD_HAVE_CBLAS
 void BM_sgemm_openblas(benchmark::State& state) {
   std::int64_t const n = state.range(0);
@@ -61,6 +78,11 @@ void sizes_threads(benchmark::internal::Benchmark* b) {
 } // namespace
 
 BENCHMARK(BM_matmul)->Apply(sizes_threads);
+BENCHMARK(BM_matmul_tiles<128, 64, 64, 1>)->Name("tiles/128x64x64/group1")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul_tiles<128, 64, 64, 2>)->Name("tiles/128x64x64/group2")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul_tiles<128, 64, 64, 8>)->Name("tiles/128x64x64/group8")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul_tiles<128, 128, 64, 2>)->Name("tiles/128x128x64/group2")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul_tiles<64, 128, 64, 2>)->Name("tiles/64x128x64/group2")->Unit(benchmark::kMillisecond);
 #if TILEGRAD_HAVE_CBLAS
 BENCHMARK(BM_sgemm_openblas)->Apply(sizes_threads);
 #endif
