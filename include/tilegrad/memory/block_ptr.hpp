@@ -28,6 +28,10 @@ namespace tilegrad {
 template <int... Axes>
 struct boundary_check {
   static constexpr bool has(int axis) { return ((Axes == axis) || ...); }
+  template <int Rank>
+  static constexpr bool within() {
+    return ((Axes >= 0 && Axes < Rank) && ...);
+  }
 };
 template <int... Axes>
 inline constexpr boundary_check<Axes...> bounds{};
@@ -144,6 +148,8 @@ template <class T, int... Bs>
 template <class Check, class T, int... Bs, class F>
 void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
                         std::source_location const& loc, F&& row) {
+  static_assert(Check::template within<sizeof...(Bs)>(),
+                "tilegrad: boundary_check names an axis the block does not have");
   using S = shape<Bs...>;
   constexpr int R = S::rank;
   constexpr int L = S::inner;

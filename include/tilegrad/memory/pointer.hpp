@@ -66,10 +66,15 @@ concept offset_expression = tile_expression<E> && is_integer_v<value_of_t<E>>;
 } // namespace detail
 
 /// t + offsets: the addresses t.data() + offsets (Triton's `x_ptr + offsets`).
+/// The pointer tile keeps its own copy of an offset tile (a snapshot, as in Triton), never a
+/// reference to the caller's variable.
 template <class T, detail::offset_expression E>
 TILEGRAD_INLINE auto operator+(tensor<T> const& t, E&& offsets) {
-  using N = detail::node_t<E>;
-  return ptr_tile<T, N>(t, detail::as_node(std::forward<E>(offsets)));
+  using D = std::remove_cvref_t<E>;
+  if constexpr (is_tile_v<D>)
+    return ptr_tile<T, D>(t, D(std::forward<E>(offsets)));
+  else
+    return ptr_tile<T, detail::node_t<E>>(t, detail::as_node(std::forward<E>(offsets)));
 }
 
 /// t + n: a single address (a rank-0 pointer tile), as Triton's `x_ptr + row * stride`.
@@ -81,7 +86,13 @@ TILEGRAD_INLINE auto operator+(tensor<T> const& t, I n) {
 /// p + offsets: offsets add (and broadcast).
 template <class T, class Off, detail::offset_expression E>
 TILEGRAD_INLINE auto operator+(ptr_tile<T, Off> const& p, E&& more) {
-  auto sum = p.offsets + std::forward<E>(more);
+  using D = std::remove_cvref_t<E>;
+  auto sum = [&] {
+    if constexpr (is_tile_v<D>)
+      return p.offsets + D(std::forward<E>(more)); // a snapshot of the caller's tile
+    else
+      return p.offsets + std::forward<E>(more);
+  }();
   return ptr_tile<T, decltype(sum)>(p.base, std::move(sum), p.shift);
 }
 

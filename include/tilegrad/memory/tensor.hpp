@@ -49,12 +49,14 @@ public:
     if (strides.size() != shape.size())
       throw std::invalid_argument("tilegrad::tensor: give one stride per axis");
     std::copy(strides.begin(), strides.end(), strides_.begin());
+    check_strides();
   }
 
   tensor(T* data, int rank, extents const& shape, extents const& strides, char const* name = "")
       : data_(data), rank_(rank), shape_(shape), strides_(strides), name_(name) {
     if (rank < 1 || rank > max_tensor_rank)
       throw std::invalid_argument("tilegrad::tensor: rank must be 1 to 4");
+    check_strides();
   }
 
   /// A view of mutable data converts to a view of const data.
@@ -163,6 +165,13 @@ private:
     std::int64_t q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
   }
+  // Offsets are checked against [0, span()): views with negative strides would need their
+  // own bounds and are not supported (point data() at the first element and flip the index).
+  void check_strides() const {
+    for (int a = 0; a < rank_; ++a)
+      if (strides_[a] < 0)
+        throw std::invalid_argument("tilegrad::tensor: negative strides are not supported");
+  }
   void set_shape(std::int64_t const* s, std::size_t n) {
     if (n < 1 || n > max_tensor_rank)
       throw std::invalid_argument("tilegrad::tensor: rank must be 1 to 4");
@@ -198,7 +207,10 @@ public:
   owned_tensor(std::int64_t const* shape, std::size_t rank, char const* name = "") {
     if (rank < 1 || rank > max_tensor_rank) throw std::invalid_argument("tilegrad::owned_tensor: rank must be 1 to 4");
     std::int64_t n = 1;
-    for (std::size_t a = 0; a < rank; ++a) n *= shape[a];
+    for (std::size_t a = 0; a < rank; ++a) {
+      if (shape[a] < 0) throw std::invalid_argument("tilegrad::owned_tensor: negative extent");
+      n *= shape[a];
+    }
     storage_.reset(static_cast<T*>(::operator new[](static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T),
                                                     std::align_val_t{64})));
     std::uninitialized_value_construct_n(storage_.get(), n);
