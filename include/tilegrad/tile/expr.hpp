@@ -89,7 +89,9 @@ namespace detail {
 template <class X>
 TILEGRAD_INLINE auto as_node(X&& x) {
   using D = std::remove_cvref_t<X>;
-  if constexpr (is_tile_v<D> && std::is_lvalue_reference_v<X>)
+  if constexpr (requires { x.as_expr_node(); })
+    return x.as_expr_node(); // a tile that enters expressions as a node of its own (reverse mode)
+  else if constexpr (is_tile_v<D> && std::is_lvalue_reference_v<X>)
     return tile_ref<typename D::value_type, typename D::shape_type>{{}, x.data()};
   else if constexpr (tile_expression<D>)
     return D(std::forward<X>(x)); // expressions and temporary tiles are held by value
@@ -258,6 +260,10 @@ struct permute_node : node_base {
   using shape_type = shape<C::dim(P)...>;
   using S = shape_type;
   static constexpr bool may_alias = true;
+  static constexpr int perm(int i) {
+    constexpr int p[] = {P...};
+    return p[i];
+  }
   template <int W>
   static constexpr bool vectorizes = (W == 1);
 

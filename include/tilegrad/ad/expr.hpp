@@ -1,0 +1,267 @@
+// Reverse mode of fused expressions. An expression over adjoint tiles is evaluated on its
+// primal values (the float expression, same fused SIMD loop) and recorded as ONE tape record
+// that keeps the primal expression tree; its backward() walks that tree once per vector of
+// output lanes, applying each op's reverse rule from tile/ops.hpp and accumulating into the
+// adjoints of the leaves (broadcast leaves sum over the broadcast lanes).
+#pragma once
+
+#include "tilegrad/ad/adjoint.hpp"
+#include "tilegrad/ad/tape.hpp"
+#include "tilegrad/core/simd.hpp"
+#include "tilegrad/tile/creation.hpp"
+#include "tilegrad/tile/eval.hpp"
+#include "tilegrad/tile/expr.hpp"
+#include "tilegrad/tile/ops.hpp"
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace tilegrad {
+
+/// A recorded tile as a leaf of a primal expression: its values, and where its adjoint
+/// accumulates (null: a constant, e.g. zeros<fp32<T>, N>()).
+template <class T, class S>
+struct active_ref : node_base {
+  using value_type = T;
+  using shape_type = S;
+  static constexpr bool may_alias = false;
+  template <int W>
+  static constexpr bool vectorizes = simd::has_vec_v<T, W>;
+
+  T const* values;
+  T* adj;
+
+  template <int W>
+  TILEGRAD_INLINE simd::vec_t<T, W> load(int row, int col) const {
+    return simd::load<T, W>(values + row * S::inner + col);
+  }
+};
+
+namespace ad {
+
+// ---- primal transform: the same expression with adjoint leaves read as plain numbers ----------
+
+template <class N>
+struct primal_node {
+  using type = N; // passive leaves (tiles, refs, constants, arange) stay as they are
+  static N const& get(N const& n) { return n; }
+};
+
+template <class N>
+using primal_node_t = typename primal_node<std::remove_cvref_t<N>>::type;
+
+template <class N>
+TILEGRAD_INLINE primal_node_t<N> to_primal(N const& n) {
+  return primal_node<std::remove_cvref_t<N>>::get(n);
+}
+
+template <class T>
+struct primal_node<scalar_node<adjoint<T>>> {
+  using type = scalar_node<T>;
+  static type get(scalar_node<adjoint<T>> const& n) { return {{}, n.value.v}; }
+};
+
+template <class To, class E>
+struct primal_node<convert_node<To, E>> {
+  using P = primal_node_t<E>;
+  using to = primal_of_t<To>;
+  using type = std::conditional_t<std::is_same_v<value_of_t<P>, to>, P, convert_node<to, P>>;
+  static type get(convert_node<To, E> const& n) {
+    if constexpr (std::is_same_v<value_of_t<P>, to>)
+      return to_primal(n.e);
+    else
+      return {{}, to_primal(n.e)};
+  }
+};
+
+template <class E, class S>
+struct primal_node<broadcast_node<E, S>> {
+  using type = broadcast_node<primal_node_t<E>, S>;
+  static type get(broadcast_node<E, S> const& n) { return {{}, to_primal(n.e)}; }
+};
+
+template <class E, class S>
+struct primal_node<reshape_node<E, S>> {
+  using type = reshape_node<primal_node_t<E>, S>;
+  static type get(reshape_node<E, S> const& n) { return {{}, to_primal(n.e)}; }
+};
+
+template <class E, int... P>
+struct primal_node<permute_node<E, P...>> {
+  using type = permute_node<primal_node_t<E>, P...>;
+  static type get(permute_node<E, P...> const& n) { return {{}, to_primal(n.e)}; }
+};
+
+template <class Op, class... Es>
+struct primal_node<map_node<Op, Es...>> {
+  using type = map_node<Op, primal_node_t<Es>...>;
+  static type get(map_node<Op, Es...> const& n) {
+    return std::apply([](auto const&... e) { return type{{}, {}, {to_primal(e)...}}; }, n.es);
+  }
+};
+
+// ---- activity: whether a primal expression has a leaf that can carry an adjoint ---------------
+
+template <class N>
+struct active : std::false_type {};
+template <class N>
+inline constexpr bool is_active_v = active<std::remove_cvref_t<N>>::value;
+
+template <class T, class S>
+struct active<active_ref<T, S>> : std::true_type {};
+template <class E, class S>
+struct active<broadcast_node<E, S>> : active<E> {};
+template <class E, class S>
+struct active<reshape_node<E, S>> : active<E> {};
+template <class E, int... P>
+struct active<permute_node<E, P...>> : active<E> {};
+template <class To, class E>
+struct active<convert_node<To, E>> : std::bool_constant<is_floating_v<To> && active<E>::value> {};
+template <class Op, class... Es>
+struct active<map_node<Op, Es...>>
+    : std::bool_constant<Op::differentiable && (active<Es>::value || ...)> {};
+
+/// Whether some leaf of n really carries an adjoint at run time (constants do not).
+template <class N>
+bool any_active(N const& n) {
+  using D = std::remove_cvref_t<N>;
+  if constexpr (!is_active_v<D>) {
+    return false;
+  } else if constexpr (requires { n.adj; }) {
+    return n.adj != nullptr;
+  } else if constexpr (requires { n.es; }) {
+    return std::apply([](auto const&... e) { return (any_active(e) || ...); }, n.es);
+  } else {
+    return any_active(n.e);
+  }
+}
+
+// ---- backward through the tree ----------------------------------------------------------------
+
+template <class T, int W>
+TILEGRAD_INLINE T sum_lanes(simd::vec_t<T, W> const& g) {
+  if constexpr (W == 1) {
+    return g;
+  } else {
+    alignas(64) T l[W];
+    g.store_unaligned(l);
+    T s = l[0];
+    for (int i = 1; i < W; ++i) s += l[i];
+    return s;
+  }
+}
+
+/// Adds g (the adjoint of lanes [c, c + W) of row r of n) into the adjoints of n's leaves.
+template <int W, class N, class V>
+TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g);
+
+template <int W, class Op, class... Es, std::size_t... I, class V>
+TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V const& g,
+                                  std::index_sequence<I...>) {
+  using T = typename map_node<Op, Es...>::operand_type;
+  auto const x = std::make_tuple(std::get<I>(n.es).template load<W>(r, c)...);
+  if constexpr (std::is_same_v<Op, ops::where_op>) {
+    auto const m = simd::mask_for<T, W>(std::get<0>(x));
+    if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
+      backprop<W>(std::get<1>(n.es), r, c, ops::detail::select(m, g, V(0)));
+    if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
+      backprop<W>(std::get<2>(n.es), r, c, ops::detail::select(m, V(0), g));
+  } else if constexpr (sizeof...(Es) == 1) {
+    auto const y = Op::apply(std::get<0>(x));
+    backprop<W>(std::get<0>(n.es), r, c, Op::grad(std::get<0>(x), y, g));
+  } else if constexpr (sizeof...(Es) == 2) {
+    auto const& a = std::get<0>(x);
+    auto const& b = std::get<1>(x);
+    auto const y = Op::apply(a, b);
+    if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
+      backprop<W>(std::get<0>(n.es), r, c, Op::grad0(a, b, y, g));
+    if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
+      backprop<W>(std::get<1>(n.es), r, c, Op::grad1(a, b, y, g));
+  } else {
+    static_assert(std::is_same_v<Op, ops::fma_op>);
+    auto const& a = std::get<0>(x);
+    auto const& b = std::get<1>(x);
+    auto const& cc = std::get<2>(x);
+    if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
+      backprop<W>(std::get<0>(n.es), r, c, Op::grad0(a, b, cc, g));
+    if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
+      backprop<W>(std::get<1>(n.es), r, c, Op::grad1(a, b, cc, g));
+    if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
+      backprop<W>(std::get<2>(n.es), r, c, Op::grad2(a, b, cc, g));
+  }
+  (void)sizeof(T);
+}
+
+template <int W, class N, class V>
+TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
+  using D = std::remove_cvref_t<N>;
+  if constexpr (!is_active_v<D>) {
+    return;
+  } else if constexpr (requires { n.adj; }) { // active_ref
+    if (!n.adj) return;
+    using T = value_of_t<D>;
+    T* a = n.adj + r * shape_of_t<D>::inner + c;
+    simd::store<T, W>(a, simd::load<T, W>(a) + g);
+  } else if constexpr (requires { typename D::reshape_source; }) {
+    using C = shape_of_t<decltype(n.e)>;
+    int const flat = r * shape_of_t<D>::inner + c;
+    backprop<W>(n.e, flat / C::inner, flat % C::inner, g);
+  } else if constexpr (requires { n.e; } && requires { D::child_row(0); }) { // broadcast
+    using C = shape_of_t<decltype(n.e)>;
+    using S = shape_of_t<D>;
+    if constexpr (C::inner == 1 && S::inner != 1)
+      backprop<1>(n.e, D::child_row(r), 0, sum_lanes<value_of_t<D>, W>(g));
+    else
+      backprop<W>(n.e, D::child_row(r), c, g);
+  } else if constexpr (requires { n.es; }) {
+    backprop_map<W>(n, r, c, g, std::make_index_sequence<std::tuple_size_v<decltype(n.es)>>{});
+  } else if constexpr (requires { typename D::from_type; }) { // convert between float types
+    static_assert(std::is_same_v<value_of_t<D>, typename D::from_type>,
+                  "tilegrad: reverse mode through a conversion between float types is not "
+                  "supported yet");
+  } else { // permute: scalar lanes only
+    static_assert(W == 1);
+    using C = shape_of_t<decltype(n.e)>;
+    using S = shape_of_t<D>;
+    int out[3] = {0, 0, 0};
+    int rem = r;
+    out[S::rank - 1] = c;
+    for (int a = S::rank - 2; a >= 0; --a) {
+      out[a] = rem % S::dim(a);
+      rem /= S::dim(a);
+    }
+    int in[3] = {0, 0, 0};
+    constexpr int perm[] = {D::perm(0), D::perm(S::rank > 1 ? 1 : 0), D::perm(S::rank > 2 ? 2 : 0)};
+    for (int a = 0; a < S::rank; ++a) in[perm[a]] = out[a];
+    int in_row = 0;
+    for (int a = 0; a < C::rank - 1; ++a) in_row += in[a] * (C::stride(a) / C::inner);
+    backprop<1>(n.e, in_row, in[C::rank - 1], g);
+  }
+}
+
+/// The tape record of one fused expression assigned to a tile of shape S.
+template <class S, class P>
+struct expr_record final : record {
+  using T = value_of_t<P>;
+  P primal;
+  T* adj; // adjoint of the result
+
+  expr_record(P p, T* a) : primal(std::move(p)), adj(a) {}
+
+  void backward() override {
+    constexpr int W = detail::width_for<T, P>;
+    constexpr int L = S::inner;
+    for (int r = 0; r < S::rows; ++r) {
+      T const* g = adj + r * L;
+      int c = 0;
+      if constexpr (W > 1)
+        for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::load<T, W>(g + c));
+      for (; c < L; ++c)
+        if (g[c] != T(0)) backprop<1>(primal, r, c, g[c]);
+    }
+  }
+};
+
+} // namespace ad
+} // namespace tilegrad

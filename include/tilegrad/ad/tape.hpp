@@ -1,0 +1,105 @@
+// The tape of one program: an arena holding every recorded tile's values and adjoints, and the
+// list of records whose backward() runs in reverse order. One tape per thread, reset (not
+// freed) between programs, so a launch's memory is O(threads x one program's tape).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace tilegrad::ad {
+
+/// Something recorded during the forward pass that can push adjoints back to its inputs.
+struct record {
+  virtual ~record() = default;
+  virtual void backward() = 0;
+};
+
+class tape {
+public:
+  tape() = default;
+  tape(tape const&) = delete;
+  tape& operator=(tape const&) = delete;
+  ~tape() {
+    reset();
+    for (auto const& c : chunks_) ::operator delete(c.data, std::align_val_t{64});
+  }
+
+  /// n elements of T, 64-byte aligned, valid until reset().
+  template <class T>
+  T* alloc(std::size_t n) {
+    std::size_t const bytes = (n * sizeof(T) + 63) & ~std::size_t{63};
+    while (current_ < chunks_.size() && used_ + bytes > chunks_[current_].size) {
+      ++current_;
+      used_ = 0;
+    }
+    if (current_ == chunks_.size()) {
+      std::size_t const size = std::max(bytes, chunk_bytes);
+      chunks_.push_back({static_cast<std::byte*>(::operator new(size, std::align_val_t{64})), size});
+      used_ = 0;
+    }
+    std::byte* p = chunks_[current_].data + used_;
+    used_ += bytes;
+    peak_ = std::max(peak_, in_use());
+    return reinterpret_cast<T*>(p);
+  }
+
+  template <class T>
+  T* alloc_zero(std::size_t n) {
+    T* p = alloc<T>(n);
+    std::memset(static_cast<void*>(p), 0, n * sizeof(T));
+    return p;
+  }
+
+  /// Constructs a record in the arena and appends it.
+  template <class R, class... A>
+  R* push(A&&... a) {
+    R* r = new (alloc<R>(1)) R(std::forward<A>(a)...);
+    records_.push_back(r);
+    return r;
+  }
+
+  /// Runs every record's backward(), last first.
+  void sweep() {
+    for (auto it = records_.rbegin(); it != records_.rend(); ++it) (*it)->backward();
+  }
+
+  /// Drops the records, keeps the memory for the next program.
+  void reset() {
+    for (record* r : records_) r->~record();
+    records_.clear();
+    current_ = 0;
+    used_ = 0;
+  }
+
+  std::size_t records() const { return records_.size(); }
+  /// Bytes in use now, and the most ever in use (a high-water mark across programs).
+  std::size_t in_use() const {
+    std::size_t b = used_;
+    for (std::size_t i = 0; i < current_ && i < chunks_.size(); ++i) b += chunks_[i].size;
+    return b;
+  }
+  std::size_t peak() const { return peak_; }
+  std::size_t reserved() const {
+    std::size_t b = 0;
+    for (auto const& c : chunks_) b += c.size;
+    return b;
+  }
+
+  struct chunk {
+    std::byte* data;
+    std::size_t size;
+  };
+private:
+  static constexpr std::size_t chunk_bytes = std::size_t{1} << 20;
+  std::vector<chunk> chunks_;
+  std::size_t current_ = 0, used_ = 0, peak_ = 0;
+  std::vector<record*> records_;
+};
+
+} // namespace tilegrad::ad
