@@ -38,6 +38,26 @@ struct active_ref : node_base {
   }
 };
 
+/// How an adjoint tile enters an expression: element type adjoint<T>, so that whatever consumes
+/// the expression (a tile, a reduction, dot, a store) takes the reverse-mode path.
+template <class T, class S>
+struct adjoint_leaf : node_base {
+  using value_type = adjoint<T>;
+  using shape_type = S;
+  static constexpr bool may_alias = false;
+  template <int W>
+  static constexpr bool vectorizes = (W == 1);
+
+  T const* values;
+  T* adj;
+
+  template <int W>
+  simd::vec_t<adjoint<T>, W> load(int row, int col) const {
+    static_assert(W == 1);
+    return adjoint<T>(values[row * S::inner + col]);
+  }
+};
+
 namespace ad {
 
 // ---- primal transform: the same expression with adjoint leaves read as plain numbers ----------
@@ -52,9 +72,15 @@ template <class N>
 using primal_node_t = typename primal_node<std::remove_cvref_t<N>>::type;
 
 template <class N>
-TILEGRAD_INLINE primal_node_t<N> to_primal(N const& n) {
-  return primal_node<std::remove_cvref_t<N>>::get(n);
+auto to_primal(N const& n) {
+  return primal_node_t<N>(primal_node<std::remove_cvref_t<N>>::get(n));
 }
+
+template <class T, class S>
+struct primal_node<adjoint_leaf<T, S>> {
+  using type = active_ref<T, S>;
+  static type get(adjoint_leaf<T, S> const& n) { return {{}, n.values, n.adj}; }
+};
 
 template <class T>
 struct primal_node<scalar_node<adjoint<T>>> {

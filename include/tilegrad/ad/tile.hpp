@@ -53,7 +53,7 @@ public:
     return t;
   }
 
-  active_ref<T, shape_type> as_expr_node() const { return {{}, values_, adj_}; }
+  adjoint_leaf<T, shape_type> as_expr_node() const { return {{}, values_, adj_}; }
 
   T* values() const { return values_; }
   T* adjoints() const { return adj_; }

@@ -4,6 +4,7 @@
 // element of A and loading NB vectors of one row of B (B is row-major: no packing needed).
 #pragma once
 
+#include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/core/types.hpp"
@@ -16,6 +17,11 @@
 #include <utility>
 
 namespace tilegrad {
+
+namespace ad { // reverse mode (ad/reduce.hpp) takes over when an operand is an adjoint tile
+template <class A, class B, class C>
+auto dot(A&& a, B&& b, C&& acc);
+} // namespace ad
 
 namespace detail {
 
@@ -113,6 +119,10 @@ auto dot(A&& a, B&& b, C&& acc) {
   constexpr int M = SA::dim(0), K = SA::dim(1), N = SB::dim(1);
   static_assert(std::is_same_v<shape_of_t<C>, shape<M, N>>,
                 "tilegrad: dot(a, b, acc): acc must have shape (M, N) of a @ b");
+  if constexpr (adjoint_scalar<value_of_t<A>> || adjoint_scalar<value_of_t<B>> ||
+                adjoint_scalar<value_of_t<C>>) {
+    return ad::dot(std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
+  } else {
   using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
   // An accumulator passed as a temporary (acc = dot(a, b, std::move(acc))) is reused in place.
   tile<T, M, N> out = [&]() -> tile<T, M, N> {
@@ -126,6 +136,7 @@ auto dot(A&& a, B&& b, C&& acc) {
   auto&& tb = detail::materialize<T>(std::forward<B>(b));
   detail::gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
   return out;
+  }
 }
 
 /// dot(a, b) = a @ b.

@@ -3,6 +3,7 @@
 // in one pass, without a temporary; the (smaller) result is a tile.
 #pragma once
 
+#include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/shape.hpp"
 #include "tilegrad/core/simd.hpp"
@@ -16,6 +17,17 @@
 #include <utility>
 
 namespace tilegrad {
+
+namespace ad { // reverse mode (ad/reduce.hpp) takes over for adjoint tiles
+template <class Op, int Axis, bool Keep, class E>
+auto reduce(E&& e);
+template <class Op, bool Keep, class E>
+auto reduce_all(E&& e);
+template <int Axis, bool Reverse, class E>
+auto cumsum(E&& e);
+template <class N>
+auto to_primal(N const& n);
+} // namespace ad
 
 /// Tag asking a reduction to keep the reduced axis with extent 1.
 struct keep_dims_t {};
@@ -148,7 +160,21 @@ TILEGRAD_INLINE T reduce_all(N const& n) {
 }
 
 template <class Op, int Axis, bool Keep, class E>
+TILEGRAD_INLINE auto reduce_plain(E&& e);
+template <class Op, bool Keep, class E>
+TILEGRAD_INLINE auto reduce_all_plain(E&& e);
+
+template <class Op, int Axis, bool Keep, class E>
 TILEGRAD_INLINE auto reduce(E&& e) {
+  if constexpr (adjoint_scalar<value_of_t<E>>) {
+    return ad::reduce<Op, Axis, Keep>(std::forward<E>(e));
+  } else {
+    return reduce_plain<Op, Axis, Keep>(std::forward<E>(e));
+  }
+}
+
+template <class Op, int Axis, bool Keep, class E>
+TILEGRAD_INLINE auto reduce_plain(E&& e) {
   using C = shape_of_t<E>;
   using T = acc_t<value_of_t<E>>;
   static_assert(!std::is_same_v<value_of_t<E>, bf16>,
@@ -162,6 +188,14 @@ TILEGRAD_INLINE auto reduce(E&& e) {
 
 template <class Op, bool Keep, class E>
 TILEGRAD_INLINE auto reduce_all_to_tile(E&& e) {
+  if constexpr (adjoint_scalar<value_of_t<E>>)
+    return ad::reduce_all<Op, Keep>(std::forward<E>(e));
+  else
+    return reduce_all_plain<Op, Keep>(std::forward<E>(e));
+}
+
+template <class Op, bool Keep, class E>
+TILEGRAD_INLINE auto reduce_all_plain(E&& e) {
   using C = shape_of_t<E>;
   using T = acc_t<value_of_t<E>>;
   auto n = convert_as<T>(as_node(std::forward<E>(e)));
@@ -180,8 +214,13 @@ TILEGRAD_INLINE auto reduce_all_to_tile(E&& e) {
 template <bool Max, int Axis, bool Keep, class E>
 TILEGRAD_INLINE auto arg_reduce(E&& e) {
   using C = shape_of_t<E>;
-  using T = value_of_t<E>;
-  auto n = as_node(std::forward<E>(e));
+  auto n = [&] {
+    if constexpr (adjoint_scalar<value_of_t<E>>)
+      return ad::to_primal(as_node(std::forward<E>(e))); // indices have no gradient
+    else
+      return as_node(std::forward<E>(e));
+  }();
+  using T = value_of_t<decltype(n)>;
   constexpr int a = normalize_axis<C, Axis>();
   using split = axis_split<C, a>;
   tile_t<std::int32_t, reduced_shape_t<C, a, Keep>> out(uninitialized);
@@ -253,6 +292,9 @@ TILEGRAD_INLINE auto argmin(E&& e, keep_dims_t) {
 /// the end. Integers and bool accumulate in int32/int64, floats in their own type.
 template <int Axis = 0, bool Reverse = false, tile_expression E>
 TILEGRAD_INLINE auto cumsum(E&& e) {
+  if constexpr (adjoint_scalar<value_of_t<E>>) {
+    return ad::cumsum<Axis, Reverse>(std::forward<E>(e));
+  } else {
   using C = shape_of_t<E>;
   using T = acc_t<value_of_t<E>>;
   constexpr int a = normalize_axis<C, Axis>();
@@ -295,6 +337,7 @@ TILEGRAD_INLINE auto cumsum(E&& e) {
     }
   }
   return out;
+  }
 }
 
 } // namespace tilegrad
