@@ -1,6 +1,14 @@
 // tilegrad: Triton-style tile kernels on the CPU, written once as generic C++ over a scalar type.
 #pragma once
 
+#include "tilegrad/ad/adjoint.hpp"
+#include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/expr.hpp"
+#include "tilegrad/ad/memory.hpp"
+#include "tilegrad/ad/reduce.hpp"
+#include "tilegrad/ad/tape.hpp"
+#include "tilegrad/ad/tile.hpp"
+#include "tilegrad/ad/vjp.hpp"
 #include "tilegrad/core/bf16.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/shape.hpp"

@@ -40,6 +40,7 @@ struct program_state {
   // (tensor index, element) -> the adjoint slot of the value this program stored there last
   std::unordered_map<std::uint64_t, void*> stored;
   std::vector<contribution> contributions;
+  std::uint64_t reads = 0; // bit i: tensor i was loaded from
 
   static std::uint64_t key(int tensor, std::int64_t offset) {
     return (static_cast<std::uint64_t>(tensor) << 48) ^ static_cast<std::uint64_t>(offset);
@@ -58,6 +59,7 @@ struct program_state {
     t.reset();
     stored.clear();
     contributions.clear();
+    reads = 0;
   }
 };
 

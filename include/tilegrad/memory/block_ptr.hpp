@@ -2,6 +2,7 @@
 // whole steps, loaded and stored with per-axis boundary checks and a padding choice.
 #pragma once
 
+#include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/shape.hpp"
 #include "tilegrad/core/simd.hpp"
@@ -203,11 +204,23 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
 
 } // namespace detail
 
+namespace ad { // reverse mode (ad/memory.hpp) takes over for tensors of adjoint<T>
+template <class A, int... Bs, int... Axes>
+auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...> check, padding pad,
+                std::source_location const& loc);
+template <class A, int... Bs, class E, int... Axes>
+void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes...> check,
+                 std::source_location const& loc);
+} // namespace ad
+
 /// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
 /// axes read the padding (zero or NaN) and are not accessed.
 template <class T, int... Bs, int... Axes>
 auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding pad = padding::zero,
           std::source_location loc = std::source_location::current()) {
+  if constexpr (adjoint_scalar<T>) {
+    return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
+  } else {
   using V = std::remove_const_t<T>;
   using S = shape<Bs...>;
   constexpr int L = S::inner;
@@ -240,6 +253,7 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
         for (int c = hi; c < L; ++c) d[c] = fill;
       });
   return out;
+  }
 }
 
 /// store(bp, value[, bounds<axes...>]): writes the block (value cast to the tensor's type);
@@ -250,6 +264,9 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
   static_assert(!std::is_const_v<T>, "tilegrad: store through a block pointer of a const tensor");
   using S = shape<Bs...>;
   static_assert(detail::require_same_shape<S, shape_of_t<E>>);
+  if constexpr (adjoint_scalar<T>) {
+    ad::store_block(bp, std::forward<E>(value), boundary_check<Axes...>{}, loc);
+  } else {
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<T>;
   // Values as one contiguous block (a tile of the right type is used in place).
@@ -276,6 +293,7 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
           for (int c = lo; c < hi; ++c) base[mem + c * sc] = s[c];
         }
       });
+  }
 }
 
 } // namespace tilegrad

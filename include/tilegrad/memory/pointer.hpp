@@ -3,6 +3,7 @@
 // contiguous rows as vectors, masked lanes only at the edges; other offsets gather/scatter.
 #pragma once
 
+#include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/core/types.hpp"
@@ -102,6 +103,15 @@ TILEGRAD_INLINE ptr_tile<T, Off> operator+(ptr_tile<T, Off> p, I n) {
   p.shift += static_cast<std::int64_t>(n);
   return p;
 }
+
+namespace ad { // reverse mode (ad/memory.hpp) takes over for tensors of adjoint<T>
+template <class A, class Off, class Mask, class Other>
+auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
+              std::source_location const& loc);
+template <class A, class Off, class Val, class Mask>
+void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
+               std::source_location const& loc);
+} // namespace ad
 
 namespace detail {
 
@@ -218,6 +228,9 @@ TILEGRAD_INLINE void for_each_access(ptr_tile<T, P> const& p, Mask const& mask, 
 template <class T, class Off, class Mask, class Other>
 auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& other_in,
                std::source_location const& loc) {
+  if constexpr (adjoint_scalar<T>) {
+    return ad::load_ptr(p, mask_in, other_in, loc);
+  } else {
   using V = loaded_t<T>;
   using S = access_shape_t<Off, Mask>;
   auto mask = [&] {
@@ -250,12 +263,16 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
         simd::store<V, W>(o + r * S::inner + c, simd::load<V, W>(base + e));
       });
   return out;
+  }
 }
 
 template <class T, class Off, class Mask, class Val>
 void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in,
                 std::source_location const& loc) {
   static_assert(!std::is_const_v<T>, "tilegrad: store through a pointer tile of a const tensor");
+  if constexpr (adjoint_scalar<T>) {
+    ad::store_ptr(p, val_in, mask_in, loc);
+  } else {
   using S = access_shape_t<Off, Mask>;
   static_assert(broadcastable_v<shape_of_t<Val>, S>,
                 "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
@@ -280,6 +297,7 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
         if (chk) check_run(p.base, e, W, "store", loc);
         simd::store<T, W>(base + e, val.template load<W>(r, c));
       });
+  }
 }
 
 template <class M>
@@ -342,6 +360,9 @@ template <class T, class Off, class Val, class Mask, class F>
 auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
                  char const* what, std::source_location const& loc) {
   static_assert(!std::is_const_v<T>, "tilegrad: atomic on a const tensor");
+  static_assert(!adjoint_scalar<T>,
+                "tilegrad: atomics are not differentiated yet (reverse mode supports loads and "
+                "stores)");
   static_assert(std::is_arithmetic_v<T>,
                 "tilegrad: atomics work on float, double and integer tensors");
   using S = access_shape_t<Off, Mask>;
