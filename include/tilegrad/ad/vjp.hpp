@@ -107,6 +107,17 @@ struct float_of<owned_tensor<T>> {
   using type = T;
 };
 
+// The float type of a launch: that of its first float tensor (void if none).
+template <class... X>
+struct first_float {
+  using type = void;
+};
+template <class X, class... Rest>
+struct first_float<X, Rest...> {
+  using type = std::conditional_t<!std::is_void_v<typename float_of<X>::type>,
+                                  typename float_of<X>::type, typename first_float<Rest...>::type>;
+};
+
 template <class X, class T>
 void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::string>& names) {
   using D = std::remove_cvref_t<X>;
@@ -174,7 +185,7 @@ auto convert_arg(X const& x) {
 /// integer tensors and numbers pass through.
 template <class Kernel, class... Args>
 auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
-  using T = std::common_type_t<typename ad::float_of<std::remove_cvref_t<Args>>::type...>;
+  using T = typename ad::first_float<std::remove_cvref_t<Args>...>::type;
   static_assert(std::is_floating_point_v<T>, "tilegrad::vjp: no float tensor among the arguments");
 
   std::vector<ad::tensor_entry> entries;

@@ -1,0 +1,251 @@
+// vjp of whole kernels: the example kernels against closed-form gradients (float and double,
+// shapes that do not divide the tiles), the memory semantics one by one, determinism across
+// thread counts, and the errors and flags for bad input.
+#include <tilegrad/kernels/matmul.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/kernels/weighted_sum.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+namespace tg = tilegrad;
+
+namespace {
+
+template <class T>
+void fill(tg::owned_tensor<T>& t, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(-1, 1);
+  for (T& v : t) v = static_cast<T>(d(rng));
+}
+
+template <class T>
+double tol() {
+  return std::is_same_v<T, float> ? 1e-5 : 1e-12;
+}
+
+} // namespace
+
+template <class T>
+class Vjp : public ::testing::Test {};
+using Types = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(Vjp, Types);
+
+TYPED_TEST(Vjp, WeightedSumMatchesClosedForm) {
+  using T = TypeParam;
+  for (auto [n, d] : {std::pair{1, 1}, {37, 70}, {50, 129}}) {
+    tg::owned_tensor<T> x({n, d}, "x"), w({d}, "w"), y({n}, "y"), dy({n}, "dy");
+    fill(x, 1);
+    fill(w, 2);
+    fill(dy, 3);
+    auto g = tg::vjp(tg::cdiv(n, 16), tg::kernels::weighted_sum_fwd<16, 32>, tg::in("x", x),
+                     tg::in("w", w), tg::out("y", y, dy));
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j)
+        ASSERT_NEAR(g["x"](i, j), double(dy(i)) * w(j), tol<T>()) << "dx(" << i << ", " << j << ")";
+    for (int j = 0; j < d; ++j) {
+      double r = 0;
+      for (int i = 0; i < n; ++i) r += double(dy(i)) * x(i, j);
+      ASSERT_NEAR(g["w"](j), r, tol<T>() * n) << "dw(" << j << ") n=" << n << " d=" << d;
+    }
+    // The forward ran too: y holds x @ w.
+    for (int i = 0; i < n; ++i) {
+      double r = 0;
+      for (int j = 0; j < d; ++j) r += double(x(i, j)) * w(j);
+      ASSERT_NEAR(y(i), r, tol<T>() * d);
+    }
+  }
+}
+
+TYPED_TEST(Vjp, SoftmaxMatchesClosedForm) {
+  using T = TypeParam;
+  for (auto [n, d] : {std::pair{1, 1}, {9, 37}, {20, 128}}) {
+    tg::owned_tensor<T> x({n, d}, "x"), y({n, d}, "y"), dy({n, d}, "dy");
+    fill(x, 4);
+    fill(dy, 5);
+    auto g = tg::vjp(n, tg::kernels::softmax_fwd<128>, tg::in("x", x), tg::out("y", y, dy));
+    for (int i = 0; i < n; ++i) {
+      double s = 0;
+      for (int j = 0; j < d; ++j) s += double(dy(i, j)) * y(i, j);
+      for (int j = 0; j < d; ++j)
+        ASSERT_NEAR(g["x"](i, j), y(i, j) * (dy(i, j) - s), tol<T>())
+            << "dx(" << i << ", " << j << ") n=" << n << " d=" << d;
+    }
+  }
+}
+
+TYPED_TEST(Vjp, MatmulMatchesClosedForm) {
+  using T = TypeParam;
+  struct dims {
+    int m, k, n;
+  };
+  for (auto [M, K, N] : {dims{1, 1, 1}, dims{33, 17, 45}, dims{64, 40, 32}}) {
+    tg::owned_tensor<T> a({M, K}, "a"), b({K, N}, "b"), c({M, N}, "c"), dc({M, N}, "dc");
+    fill(a, 6);
+    fill(b, 7);
+    fill(dc, 8);
+    auto g = tg::vjp(tg::cdiv(M, 32) * tg::cdiv(N, 32), tg::kernels::matmul_fwd<32, 32, 16, 2>,
+                     tg::in("a", a), tg::in("b", b), tg::out("c", c, dc));
+    for (int i = 0; i < M; ++i)
+      for (int k = 0; k < K; ++k) {
+        double r = 0;
+        for (int j = 0; j < N; ++j) r += double(dc(i, j)) * b(k, j);
+        ASSERT_NEAR(g["a"](i, k), r, tol<T>() * N) << "da(" << i << ", " << k << ")";
+      }
+    for (int k = 0; k < K; ++k)
+      for (int j = 0; j < N; ++j) {
+        double r = 0;
+        for (int i = 0; i < M; ++i) r += double(a(i, k)) * dc(i, j);
+        ASSERT_NEAR(g["b"](k, j), r, tol<T>() * M) << "db(" << k << ", " << j << ")";
+      }
+  }
+}
+
+TEST(VjpDeterminism, BitwiseIdenticalForAnyThreadCount) {
+  // Every program adds into all of dw: the accumulation order must not depend on threads.
+  int const n = 300, d = 70;
+  tg::owned_tensor<float> x({n, d}, "x"), w({d}, "w"), y({n}, "y"), dy({n}, "dy");
+  fill(x, 1);
+  fill(w, 2);
+  fill(dy, 3);
+  auto run = [&](tg::executor e, int threads) {
+    auto g = tg::vjp({e, threads}, tg::cdiv(n, 16), tg::kernels::weighted_sum_fwd<16, 32>,
+                     tg::in("x", x), tg::in("w", w), tg::out("y", y, dy));
+    return tg::owned_tensor<float>(g["w"]);
+  };
+  auto const ref = run(tg::executor::sequential, 1);
+  std::vector<std::pair<tg::executor, int>> configs{{tg::executor::sequential, 1}};
+  if (tg::executor_available(tg::executor::tbb))
+    configs.insert(configs.end(), {{tg::executor::tbb, 1}, {tg::executor::tbb, 2}, {tg::executor::tbb, 0}});
+  if (tg::executor_available(tg::executor::openmp)) configs.push_back({tg::executor::openmp, 2});
+  for (auto [e, t] : configs)
+    for (int rep = 0; rep < 2; ++rep) {
+      auto const got = run(e, t);
+      EXPECT_EQ(std::memcmp(got.data(), ref.data(), sizeof(float) * d), 0)
+          << tg::to_string(e) << " threads " << t;
+    }
+}
+
+// --- memory semantics, each with a kernel written for it ----------------------------------
+
+TEST(VjpMemory, MaskedLanesAndOtherGetNoGradient) {
+  // y[i] = load(x[i], mask i < 5, other 7) * 2 over a block of 8: x has 8 elements, only 5 read.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto i = tg::arange<0, 8>();
+    auto v = tg::load(x + i, i < 5, 7.0f);
+    tg::store(y + i, v * 2.0f);
+  };
+  tg::owned_tensor<float> x({8}, "x"), y({8}, "y"), dy({8}, "dy");
+  fill(x, 1);
+  for (int i = 0; i < 8; ++i) dy(i) = 1.0f + i;
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(g["x"](i), i < 5 ? 2.0f * (1 + i) : 0.0f) << i;
+  EXPECT_EQ(y(6), 14.0f);
+}
+
+TEST(VjpMemory, PaddingOfBlockLoadsGetsNoGradient) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto v = tg::load(tg::make_block_ptr<8>(x, {-2}), tg::bounds<0>); // lanes 0, 1 pad
+    tg::store(tg::make_block_ptr<8>(y, {0}), v * v, tg::bounds<0>);
+  };
+  tg::owned_tensor<float> x({5}, "x"), y({8}, "y"), dy({8}, "dy");
+  for (int i = 0; i < 5; ++i) x(i) = 1.0f + i;
+  for (int i = 0; i < 8; ++i) dy(i) = 1.0f;
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(g["x"](i), 2.0f * x(i)) << i; // y[i + 2] = x[i]^2
+}
+
+TEST(VjpMemory, LoadSeesTheValueThisProgramStoredAndItsGradientFlowsBack) {
+  // y = 3 * x stored, then z = load(y)^2: dz/dx = 2 * (3x) * 3 through the stored value.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<T> z) {
+    auto i = tg::arange<0, 4>();
+    tg::store(y + i, tg::load(x + i) * 3.0f);
+    auto v = tg::load(y + i);
+    tg::store(z + i, v * v);
+  };
+  tg::owned_tensor<float> x({4}, "x"), y({4}, "y"), z({4}, "z"), dz({4}, "dz"), dy({4}, "dy");
+  for (int i = 0; i < 4; ++i) {
+    x(i) = 0.5f + i;
+    dz(i) = 1.0f;
+  }
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), tg::out("z", z, dz));
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(g["x"](i), 18.0f * x(i), 1e-5) << i;
+}
+
+TEST(VjpMemory, OnlyTheLastOfSeveralStoresReceivesTheCotangent) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto i = tg::arange<0, 4>();
+    auto v = tg::load(x + i);
+    tg::store(y + i, v * 5.0f); // overwritten below: gets nothing
+    tg::store(y + i, v * 2.0f);
+  };
+  tg::owned_tensor<float> x({4}, "x"), y({4}, "y"), dy({4}, "dy");
+  fill(x, 2);
+  for (int i = 0; i < 4; ++i) dy(i) = 1.0f;
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(g["x"](i), 2.0f) << i;
+}
+
+TEST(VjpControlFlow, LoopBoundsFromProgramIdAndFromAnIntegerTensor) {
+  // Program p sums the first lens[p] blocks of 4 of x: loop bounds read from memory, early
+  // exit with break, a data-dependent if.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<int const> lens,
+                       tg::tensor<T> y) {
+    int const pid = p.program_id(0);
+    auto i = tg::arange<0, 4>();
+    auto acc = tg::zeros<tg::fp32<T>, 4>();
+    int const n = tg::load(lens + pid).item();
+    for (int b = 0;; ++b) {
+      if (b >= n) break;
+      auto v = tg::load(x + b * 4 + i);
+      if (tg::sum(v).item() > T(1000)) continue; // never true: data-dependent branch
+      acc = acc + v * static_cast<float>(pid + 1);
+    }
+    tg::store(y + pid * 4 + i, acc);
+  };
+  tg::owned_tensor<float> x({12}, "x"), y({8}, "y"), dy({8}, "dy");
+  tg::owned_tensor<int> lens({2}, "lens");
+  lens(0) = 1;
+  lens(1) = 3;
+  fill(x, 3);
+  for (int i = 0; i < 8; ++i) dy(i) = 1.0f;
+  auto g = tg::vjp(2, k, tg::in("x", x), lens, tg::out("y", y, dy));
+  for (int e = 0; e < 12; ++e) EXPECT_EQ(g["x"](e), e < 4 ? 3.0f : 2.0f) << e;
+}
+
+// --- bad input ---------------------------------------------------------------------------
+
+TEST(VjpErrors, CotangentShapeNameTwiceAndUnreadInput) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T const> w,
+                       tg::tensor<T> y) {
+    (void)w; // w is never read: a capture-instead-of-argument bug
+    auto i = tg::arange<0, 4>();
+    tg::store(y + i, tg::load(x + i));
+  };
+  tg::owned_tensor<float> x({4}, "x"), w({4}, "w"), y({4}, "y"), dy({4}, "dy"), bad({5}, "bad");
+  EXPECT_THROW(tg::vjp(1, k, tg::in("x", x), tg::in("w", w), tg::out("y", y, bad)),
+               std::invalid_argument);
+  EXPECT_THROW(tg::vjp(1, k, tg::in("x", x), tg::in("x", w), tg::out("y", y, dy)),
+               std::invalid_argument);
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::in("w", w), tg::out("y", y, dy));
+  ASSERT_EQ(g.unread().size(), 1u);
+  EXPECT_EQ(g.unread()[0], "w");
+  EXPECT_THROW(g["y"], std::out_of_range); // no gradient asked for y
+}
+
+TEST(VjpMemoryBound, TapeDoesNotGrowWithTheGrid) {
+  auto peak = [](int n) {
+    tg::owned_tensor<float> x({n, 64}, "x"), w({64}, "w"), y({n}, "y"), dy({n}, "dy");
+    return tg::vjp({tg::executor::sequential, 1}, tg::cdiv(n, 16),
+                   tg::kernels::weighted_sum_fwd<16, 32>, tg::in("x", x), tg::in("w", w),
+                   tg::out("y", y, dy))
+        .peak_tape_bytes();
+  };
+  EXPECT_EQ(peak(64), peak(64 * 50));
+}
