@@ -61,8 +61,9 @@ T* record_load(void const* base, Each&& each) {
   tape& tp = st->t;
   T* adj = tp.alloc_zero<T>(S::size);
   auto* rec = tp.push<load_record<T>>(adj, e->index, e->wants_grad());
+  bool const any_stored = !st->stored.empty();
   each([&](int pos, std::int64_t off) {
-    auto it = st->stored.find(program_state::key(e->index, off));
+    auto it = any_stored ? st->stored.find(program_state::key(e->index, off)) : st->stored.end();
     if (it != st->stored.end())
       rec->lanes.push_back({pos, off, static_cast<T*>(it->second), true});
     else if (e->wants_grad())
