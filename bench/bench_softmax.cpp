@@ -52,22 +52,11 @@ void BM_softmax_naive(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
-void BM_triad(benchmark::State& state) {
-  int const threads = static_cast<int>(state.range(0));
-  bench::triad t(2 * rows * cols / 3);
-  for (auto _ : state) t.run(threads);
-  state.SetBytesProcessed(state.iterations() * t.bytes());
-  state.counters["threads"] = threads;
-}
-
-void threads_arg(benchmark::internal::Benchmark* b) {
-  for (auto t : bench::thread_counts()) b->Arg(t);
-  b->UseRealTime()->Unit(benchmark::kMillisecond);
-}
+void BM_triad(benchmark::State& state) { bench::run_triad(state, 2 * rows * cols * 4); }
 
 } // namespace
 
-BENCHMARK(BM_softmax)->Apply(threads_arg);
-BENCHMARK(BM_softmax_naive)->Apply(threads_arg);
-BENCHMARK(BM_triad)->Apply(threads_arg);
+BENCHMARK(BM_softmax)->Apply(bench::threads_arg);
+BENCHMARK(BM_softmax_naive)->Apply(bench::threads_arg);
+BENCHMARK(BM_triad)->Apply(bench::threads_arg);
 BENCHMARK_MAIN();

@@ -28,24 +28,13 @@ void BM_weighted_sum(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
-void BM_triad(benchmark::State& state) {
-  int const threads = static_cast<int>(state.range(0));
-  bench::triad t(rows * cols / 3); // the same number of bytes moved as the weighted sum
-  for (auto _ : state) t.run(threads);
-  state.SetBytesProcessed(state.iterations() * t.bytes());
-  state.counters["threads"] = threads;
-}
-
-void threads_arg(benchmark::internal::Benchmark* b) {
-  for (auto t : bench::thread_counts()) b->Arg(t);
-  b->UseRealTime()->Unit(benchmark::kMillisecond);
-}
+void BM_triad(benchmark::State& state) { bench::run_triad(state, rows * cols * 4); }
 
 } // namespace
 
-BENCHMARK(BM_weighted_sum<16, 128>)->Apply(threads_arg);
-BENCHMARK(BM_weighted_sum<8, 256>)->Apply(threads_arg);
-BENCHMARK(BM_weighted_sum<4, 512>)->Apply(threads_arg);
-BENCHMARK(BM_weighted_sum<2, 1024>)->Apply(threads_arg);
-BENCHMARK(BM_triad)->Apply(threads_arg);
+BENCHMARK(BM_weighted_sum<16, 128>)->Apply(bench::threads_arg);
+BENCHMARK(BM_weighted_sum<8, 256>)->Apply(bench::threads_arg);
+BENCHMARK(BM_weighted_sum<4, 512>)->Apply(bench::threads_arg);
+BENCHMARK(BM_weighted_sum<2, 1024>)->Apply(bench::threads_arg);
+BENCHMARK(BM_triad)->Apply(bench::threads_arg);
 BENCHMARK_MAIN();

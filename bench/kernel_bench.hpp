@@ -59,4 +59,19 @@ private:
   std::vector<float> a_, b_, c_;
 };
 
+/// Registers a benchmark at each thread count of thread_counts(), timed in wall-clock ms.
+inline void threads_arg(benchmark::internal::Benchmark* b) {
+  for (auto t : thread_counts()) b->Arg(t);
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+/// The triad moving about `bytes_moved` bytes (its three arrays together) on range(0) threads.
+inline void run_triad(benchmark::State& state, std::int64_t bytes_moved) {
+  int const threads = static_cast<int>(state.range(0));
+  triad t(bytes_moved / 12);
+  for (auto _ : state) t.run(threads);
+  state.SetBytesProcessed(state.iterations() * t.bytes());
+  state.counters["threads"] = threads;
+}
+
 } // namespace bench

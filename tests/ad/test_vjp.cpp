@@ -8,28 +8,16 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/tensors.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 
 namespace tg = tilegrad;
-
-namespace {
-
-template <class T>
-void fill(tg::owned_tensor<T>& t, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> d(-1, 1);
-  for (T& v : t) v = static_cast<T>(d(rng));
-}
-
-template <class T>
-double tol() {
-  return std::is_same_v<T, float> ? 1e-5 : 1e-12;
-}
-
-} // namespace
+using test_support::fill;
+using test_support::tol;
 
 template <class T>
 class Vjp : public ::testing::Test {};

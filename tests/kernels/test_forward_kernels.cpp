@@ -7,25 +7,17 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/tensors.hpp"
+
 #include <cmath>
 #include <random>
 #include <vector>
 
 namespace tg = tilegrad;
+using test_support::fill;
+using test_support::tol;
 
 namespace {
-
-template <class T>
-void fill(tg::owned_tensor<T>& t, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> d(-1, 1);
-  for (T& v : t) v = static_cast<T>(d(rng));
-}
-
-template <class T>
-double tol() {
-  return std::is_same_v<T, float> ? 2e-5 : 1e-12;
-}
 
 std::vector<tg::executor> executors() {
   std::vector<tg::executor> e{tg::executor::sequential};
@@ -54,7 +46,7 @@ TYPED_TEST(ForwardKernels, WeightedSumMatchesLoop) {
       for (int i = 0; i < n; ++i) {
         double r = 0;
         for (int j = 0; j < d; ++j) r += double(x(i, j)) * double(w(j));
-        ASSERT_NEAR(y(i), r, tol<T>() * (1 + d)) << "row " << i << " n=" << n << " d=" << d
+        ASSERT_NEAR(y(i), r, tol<T>(2e-5) * (1 + d)) << "row " << i << " n=" << n << " d=" << d
                                                  << " executor " << tg::to_string(e);
       }
     }
@@ -74,7 +66,7 @@ TYPED_TEST(ForwardKernels, SoftmaxMatchesLoop) {
         for (int j = 0; j < d; ++j) m = std::max(m, double(x(i, j)));
         for (int j = 0; j < d; ++j) z += std::exp(double(x(i, j)) - m);
         for (int j = 0; j < d; ++j)
-          ASSERT_NEAR(y(i, j), std::exp(double(x(i, j)) - m) / z, tol<T>())
+          ASSERT_NEAR(y(i, j), std::exp(double(x(i, j)) - m) / z, tol<T>(2e-5))
               << "(" << i << ", " << j << ") n=" << n << " d=" << d;
       }
     }
@@ -99,7 +91,7 @@ TYPED_TEST(ForwardKernels, MatmulMatchesLoop) {
         for (int j = 0; j < N; ++j) {
           double r = 0;
           for (int k = 0; k < K; ++k) r += double(a(i, k)) * double(b(k, j));
-          ASSERT_NEAR(c(i, j), r, tol<T>() * (1 + K))
+          ASSERT_NEAR(c(i, j), r, tol<T>(2e-5) * (1 + K))
               << "(" << i << ", " << j << ") M=" << M << " K=" << K << " N=" << N;
         }
     }

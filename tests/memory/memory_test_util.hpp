@@ -4,6 +4,7 @@
 #pragma once
 
 #include <tilegrad/grid/program.hpp>
+#include <tilegrad/memory/checked.hpp>
 #include <tilegrad/memory/tensor.hpp>
 
 #include <gtest/gtest.h>
@@ -93,5 +94,25 @@ bool same_value(T a, T b) {
     if (std::isnan(a) && std::isnan(b)) return true;
   return a == b;
 }
+
+/// The test tensors are M x N: no extent divides a SIMD width.
+inline constexpr int M = 37, N = 70;
+
+/// Fixture of the pointer load and store tests: x holds value_at(flat index), y a sentinel
+/// everywhere a store did not write; every test runs checked, so no access outside goes
+/// unnoticed.
+template <class T>
+class pointer_fixture : public ::testing::Test {
+protected:
+  pointer_fixture() : x({M, N}, "x"), y({M, N}, "y") {
+    fill_values(x);
+    fill_with(y, sentinel<T>());
+  }
+  tilegrad::owned_tensor<T> x;
+  tilegrad::owned_tensor<T> y;
+  tilegrad::tensor<T const> xc() const { return x; }
+  T xv(std::int64_t i, std::int64_t j) const { return x(i, j); }
+  tilegrad::checked_scope checks{true};
+};
 
 } // namespace tg_mem

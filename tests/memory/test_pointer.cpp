@@ -30,21 +30,11 @@ using tg_mem::at;
 using tg_mem::sentinel;
 using tg_mem::value_at;
 
-constexpr int M = 37, N = 70; // the test tensors are M x N: no extent divides a SIMD width
+using tg_mem::M;
+using tg_mem::N;
 
 template <class T>
-class Pointer : public ::testing::Test {
-protected:
-  Pointer() : x({M, N}, "x"), y({M, N}, "y") {
-    tg_mem::fill_values(x);
-    tg_mem::fill_with(y, sentinel<T>());
-  }
-  owned_tensor<T> x; // source, value_at(flat index)
-  owned_tensor<T> y; // destination, sentinel everywhere a store did not write
-  tensor<T const> xc() const { return x; }
-  T xv(std::int64_t i, std::int64_t j) const { return x(i, j); }
-  checked_scope checks{true}; // every test runs checked: no access outside may go unnoticed
-};
+class Pointer : public tg_mem::pointer_fixture<T> {};
 TYPED_TEST_SUITE(Pointer, tg_mem::AllTypes);
 
 // Patterns whose code does not depend on the element type beyond the vector width run on float
