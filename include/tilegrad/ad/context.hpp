@@ -1,15 +1,18 @@
 // What reverse mode knows while one program runs: its tape, the tensors of the launch (their
-// roles and cotangents), the elements it has stored (for exact store/load semantics) and the
-// gradient contributions it produces for input tensors.
+// roles, cotangents and per-element ownership), the accesses it makes to tensors the kernel may
+// write (for exact store/load semantics and race detection) and the gradient contributions it
+// produces for input tensors, kept as runs of elements rather than element by element.
 #pragma once
 
 #include "tilegrad/ad/tape.hpp"
+#include "tilegrad/memory/tensor.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <unordered_map>
+#include <cstring>
+#include <memory>
+#include <source_location>
 #include <vector>
 
 namespace tilegrad::ad {
@@ -22,29 +25,120 @@ struct tensor_entry {
   std::byte const* hi = nullptr; // one past the last element it spans
   int index = 0;
   role r = role::passive;
-  void const* cotangent = nullptr; // for out / inout: same layout as the tensor
+  bool writable = false; // the kernel receives it non-const: its accesses are tracked
   char const* name = "";
+  tensor<std::byte const> layout;       // shape and strides, for naming elements in messages
+  void const* cotangent = nullptr;      // out / inout: indexed by the tensor's element offset
+  std::uint64_t* stamp = nullptr;       // writable: (program + 1) << 32 | its last store there
   bool wants_grad() const { return r == role::in || r == role::inout; }
+  bool has_cotangent() const { return r == role::out || r == role::inout; }
 };
 
-/// One program's contribution to the gradient of an input element.
-struct contribution {
+/// A run of n lanes of a tile, pos, pos+1, ..., addressing elements offset, offset + step, ...
+/// of a tensor (step 0: one element, n times).
+struct run {
+  int pos;
+  int count;
+  std::int64_t offset;
+  std::int64_t step;
+  std::int64_t element(int k) const { return offset + step * k; }
+};
+
+/// Appends lanes to a list of runs, merging a lane into the last run where it continues it.
+class run_builder {
+public:
+  explicit run_builder(std::vector<run>& out) : out_(out) { out_.clear(); }
+  /// Lanes pos..pos+n-1 at elements off..off+n-1.
+  void add(int pos, std::int64_t off, int n) {
+    if (!out_.empty()) {
+      run& b = out_.back();
+      if (b.pos + b.count == pos && (b.count == 1 || b.step == 1) && b.offset + b.count == off) {
+        b.step = 1;
+        b.count += n;
+        return;
+      }
+    }
+    out_.push_back({pos, n, off, 1});
+  }
+  /// Lane pos at element off.
+  void add(int pos, std::int64_t off) {
+    if (!out_.empty()) {
+      run& b = out_.back();
+      if (b.pos + b.count == pos) {
+        if (b.count == 1) {
+          b.step = off - b.offset;
+          b.count = 2;
+          return;
+        }
+        if (b.element(b.count) == off) {
+          ++b.count;
+          return;
+        }
+      }
+    }
+    out_.push_back({pos, 1, off, 1});
+  }
+
+private:
+  std::vector<run>& out_;
+};
+
+enum class access_kind : std::uint8_t { load, store, atomic };
+
+/// A program's access to a tensor the kernel may write, in program order.
+struct access {
+  access_kind kind;
   int tensor;
-  std::int64_t offset; // elements from the tensor's data()
-  double value;
+  run r;
+  void* adj; // store / atomic: the adjoints of the lanes written (lane r.pos first), or null
+  std::source_location loc;
+};
+
+/// A program's contribution to the gradient of an input: values (at `at` in the program's value
+/// buffer) added to the elements of a run.
+struct segment {
+  int tensor;
+  run r;
+  std::size_t at;
+};
+
+/// Everything one program hands to the launch after it ran; reused from wave to wave.
+struct program_result {
+  std::vector<access> accesses;
+  std::vector<segment> segments;
+  std::unique_ptr<std::byte[]> values;
+  std::size_t used = 0, capacity = 0;
+  std::uint64_t reads = 0; // bit i: tensor i was loaded from
+
+  void clear() {
+    accesses.clear();
+    segments.clear();
+    used = 0;
+    reads = 0;
+  }
+  /// Appends the n values at v as a contribution to the elements of run r of tensor t.
+  template <class T>
+  void contribute(int t, run const& r, T const* v) {
+    std::size_t const bytes = sizeof(T) * static_cast<std::size_t>(r.count);
+    if (used + bytes > capacity) {
+      std::size_t const cap = std::max(2 * capacity, used + bytes + 4096);
+      auto grown = std::make_unique<std::byte[]>(cap);
+      if (used) std::memcpy(grown.get(), values.get(), used);
+      values = std::move(grown);
+      capacity = cap;
+    }
+    std::memcpy(values.get() + used, v, bytes);
+    segments.push_back({t, r, used});
+    used += bytes;
+  }
 };
 
 struct program_state {
   tape t;
   std::vector<tensor_entry> const* tensors = nullptr;
-  // (tensor index, element) -> the adjoint slot of the value this program stored there last
-  std::unordered_map<std::uint64_t, void*> stored;
-  std::vector<contribution> contributions;
-  std::uint64_t reads = 0; // bit i: tensor i was loaded from
-
-  static std::uint64_t key(int tensor, std::int64_t offset) {
-    return (static_cast<std::uint64_t>(tensor) << 48) ^ static_cast<std::uint64_t>(offset);
-  }
+  program_result* out = nullptr;
+  std::uint64_t me = 0; // this program's stamp: (linear program id + 1) << 32
+  std::vector<run> scratch;
 
   /// The tensor whose memory holds address p (null for memory of no vjp tensor).
   tensor_entry const* find(void const* p) const {
@@ -55,12 +149,20 @@ struct program_state {
     return nullptr;
   }
 
-  void reset() {
-    t.reset();
-    stored.clear();
-    contributions.clear();
-    reads = 0;
+  /// The adjoint slot of the value this program stored last at element off of e, if it did;
+  /// `stored` tells whether it did (the slot is null when it stored a constant).
+  template <class T>
+  T* stored_slot(tensor_entry const& e, std::int64_t off, bool& stored) const {
+    std::uint64_t const s = std::atomic_ref<std::uint64_t>(e.stamp[off]).load(std::memory_order_relaxed);
+    stored = (s & ~std::uint64_t{0xffffffff}) == me;
+    if (!stored) return nullptr;
+    access const& a = out->accesses[s & 0xffffffff];
+    if (!a.adj) return nullptr;
+    int const k = a.r.step == 0 ? a.r.count - 1 : static_cast<int>((off - a.r.offset) / a.r.step);
+    return static_cast<T*>(a.adj) + k;
   }
+
+  void reset() { t.reset(); }
 };
 
 /// The reverse-mode state of the program running on this thread.

@@ -1,9 +1,13 @@
-// Reverse mode of loads and stores. Memory semantics are exact:
-// - a load records, per lane it really reads, where the lane's adjoint goes: to the adjoint of
-//   the value this program stored at that element earlier (if it did), else to the gradient of
-//   the tensor (if one is wanted); masked-off lanes, `other` and padding get nothing;
-// - a store writes the primal values and remembers, per element, the adjoint slot of the value
-//   stored there last; after the forward pass those slots receive the output cotangents.
+// Reverse mode of loads, stores and atomics. Memory semantics are exact:
+// - a load records where its lanes' adjoints go: to the adjoint of the value this program stored
+//   at that element earlier (if it did), else to the gradient of the tensor (if one is wanted);
+//   masked-off lanes, `other` and padding get nothing. Lanes are kept as runs of elements, so
+//   the gradient of a block is a few row copies, not a list of elements;
+// - a store writes the primal values and stamps each element with the store; after the forward
+//   pass, the store whose stamp survived (the last one) receives the output cotangent;
+// - every atomic_add contribution receives the output cotangent; the old values it returns are
+//   constants (they depend on the order programs ran).
+// Accesses to tensors the kernel may write are kept in program order for the race check.
 #pragma once
 
 #include "tilegrad/ad/context.hpp"
@@ -13,6 +17,8 @@
 
 #include <cstring>
 #include <source_location>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace tilegrad::ad {
@@ -24,65 +30,125 @@ auto primal_view(tensor<A> const& t) {
   return tensor<P>(reinterpret_cast<P*>(t.data()), t.rank(), t.shape(), t.strides(), t.name());
 }
 
+/// A lane whose adjoint goes to the adjoint of an earlier store by the same program.
+template <class T>
+struct routed_lane {
+  int pos;
+  T* slot;
+};
+
 template <class T>
 struct load_record final : record {
-  struct lane {
-    int pos;
-    std::int64_t offset;
-    T* route;      // the adjoint of an earlier store by this program, or null
-    bool stored;   // the element was stored by this program earlier (route may be a constant)
-  };
   T* adj;
   int tensor;
-  bool wants_grad;
-  std::vector<lane> lanes;
-  load_record(T* a, int t, bool w) : adj(a), tensor(t), wants_grad(w) {}
+  run const* runs; // lanes whose adjoint is a gradient contribution to the tensor
+  int nruns;
+  routed_lane<T> const* routed;
+  int nrouted;
+  load_record(T* a, int t, run const* r, int nr, routed_lane<T> const* rt, int nrt)
+      : adj(a), tensor(t), runs(r), nruns(nr), routed(rt), nrouted(nrt) {}
   void backward() override {
-    program_state* st = current_state();
-    for (lane const& l : lanes) {
-      T const g = adj[l.pos];
-      if (g == T(0)) continue;
-      if (l.stored) {
-        if (l.route) *l.route += g;
-      } else if (wants_grad && st) {
-        st->contributions.push_back({tensor, l.offset, static_cast<double>(g)});
-      }
-    }
+    for (int i = 0; i < nrouted; ++i) *routed[i].slot += adj[routed[i].pos];
+    if (nruns == 0) return;
+    program_result* out = current_state()->out;
+    for (int i = 0; i < nruns; ++i) out->contribute(tensor, runs[i], adj + runs[i].pos);
   }
 };
 
-/// Records a load of shape S whose lanes are listed by `each(visit)`; returns its adjoint.
+template <class X>
+X const* copy_to_tape(tape& tp, std::vector<X> const& v) {
+  if (v.empty()) return nullptr;
+  X* p = tp.alloc<X>(v.size());
+  std::memcpy(static_cast<void*>(p), v.data(), sizeof(X) * v.size());
+  return p;
+}
+
+/// Records a load of shape S from the tensor holding `base`. `each(vec, one)` lists the lanes
+/// read: vec(pos, offset, n) for n contiguous lanes, one(pos, offset) for a single lane.
+/// Returns the load's adjoint buffer, or null when no gradient can flow through it.
 template <class T, class S, class Each>
-T* record_load(void const* base, Each&& each) {
+T* record_load(void const* base, std::source_location const& loc, Each&& each) {
   program_state* st = current_state();
   if (!st) return nullptr;
   tensor_entry const* e = st->find(base);
   if (!e) return nullptr;
+  st->out->reads |= std::uint64_t{1} << e->index;
   tape& tp = st->t;
+  if (!e->writable) { // an input: every lane reads the tensor's own value
+    if (!e->wants_grad()) return nullptr;
+    run_builder b(st->scratch);
+    each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
+         [&](int pos, std::int64_t off) { b.add(pos, off); });
+    T* adj = tp.alloc_zero<T>(S::size);
+    tp.push<load_record<T>>(adj, e->index, copy_to_tape(tp, st->scratch),
+                            static_cast<int>(st->scratch.size()), nullptr, 0);
+    return adj;
+  }
+  // A tensor the kernel may write: lane by lane, a value this program stored or the initial one.
+  thread_local std::vector<run> initial;
+  thread_local std::vector<routed_lane<T>> routed;
+  routed.clear();
+  run_builder reads(st->scratch), init(initial);
+  auto one = [&](int pos, std::int64_t off) {
+    reads.add(pos, off);
+    bool stored = false;
+    T* slot = st->stored_slot<T>(*e, off, stored);
+    if (stored) {
+      if (slot) routed.push_back({pos, slot});
+    } else if (e->wants_grad()) {
+      init.add(pos, off);
+    }
+  };
+  each([&](int pos, std::int64_t off, int n) {
+    for (int l = 0; l < n; ++l) one(pos + l, off + l);
+  }, one);
+  for (run const& r : st->scratch) st->out->accesses.push_back({access_kind::load, e->index, r, nullptr, loc});
+  if (routed.empty() && initial.empty()) return nullptr;
   T* adj = tp.alloc_zero<T>(S::size);
-  auto* rec = tp.push<load_record<T>>(adj, e->index, e->wants_grad());
-  bool const any_stored = !st->stored.empty();
-  each([&](int pos, std::int64_t off) {
-    auto it = any_stored ? st->stored.find(program_state::key(e->index, off)) : st->stored.end();
-    if (it != st->stored.end())
-      rec->lanes.push_back({pos, off, static_cast<T*>(it->second), true});
-    else if (e->wants_grad())
-      rec->lanes.push_back({pos, off, nullptr, false});
-  });
-  st->reads |= std::uint64_t{1} << e->index;
+  tp.push<load_record<T>>(adj, e->index, copy_to_tape(tp, initial), static_cast<int>(initial.size()),
+                          copy_to_tape(tp, routed), static_cast<int>(routed.size()));
   return adj;
 }
 
-/// Remembers, per stored element, the adjoint slot of the stored value (the last one wins).
+/// Records a store (or an atomic update) of the lanes `each` lists, whose values' adjoints are
+/// `adj` (null: constants).
 template <class T, class Each>
-void record_store(void const* base, T* adj, Each&& each) {
+void record_write(access_kind kind, void const* base, T* adj, std::source_location const& loc,
+                  Each&& each) {
   program_state* st = current_state();
   if (!st) return;
   tensor_entry const* e = st->find(base);
-  if (!e) return;
-  each([&](int pos, std::int64_t off) {
-    st->stored[program_state::key(e->index, off)] = adj ? static_cast<void*>(adj + pos) : nullptr;
-  });
+  if (!e || !e->stamp) return;
+  run_builder b(st->scratch);
+  each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
+       [&](int pos, std::int64_t off) { b.add(pos, off); });
+  auto& acc = st->out->accesses;
+  for (run const& r : st->scratch) {
+    std::uint64_t const stamp = st->me | acc.size();
+    acc.push_back({kind, e->index, r, adj ? static_cast<void*>(adj + r.pos) : nullptr, loc});
+    if (kind != access_kind::store) continue;
+    for (int k = 0; k < r.count; ++k)
+      std::atomic_ref<std::uint64_t>(e->stamp[r.element(k)]).store(stamp, std::memory_order_relaxed);
+  }
+}
+
+// The lanes of a pointer-tile access, as record_load / record_write want them.
+template <class S, class T, class Off, class Mask>
+auto pointer_lanes(ptr_tile<T, Off> const& fp, Mask const& mask) {
+  return [&fp, &mask](auto&& vec, auto&& one) {
+    constexpr int W = detail::access_width<std::remove_const_t<T>, Mask, detail::no_mask>;
+    detail::for_each_access<S, W>(
+        fp, mask, [&](int r, int c, std::int64_t e) { one(r * S::inner + c, e); },
+        [&](int r, int c, std::int64_t e) { vec(r * S::inner + c, e, W); });
+  };
+}
+
+template <class S, class Mask>
+auto broadcast_mask(Mask const& mask) {
+  if constexpr (std::is_same_v<Mask, detail::no_mask>)
+    return detail::no_mask{};
+  else
+    return detail::bcast<S>(mask);
 }
 
 template <class A, class Off, class Mask, class Other>
@@ -100,17 +166,8 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
   tape& tp = current_tape();
   T* v = tp.alloc<T>(S::size);
   std::memcpy(v, values.data(), sizeof(T) * S::size);
-  auto maskb = [&] {
-    if constexpr (std::is_same_v<Mask, detail::no_mask>)
-      return detail::no_mask{};
-    else
-      return detail::bcast<S>(mask);
-  }();
-  T* a = record_load<T, S>(p.base.data(), [&](auto&& visit) {
-    detail::for_each_access<S, 1>(
-        fp, maskb, [&](int r, int c, std::int64_t e) { visit(r * S::inner + c, e); },
-        [](int, int, std::int64_t) {});
-  });
+  auto const maskb = broadcast_mask<S>(mask);
+  T* a = record_load<T, S>(p.base.data(), loc, pointer_lanes<S>(fp, maskb));
   return detail::tile_t<adjoint<T>, S>::from_buffers(v, a);
 }
 
@@ -122,17 +179,35 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
   detail::store_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, loc);
-  auto maskb = [&] {
-    if constexpr (std::is_same_v<Mask, detail::no_mask>)
-      return detail::no_mask{};
-    else
-      return detail::bcast<S>(mask);
-  }();
-  record_store<T>(p.base.data(), v.adjoints(), [&](auto&& visit) {
-    detail::for_each_access<S, 1>(
-        fp, maskb, [&](int r, int c, std::int64_t e) { visit(r * S::inner + c, e); },
-        [](int, int, std::int64_t) {});
-  });
+  auto const maskb = broadcast_mask<S>(mask);
+  record_write<T>(access_kind::store, p.base.data(), v.adjoints(), loc, pointer_lanes<S>(fp, maskb));
+}
+
+/// Atomics on a tensor of adjoint<T>: the update is done on the primal values; atomic_add is
+/// differentiated (each contribution receives the output cotangent), the others are not and
+/// refuse a tensor that has a cotangent. The old values come back as constants.
+template <class A, class Off, class Val, class Mask, class F>
+auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&& f,
+                char const* what, std::source_location const& loc) {
+  using T = primal_of_t<A>;
+  using S = detail::access_shape_t<Off, Mask>;
+  bool const additive = std::string_view(what) == "atomic_add";
+  if (program_state* st = current_state()) {
+    tensor_entry const* e = st->find(p.base.data());
+    if (!additive && e && e->has_cotangent())
+      throw std::invalid_argument(std::string("tilegrad::vjp: ") + what + " on tensor '" + e->name +
+                                  "', which has a cotangent: only atomic_add is differentiated "
+                                  "(at " + detail::where_string(loc) + ")");
+  }
+  detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
+  ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
+  auto const old = detail::atomic_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, f, what, loc);
+  auto const maskb = broadcast_mask<S>(mask);
+  record_write<T>(access_kind::atomic, p.base.data(), additive ? v.adjoints() : nullptr, loc,
+                  pointer_lanes<S>(fp, maskb));
+  T* ov = current_tape().alloc<T>(S::size);
+  std::memcpy(ov, old.data(), sizeof(T) * S::size);
+  return detail::tile_t<adjoint<T>, S>::from_buffers(ov, nullptr);
 }
 
 template <class A, int... Bs>
@@ -142,13 +217,21 @@ auto primal_block(block_ptr<A, Bs...> const& bp) {
   return block_ptr<P, Bs...>(t, bp.shape(), bp.strides(), bp.offsets());
 }
 
-template <class Check, class FB, class Visit>
-void block_lanes(FB const& fbp, char const* what, std::source_location const& loc, Visit&& visit) {
-  constexpr int L = FB::shape_type::inner;
-  std::int64_t const sc = fbp.strides()[FB::rank - 1];
-  detail::for_each_block_row<Check>(fbp, what, loc, [&](int r, std::int64_t mem, int lo, int hi) {
-    for (int c = lo; c < hi; ++c) visit(r * L + c, mem + c * sc);
-  });
+// The lanes of a block access, row by row.
+template <class Check, class FB>
+auto block_lanes(FB const& fbp, char const* what, std::source_location const& loc) {
+  return [&fbp, what, &loc](auto&& vec, auto&& one) {
+    constexpr int L = FB::shape_type::inner;
+    std::int64_t const sc = fbp.strides()[FB::rank - 1];
+    detail::for_each_block_row<Check>(fbp, what, loc, [&](int r, std::int64_t mem, int lo, int hi) {
+      if (lo >= hi) return;
+      if (sc == 1) {
+        vec(r * L + lo, mem + lo, hi - lo);
+      } else {
+        for (int c = lo; c < hi; ++c) one(r * L + c, mem + c * sc);
+      }
+    });
+  };
 }
 
 template <class A, int... Bs, int... Axes>
@@ -161,9 +244,7 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...> check, pa
   tape& tp = current_tape();
   T* v = tp.alloc<T>(S::size);
   std::memcpy(v, values.data(), sizeof(T) * S::size);
-  T* a = record_load<T, S>(bp.base().data(), [&](auto&& visit) {
-    block_lanes<boundary_check<Axes...>>(fbp, "load", loc, visit);
-  });
+  T* a = record_load<T, S>(bp.base().data(), loc, block_lanes<boundary_check<Axes...>>(fbp, "load", loc));
   return tile<adjoint<T>, Bs...>::from_buffers(v, a);
 }
 
@@ -175,9 +256,8 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
   tile<adjoint<T>, Bs...> const v(value);
   auto const fbp = primal_block(bp);
   tilegrad::store(fbp, tile_ref<T, S>{{}, v.values()}, check, loc);
-  record_store<T>(bp.base().data(), v.adjoints(), [&](auto&& visit) {
-    block_lanes<boundary_check<Axes...>>(fbp, "store", loc, visit);
-  });
+  record_write<T>(access_kind::store, bp.base().data(), v.adjoints(), loc,
+                  block_lanes<boundary_check<Axes...>>(fbp, "store", loc));
 }
 
 } // namespace tilegrad::ad

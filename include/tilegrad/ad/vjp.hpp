@@ -1,13 +1,14 @@
 // vjp: reference gradients of a whole launch. The same kernel runs with adjoint<T> tensors;
 // each program records its tape, seeds the adjoints of what it stored from the output
 // cotangents, sweeps its tape backwards and drops it. Programs run in waves; after a wave their
-// gradient contributions are added in program order, so gradients are bitwise identical for
-// any thread count.
+// accesses are checked for races and their gradient contributions (runs of elements) are added
+// in program order, so gradients are bitwise identical for any thread count.
 #pragma once
 
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/expr.hpp"
 #include "tilegrad/ad/memory.hpp"
+#include "tilegrad/ad/races.hpp"
 #include "tilegrad/ad/reduce.hpp"
 #include "tilegrad/ad/tile.hpp"
 #include "tilegrad/grid/launch.hpp"
@@ -64,6 +65,20 @@ marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
   return out(name, t.view(), cot.cview());
 }
 
+/// inout("y", y, dy): the kernel reads and writes y. Elements read before any store are inputs
+/// (their gradient is wanted); dy is the cotangent of y's final values. An element no program
+/// stores passes its cotangent to its initial value.
+template <class T>
+marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t, tensor<T const> cotangent) {
+  static_assert(std::is_floating_point_v<T>, "tilegrad::inout: only float tensors");
+  return {name, t, cotangent};
+}
+template <class T>
+marked_tensor<T, ad::role::inout> inout(char const* name, owned_tensor<T>& t,
+                                        owned_tensor<T> const& cot) {
+  return inout(name, t.view(), cot.cview());
+}
+
 /// The gradients of a vjp, by tensor name.
 template <class T>
 class gradients {
@@ -118,38 +133,82 @@ struct first_float<X, Rest...> {
                                   typename float_of<X>::type, typename first_float<Rest...>::type>;
 };
 
+template <class T>
+void check_cotangent(char const* name, tensor<T> const& t, tensor<T const> const& cot) {
+  bool same = cot.rank() == t.rank();
+  for (int a = 0; same && a < t.rank(); ++a) same = cot.size(a) == t.size(a);
+  if (!same)
+    throw std::invalid_argument(std::string("tilegrad::vjp: cotangent of '") + name +
+                                "' has shape " + cot.shape_string() + ", the tensor " +
+                                t.shape_string());
+}
+
+// Calls f(offset in t, offset in u) for every element of two views of one shape.
+template <class A, class B, class F>
+void for_each_element(tensor<A> const& t, tensor<B> const& u, F&& f) {
+  extents n{1, 1, 1, 1}, st{}, su{};
+  int const r = t.rank();
+  for (int a = 0; a < r; ++a) {
+    n[static_cast<std::size_t>(4 - r + a)] = t.size(a);
+    st[static_cast<std::size_t>(4 - r + a)] = t.stride(a);
+    su[static_cast<std::size_t>(4 - r + a)] = u.stride(a);
+  }
+  for (std::int64_t i = 0; i < n[0]; ++i)
+    for (std::int64_t j = 0; j < n[1]; ++j)
+      for (std::int64_t k = 0; k < n[2]; ++k)
+        for (std::int64_t l = 0; l < n[3]; ++l)
+          f(i * st[0] + j * st[1] + k * st[2] + l * st[3], i * su[0] + j * su[1] + k * su[2] + l * su[3]);
+}
+
+/// What a vjp launch keeps per float tensor besides its entry: the per-element stamps of a
+/// tensor the kernel may write, and the cotangent laid out like the tensor where it is not.
+template <class T>
+struct tensor_shadow {
+  std::unique_ptr<std::uint64_t[]> stamp;
+  std::unique_ptr<T[]> cotangent;
+};
+
 template <class X, class T>
-void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::string>& names) {
+void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::string>& names,
+               std::vector<tensor_shadow<T>>& shadows) {
   using D = std::remove_cvref_t<X>;
-  auto push = [&](auto const& t, role r, void const* cot, char const* name) {
+  auto push = [&](auto const& t, role r, bool writable, tensor<T const> const* cot, char const* name) {
     tensor_entry e;
+    std::int64_t const span = t.numel() == 0 ? 0 : t.span();
     e.lo = reinterpret_cast<std::byte const*>(t.data());
-    e.hi = e.lo + (t.numel() == 0 ? 0 : t.span()) * static_cast<std::int64_t>(sizeof(T));
+    e.hi = e.lo + span * static_cast<std::int64_t>(sizeof(T));
     e.index = static_cast<int>(entries.size());
     e.r = r;
-    e.cotangent = cot;
+    e.writable = writable;
     e.name = name;
+    e.layout = tensor<std::byte const>(e.lo, t.rank(), t.shape(), t.strides(), name);
+    tensor_shadow<T> sh;
+    if (writable) {
+      sh.stamp = std::make_unique<std::uint64_t[]>(static_cast<std::size_t>(span));
+      e.stamp = sh.stamp.get();
+    }
+    if (cot) {
+      if (cot->strides() == t.strides()) {
+        e.cotangent = cot->data();
+      } else { // lay the cotangent out like the tensor, so an element's offset finds it
+        sh.cotangent = std::make_unique<T[]>(static_cast<std::size_t>(span));
+        for_each_element(t, *cot, [&](std::int64_t o, std::int64_t c) { sh.cotangent[o] = cot->data()[c]; });
+        e.cotangent = sh.cotangent.get();
+      }
+    }
     entries.push_back(e);
+    shadows.push_back(std::move(sh));
     names.emplace_back(name);
   };
   if constexpr (std::is_same_v<typename float_of<D>::type, T>) {
     if constexpr (requires { x.cotangent; }) {
-      if (x.r == role::out || x.r == role::inout) {
-        if (x.cotangent.rank() != x.t.rank())
-          throw std::invalid_argument(std::string("tilegrad::vjp: cotangent of '") + x.name +
-                                      "' has rank " + std::to_string(x.cotangent.rank()) +
-                                      ", the tensor " + std::to_string(x.t.rank()));
-        for (int a = 0; a < x.t.rank(); ++a)
-          if (x.cotangent.size(a) != x.t.size(a))
-            throw std::invalid_argument(std::string("tilegrad::vjp: cotangent of '") + x.name +
-                                        "' has shape " + x.cotangent.shape_string() +
-                                        ", the tensor " + x.t.shape_string());
-      }
-      push(x.t, x.r, x.cotangent.data(), x.name);
+      bool const cot = x.r == role::out || x.r == role::inout;
+      if (cot) check_cotangent(x.name, x.t, x.cotangent);
+      push(x.t, x.r, x.r != role::in, cot ? &x.cotangent : nullptr, x.name);
     } else if constexpr (requires { x.view(); }) {
-      push(x.view(), role::passive, nullptr, x.name());
+      push(x.view(), role::passive, true, nullptr, x.name());
     } else {
-      push(x, role::passive, nullptr, x.name());
+      push(x, role::passive, !std::is_const_v<typename D::element_type>, nullptr, x.name());
     }
   }
 }
@@ -178,11 +237,53 @@ auto convert_arg(X const& x) {
   }
 }
 
+/// After a program's forward pass: the value it stored last at each element of a tensor with a
+/// cotangent, and each of its atomic_add contributions there, receive the cotangent.
+template <class T>
+void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entries) {
+  auto const& acc = st.out->accesses;
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    access const& a = acc[i];
+    if (a.kind == access_kind::load || !a.adj) continue;
+    tensor_entry const& e = entries[static_cast<std::size_t>(a.tensor)];
+    if (!e.has_cotangent()) continue;
+    T const* cot = static_cast<T const*>(e.cotangent);
+    T* adj = static_cast<T*>(a.adj);
+    if (a.kind == access_kind::atomic) {
+      for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
+      continue;
+    }
+    std::uint64_t const stamp = st.me | i;
+    for (int k = 0; k < a.r.count; ++k) {
+      std::int64_t const el = a.r.element(k);
+      bool const last = a.r.step != 0 || k == a.r.count - 1;
+      if (last && std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed) == stamp)
+        adj[k] += cot[el];
+    }
+  }
+}
+
+/// Adds one program's gradient contributions to the gradients.
+template <class T>
+void apply_contributions(program_result const& res, std::vector<T*> const& grad_of) {
+  for (segment const& s : res.segments) {
+    T* g = grad_of[static_cast<std::size_t>(s.tensor)];
+    T const* v = reinterpret_cast<T const*>(res.values.get() + s.at);
+    if (s.r.step == 1) {
+      T* d = g + s.r.offset;
+      for (int k = 0; k < s.r.count; ++k) d[k] += v[k];
+    } else {
+      for (int k = 0; k < s.r.count; ++k) g[s.r.element(k)] += v[k];
+    }
+  }
+}
+
 } // namespace ad
 
-/// Gradients of the launch `kernel` over `g` with respect to the tensors marked `in`, for the
-/// cotangents given with the tensors marked `out`. Unmarked float tensors are passive;
-/// integer tensors and numbers pass through.
+/// Gradients of the launch `kernel` over `g` with respect to the tensors marked `in` (and
+/// `inout`), for the cotangents given with the tensors marked `out` (and `inout`). Unmarked
+/// float tensors are passive; integer tensors and numbers pass through. Throws race_error when
+/// two programs write one element, or one reads what another writes.
 template <class Kernel, class... Args>
 auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
   using T = typename ad::first_float<std::remove_cvref_t<Args>...>::type;
@@ -190,44 +291,39 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
 
   std::vector<ad::tensor_entry> entries;
   std::vector<std::string> names;
-  (ad::add_entry<Args, T>(args, entries, names), ...);
+  std::vector<ad::tensor_shadow<T>> shadows;
+  (ad::add_entry<Args, T>(args, entries, names, shadows), ...);
   for (std::size_t i = 0; i < names.size(); ++i)
     for (std::size_t j = i + 1; j < names.size(); ++j)
       if (!names[i].empty() && names[i] == names[j])
         throw std::invalid_argument("tilegrad::vjp: the name '" + names[i] + "' is given twice");
   if (entries.size() > 63) throw std::invalid_argument("tilegrad::vjp: at most 63 float tensors");
+  if (g.size() >= 0x7fffffff) throw std::invalid_argument("tilegrad::vjp: grid too large");
 
   gradients<T> result;
   std::vector<T*> grad_of(entries.size(), nullptr);
-  auto make_grad = [&](auto const& x) {
-    using D = std::remove_cvref_t<decltype(x)>;
-    if constexpr (requires { x.cotangent; } && std::is_same_v<typename ad::float_of<D>::type, T>) {
-      if (x.r == ad::role::in || x.r == ad::role::inout) {
-        if (!x.t.is_contiguous())
-          throw std::invalid_argument(std::string("tilegrad::vjp: '") + x.name +
-                                      "' must be contiguous");
-        auto [it, ok] = result.grads_.emplace(
-            x.name, owned_tensor<T>(x.t.shape().data(), static_cast<std::size_t>(x.t.rank()),
-                                    x.name));
-        (void)ok;
-        for (auto& e : entries)
-          if (e.name == x.name) grad_of[static_cast<std::size_t>(e.index)] = it->second.data();
-      }
-    }
-  };
-  (make_grad(args), ...);
+  for (auto& e : entries) {
+    if (!e.wants_grad()) continue;
+    if (!e.layout.is_contiguous())
+      throw std::invalid_argument(std::string("tilegrad::vjp: '") + e.name + "' must be contiguous");
+    auto [it, ok] = result.grads_.emplace(
+        e.name, owned_tensor<T>(e.layout.shape().data(), static_cast<std::size_t>(e.layout.rank()), e.name));
+    (void)ok;
+    grad_of[static_cast<std::size_t>(e.index)] = it->second.data();
+  }
 
   auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
   std::int64_t const total = g.size();
   int const threads = opts.num_threads > 0 ? opts.num_threads : 64;
   std::int64_t const wave = std::max<std::int64_t>(64, 4 * threads);
-  std::uint64_t reads = 0;
+  std::vector<ad::program_result> results(static_cast<std::size_t>(std::min(wave, total)));
+  ad::race_checker races(entries, g);
   std::size_t peak = 0;
+  std::uint64_t reads = 0;
   std::mutex merge;
 
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
     std::int64_t const n = std::min(wave, total - w0);
-    std::vector<std::vector<ad::contribution>> results(static_cast<std::size_t>(n));
     launch(opts, static_cast<int>(n), [&](program const& local) {
       std::int64_t const lin = w0 + local.program_id(0);
       int const x = static_cast<int>(lin % g.dims[0]);
@@ -236,36 +332,41 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       program const p({x, y, z}, g.dims);
       detail::program_scope scope(p);
       thread_local ad::program_state state;
+      ad::program_result& res = results[static_cast<std::size_t>(local.program_id(0))];
+      res.clear();
       state.reset();
       state.tensors = &entries;
+      state.out = &res;
+      state.me = static_cast<std::uint64_t>(lin + 1) << 32;
       ad::program_state* saved = ad::current_state();
       ad::current_state() = &state;
       try {
         std::apply([&](auto&... a) { kernel(p, a...); }, converted);
-        // Seed: the value stored last at each element of an output receives its cotangent.
-        for (auto const& [key, slot] : state.stored) {
-          if (!slot) continue;
-          int const t = static_cast<int>(key >> 48);
-          auto const& e = entries[static_cast<std::size_t>(t)];
-          if (e.r != ad::role::out && e.r != ad::role::inout) continue;
-          std::int64_t const off = static_cast<std::int64_t>(key & ((std::uint64_t{1} << 48) - 1));
-          *static_cast<T*>(slot) += static_cast<T const*>(e.cotangent)[off];
-        }
+        ad::seed_outputs<T>(state, entries);
         state.t.sweep();
       } catch (...) {
         ad::current_state() = saved;
         throw;
       }
       ad::current_state() = saved;
-      results[static_cast<std::size_t>(local.program_id(0))] = std::move(state.contributions);
-      state.contributions.clear();
       std::lock_guard<std::mutex> lock(merge);
-      reads |= state.reads;
       peak = std::max(peak, state.t.peak());
     });
-    // Program order, element by element: deterministic whatever ran where.
-    for (auto const& r : results)
-      for (auto const& c : r) grad_of[static_cast<std::size_t>(c.tensor)][c.offset] += static_cast<T>(c.value);
+    // Program order: the same race reported, the same sums formed, whatever ran where.
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto const& res = results[static_cast<std::size_t>(i)];
+      races.add(w0 + i, res.accesses);
+      reads |= res.reads;
+      ad::apply_contributions<T>(res, grad_of);
+    }
+  }
+  // inout: an element no program stored keeps its value, so its cotangent reaches the input.
+  for (auto const& e : entries) {
+    if (e.r != ad::role::inout) continue;
+    T* gr = grad_of[static_cast<std::size_t>(e.index)];
+    T const* cot = static_cast<T const*>(e.cotangent);
+    for (std::int64_t el = 0; el < e.layout.numel(); ++el)
+      if (!races.stored(e.index, el)) gr[el] += cot[el];
   }
   for (auto const& e : entries)
     if (e.wants_grad() && !(reads & (std::uint64_t{1} << e.index))) result.unread_.emplace_back(e.name);

@@ -111,6 +111,9 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
 template <class A, class Off, class Val, class Mask>
 void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
                std::source_location const& loc);
+template <class A, class Off, class Val, class Mask, class F>
+auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&& f,
+                char const* what, std::source_location const& loc);
 } // namespace ad
 
 namespace detail {
@@ -360,9 +363,9 @@ template <class T, class Off, class Val, class Mask, class F>
 auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
                  char const* what, std::source_location const& loc) {
   static_assert(!std::is_const_v<T>, "tilegrad: atomic on a const tensor");
-  static_assert(!adjoint_scalar<T>,
-                "tilegrad: atomics are not differentiated yet (reverse mode supports loads and "
-                "stores)");
+  if constexpr (adjoint_scalar<T>) {
+    return ad::atomic_ptr(p, val_in, mask_in, std::forward<F>(f), what, loc);
+  } else {
   static_assert(std::is_arithmetic_v<T>,
                 "tilegrad: atomics work on float, double and integer tensors");
   using S = access_shape_t<Off, Mask>;
@@ -384,6 +387,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
       },
       [](int, int, std::int64_t) {});
   return old;
+  }
 }
 
 template <class T>
@@ -429,6 +433,8 @@ template <class T, class Off, class C, class V>
   requires(tile_expression<C> || scalar_operand<C>) && (tile_expression<V> || scalar_operand<V>)
 auto atomic_cas(ptr_tile<T, Off> const& p, C&& cmp, V&& value,
                 std::source_location loc = std::source_location::current()) {
+  static_assert(!adjoint_scalar<T>, "tilegrad: atomic_cas has no reverse mode (use it on integer "
+                                    "tensors, which stay integers in every mode)");
   using S = shape_of_t<Off>;
   auto c = detail::bcast<S>(detail::convert_as<T>(detail::as_node(std::forward<C>(cmp))));
   // Pair each lane's compare value with its new value through the lane index.
