@@ -29,7 +29,8 @@ struct tensor_entry {
   char const* name = "";
   tensor<std::byte const> layout;       // shape and strides, for naming elements in messages
   void const* cotangent = nullptr;      // out / inout: indexed by the tensor's element offset
-  std::uint64_t* stamp = nullptr;       // writable: (program + 1) << 32 | its last store there
+  std::uint64_t* stamp = nullptr;       // writable: (program + 1) << 32 | its last write there
+  std::uint64_t* readers = nullptr;     // writable, once loaded: the first two readers + 1
   bool wants_grad() const { return r == role::in || r == role::inout; }
   bool has_cotangent() const { return r == role::out || r == role::inout; }
 };
@@ -138,6 +139,10 @@ struct program_state {
   std::vector<tensor_entry> const* tensors = nullptr;
   program_result* out = nullptr;
   std::uint64_t me = 0; // this program's stamp: (linear program id + 1) << 32
+  // Programs before this one in program order ran in earlier waves (ids + 1 up to this one):
+  // a conflict with them is reported at once; conflicts within a wave after it, in program order.
+  std::uint32_t earlier_waves = 0;
+  bool earlier(std::uint32_t id) const { return id != 0 && id <= earlier_waves; }
   std::vector<run> scratch;
 
   /// The tensor whose memory holds address p (null for memory of no vjp tensor).
@@ -149,14 +154,13 @@ struct program_state {
     return nullptr;
   }
 
-  /// The adjoint slot of the value this program stored last at element off of e, if it did;
-  /// `stored` tells whether it did (the slot is null when it stored a constant).
+  /// The adjoint slot of the value this program stored last at an element whose stamp is s,
+  /// if it did (`stored`); the slot is null when it stored a constant.
   template <class T>
-  T* stored_slot(tensor_entry const& e, std::int64_t off, bool& stored) const {
-    std::uint64_t const s = std::atomic_ref<std::uint64_t>(e.stamp[off]).load(std::memory_order_relaxed);
-    stored = (s & ~std::uint64_t{0xffffffff}) == me;
+  T* stored_slot(std::uint64_t s, std::int64_t off, bool& stored) const {
+    stored = (s & ~std::uint64_t{0xffffffff}) == me && !(s & (std::uint64_t{1} << 31));
     if (!stored) return nullptr;
-    access const& a = out->accesses[s & 0xffffffff];
+    access const& a = out->accesses[s & 0x7fffffff];
     if (!a.adj) return nullptr;
     int const k = a.r.step == 0 ? a.r.count - 1 : static_cast<int>((off - a.r.offset) / a.r.step);
     return static_cast<T*>(a.adj) + k;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/races.hpp"
 #include "tilegrad/ad/tile.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/pointer.hpp"
@@ -55,6 +56,13 @@ struct load_record final : record {
   }
 };
 
+/// The grid of the running launch, for naming programs in messages.
+inline std::array<int, 3> launch_dims() {
+  program const* p = detail::current_program();
+  return p ? std::array<int, 3>{p->num_programs(0), p->num_programs(1), p->num_programs(2)}
+           : std::array<int, 3>{1, 1, 1};
+}
+
 template <class X>
 X const* copy_to_tape(tape& tp, std::vector<X> const& v) {
   if (v.empty()) return nullptr;
@@ -89,10 +97,15 @@ T* record_load(void const* base, std::source_location const& loc, Each&& each) {
   thread_local std::vector<routed_lane<T>> routed;
   routed.clear();
   run_builder reads(st->scratch), init(initial);
+  auto const me = static_cast<std::uint32_t>(st->me >> 32);
   auto one = [&](int pos, std::int64_t off) {
     reads.add(pos, off);
+    std::uint64_t const s = std::atomic_ref<std::uint64_t>(e->stamp[off]).load(std::memory_order_relaxed);
+    if (st->earlier(stamp_program(s)))
+      race(*e, off, me, stamp_program(s), "loads",
+           s & atomic_stamp ? "updates it atomically" : "stores it", loc, launch_dims());
     bool stored = false;
-    T* slot = st->stored_slot<T>(*e, off, stored);
+    T* slot = st->stored_slot<T>(s, off, stored);
     if (stored) {
       if (slot) routed.push_back({pos, slot});
     } else if (e->wants_grad()) {
@@ -110,6 +123,27 @@ T* record_load(void const* base, std::source_location const& loc, Each&& each) {
   return adj;
 }
 
+/// The slow path of a write that may race with a program of an earlier wave: finds the
+/// element and throws. (Programs of the same wave are checked after it, in program order.)
+inline void check_write(program_state const& st, tensor_entry const& e, run const& r, bool atomic,
+                        std::source_location const& loc) {
+  auto const me = static_cast<std::uint32_t>(st.me >> 32);
+  for (int k = 0; k < r.count; ++k) {
+    std::int64_t const el = r.element(k);
+    std::uint64_t const old = std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed);
+    if (st.earlier(stamp_program(old))) {
+      bool const old_atomic = (old & atomic_stamp) != 0;
+      if (atomic && !old_atomic)
+        race(e, el, me, stamp_program(old), "updates atomically", "stores it", loc, launch_dims());
+      if (!atomic && (old_atomic || stamp_program(old) != me))
+        race(e, el, me, stamp_program(old), "stores",
+             old_atomic ? "updates it atomically" : "stores it too", loc, launch_dims());
+    }
+    if (std::uint32_t const rd = other_reader(e, el, atomic ? 0 : me))
+      race(e, el, me, rd, atomic ? "updates atomically" : "stores", "loads it", loc, launch_dims());
+  }
+}
+
 /// Records a store (or an atomic update) of the lanes `each` lists, whose values' adjoints are
 /// `adj` (null: constants).
 template <class T, class Each>
@@ -123,10 +157,19 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
   each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
        [&](int pos, std::int64_t off) { b.add(pos, off); });
   auto& acc = st->out->accesses;
+  bool const atomic = kind == access_kind::atomic;
   for (run const& r : st->scratch) {
-    std::uint64_t const stamp = st->me | acc.size();
+    std::uint64_t const stamp = st->me | acc.size() | (atomic ? atomic_stamp : 0);
     acc.push_back({kind, e->index, r, adj ? static_cast<void*>(adj + r.pos) : nullptr, loc});
-    if (kind != access_kind::store) continue;
+    // A store may overwrite only its own program's stores, an atomic only atomics; the slow
+    // path reports a conflict with an earlier wave (the wave's own are checked after it).
+    std::uint64_t const allowed = atomic ? 0 : st->me >> 31;
+    bool bad = false;
+    for (int k = 0; k < r.count; ++k) {
+      std::uint64_t const old = std::atomic_ref<std::uint64_t>(e->stamp[r.element(k)]).load(std::memory_order_relaxed);
+      bad |= atomic ? old != 0 && !(old & atomic_stamp) : (old >> 31) != 0 && (old >> 31) != allowed;
+    }
+    if (bad || e->readers) check_write(*st, *e, r, atomic, loc);
     for (int k = 0; k < r.count; ++k)
       std::atomic_ref<std::uint64_t>(e->stamp[r.element(k)]).store(stamp, std::memory_order_relaxed);
   }

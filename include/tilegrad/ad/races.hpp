@@ -2,16 +2,23 @@
 // a program reading an element another program writes, or an element both stored and updated
 // atomically. Triton leaves these undefined; the reverse sweep of one program at a time would
 // silently get them wrong, so they are errors naming both programs, the tensor and the element.
-// The check walks each program's accesses in program order after its wave ran, so the error a
-// racy kernel gets is the same for any thread count.
+//
+// Every element of a tensor the kernel may write carries a stamp: the program that wrote it
+// last (and which of its accesses). A program checks the stamps it overwrites as it writes
+// (this catches programs of earlier waves); after a wave, each program's accesses are checked
+// against the final stamps in program order (this catches programs of the same wave, whatever
+// their timing). Readers are registered after each wave, so a later store can name them.
 #pragma once
 
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/checked.hpp"
 
+#include <array>
+#include <atomic>
 #include <cstdint>
-#include <memory>
+#include <cstdlib>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -24,7 +31,7 @@ public:
              std::string element, std::source_location where)
       : access_error(what, std::move(program), std::move(tensor), std::move(element), where),
         other_(std::move(other)) {}
-  /// The program that touched the element first (in program order).
+  /// The other program of the pair.
   std::string const& other_program() const { return other_; }
 
 private:
@@ -33,101 +40,104 @@ private:
 
 namespace ad {
 
-class race_checker {
-public:
-  race_checker(std::vector<tensor_entry> const& entries, grid g) : entries_(entries), grid_(g) {
-    own_.resize(entries.size());
-    for (auto const& e : entries) {
-      if (!e.writable) continue;
-      auto const n = static_cast<std::size_t>(e.layout.span());
-      own_[static_cast<std::size_t>(e.index)].writer = std::make_unique<std::uint32_t[]>(n);
-      own_[static_cast<std::size_t>(e.index)].reader = std::make_unique<std::uint64_t[]>(n);
-    }
-  }
+inline constexpr std::uint64_t atomic_stamp = std::uint64_t{1} << 31;
 
-  /// The accesses of program `pid` (linear id), in the order it made them.
-  void add(std::int64_t pid, std::vector<access> const& accesses) {
-    auto const me = static_cast<std::uint32_t>(pid + 1);
-    for (access const& a : accesses) {
-      ownership& o = own_[static_cast<std::size_t>(a.tensor)];
+inline std::uint32_t stamp_program(std::uint64_t s) { return static_cast<std::uint32_t>(s >> 32); }
+
+/// The other program reading element el (besides `me`), 0 if none.
+inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::uint32_t me) {
+  if (!e.readers) return 0;
+  std::uint64_t const rd = e.readers[el];
+  auto const first = static_cast<std::uint32_t>(rd), second = static_cast<std::uint32_t>(rd >> 32);
+  return first && first != me ? first : second && second != me ? second : 0;
+}
+
+[[noreturn]] inline void race(tensor_entry const& e, std::int64_t el, std::uint32_t me,
+                              std::uint32_t other, char const* mine, char const* theirs,
+                              std::source_location const& loc, std::array<int, 3> dims) {
+  auto describe = [&](std::uint32_t id) {
+    std::int64_t const lin = static_cast<std::int64_t>(id) - 1;
+    int const x = static_cast<int>(lin % dims[0]);
+    int const y = static_cast<int>((lin / dims[0]) % dims[1]);
+    int const z = static_cast<int>(lin / (std::int64_t{dims[0]} * dims[1]));
+    return program({x, y, z}, dims).describe();
+  };
+  std::string const elem = e.layout.coordinates(el);
+  std::string const p = describe(me), q = describe(other);
+  std::string const msg =
+      "tilegrad::vjp: race on tensor " + detail::tensor_label(e.name) + ", element " + elem + ": " +
+      p + " " + mine + " it at " + detail::where_string(loc) + ", and " +
+      (other == me ? std::string("the same program") : q) + " " + theirs +
+      ". Within one launch each element is written by one program (or only accumulated with "
+      "atomic_add), and no program reads what another writes.";
+  throw race_error(msg, p, q, e.name, elem, loc);
+}
+
+/// Zeroed memory for n stamps; pages the kernel never touches cost nothing.
+struct stamp_buffer {
+  std::uint64_t* p = nullptr;
+  explicit stamp_buffer(std::size_t n) {
+    if (n == 0) return;
+    p = static_cast<std::uint64_t*>(std::calloc(n, sizeof(std::uint64_t)));
+    if (!p) throw std::bad_alloc();
+  }
+  stamp_buffer(stamp_buffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+  stamp_buffer& operator=(stamp_buffer&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  ~stamp_buffer() { std::free(p); }
+};
+
+/// After a wave: checks one program's accesses against the final stamps, and registers its
+/// loads of tensors the kernel may write. Programs are given in program order.
+inline void check_wave_program(std::vector<tensor_entry>& entries, std::vector<stamp_buffer>& readers,
+                               std::int64_t pid, std::vector<access> const& accesses,
+                               std::array<int, 3> dims) {
+  auto const me = static_cast<std::uint32_t>(pid + 1);
+  for (access const& a : accesses) {
+    tensor_entry& e = entries[static_cast<std::size_t>(a.tensor)];
+    auto stamp = [&](int k) {
+      return std::atomic_ref<std::uint64_t>(e.stamp[a.r.element(k)]).load(std::memory_order_relaxed);
+    };
+    switch (a.kind) {
+    case access_kind::store: {
+      bool bad = false; // every element still carries one of this program's stores
+      for (int k = 0; k < a.r.count; ++k) bad |= (stamp(k) >> 31) != (std::uint64_t{me} << 1);
+      if (!bad) break;
+      for (int k = 0; k < a.r.count; ++k)
+        if (std::uint64_t const s = stamp(k); stamp_program(s) != me || (s & atomic_stamp))
+          race(e, a.r.element(k), me, stamp_program(s), "stores",
+               s & atomic_stamp ? "updates it atomically" : "stores it too", a.loc, dims);
+      break;
+    }
+    case access_kind::atomic:
+      for (int k = 0; k < a.r.count; ++k)
+        if (std::uint64_t const s = stamp(k); !(s & atomic_stamp))
+          race(e, a.r.element(k), me, stamp_program(s), "updates atomically", "stores it", a.loc, dims);
+      break;
+    case access_kind::load:
+      if (!e.readers) {
+        readers[static_cast<std::size_t>(a.tensor)] = stamp_buffer(static_cast<std::size_t>(e.layout.span()));
+        e.readers = readers[static_cast<std::size_t>(a.tensor)].p;
+      }
       for (int k = 0; k < a.r.count; ++k) {
         std::int64_t const el = a.r.element(k);
-        std::uint32_t& w = o.writer[el];
-        std::uint64_t& rd = o.reader[el];
-        std::uint32_t const writer = w & ~atomic_bit;
-        switch (a.kind) {
-        case access_kind::load:
-          if (w & atomic_bit) fail(a, el, me, writer, "loads", "updates it atomically");
-          if (writer && writer != me) fail(a, el, me, writer, "loads", "stores it");
-          note_reader(rd, me);
-          break;
-        case access_kind::store:
-          if (w & atomic_bit) fail(a, el, me, writer, "stores", "updates it atomically");
-          if (writer && writer != me) fail(a, el, me, writer, "stores", "stores it too");
-          if (std::uint32_t const r = other_reader(rd, me)) fail(a, el, me, r, "stores", "loads it");
-          w = me;
-          break;
-        case access_kind::atomic:
-          if (writer && !(w & atomic_bit)) fail(a, el, me, writer, "updates atomically", "stores it");
-          if (std::uint32_t const r = any_reader(rd)) fail(a, el, me, r, "updates atomically", "loads it");
-          if (!writer) w = me | atomic_bit;
-          break;
-        }
+        std::uint64_t const s = stamp(k);
+        if (s & atomic_stamp) race(e, el, me, stamp_program(s), "loads", "updates it atomically", a.loc, dims);
+        if (stamp_program(s) && stamp_program(s) != me)
+          race(e, el, me, stamp_program(s), "loads", "stores it", a.loc, dims);
+        std::uint64_t& rd = e.readers[el];
+        auto const first = static_cast<std::uint32_t>(rd);
+        if (!first)
+          rd = me;
+        else if (first != me && !(rd >> 32))
+          rd |= std::uint64_t{me} << 32;
       }
+      break;
     }
   }
-
-  /// Whether element `el` of tensor t was stored (non-atomically) by some program.
-  bool stored(int t, std::int64_t el) const {
-    auto const& o = own_[static_cast<std::size_t>(t)];
-    return o.writer && o.writer[el] != 0 && !(o.writer[el] & atomic_bit);
-  }
-
-private:
-  static constexpr std::uint32_t atomic_bit = 0x80000000u;
-  struct ownership {
-    std::unique_ptr<std::uint32_t[]> writer; // program + 1 (atomic_bit: updated atomically)
-    std::unique_ptr<std::uint64_t[]> reader; // first reader + 1, and a second one in the high half
-  };
-
-  static void note_reader(std::uint64_t& rd, std::uint32_t me) {
-    auto const first = static_cast<std::uint32_t>(rd);
-    if (!first)
-      rd = me;
-    else if (first != me && !(rd >> 32))
-      rd |= std::uint64_t{me} << 32;
-  }
-  static std::uint32_t other_reader(std::uint64_t rd, std::uint32_t me) {
-    auto const first = static_cast<std::uint32_t>(rd), second = static_cast<std::uint32_t>(rd >> 32);
-    return first && first != me ? first : second && second != me ? second : 0;
-  }
-  static std::uint32_t any_reader(std::uint64_t rd) { return static_cast<std::uint32_t>(rd); }
-
-  std::string describe(std::uint32_t id) const {
-    std::int64_t const lin = static_cast<std::int64_t>(id) - 1;
-    int const x = static_cast<int>(lin % grid_.dims[0]);
-    int const y = static_cast<int>((lin / grid_.dims[0]) % grid_.dims[1]);
-    int const z = static_cast<int>(lin / (std::int64_t{grid_.dims[0]} * grid_.dims[1]));
-    return program({x, y, z}, grid_.dims).describe();
-  }
-
-  [[noreturn]] void fail(access const& a, std::int64_t el, std::uint32_t me, std::uint32_t other,
-                         char const* mine, char const* theirs) const {
-    tensor_entry const& e = entries_[static_cast<std::size_t>(a.tensor)];
-    std::string const elem = e.layout.coordinates(el);
-    std::string const p = describe(me), q = describe(other);
-    std::string msg = "tilegrad::vjp: race on tensor " + detail::tensor_label(e.name) + ", element " +
-                      elem + ": " + p + " " + mine + " it at " + detail::where_string(a.loc) +
-                      ", and " + (other == me ? std::string("the same program") : q) + " " + theirs +
-                      ". Within one launch each element is written by one program (or only "
-                      "accumulated with atomic_add), and no program reads what another writes.";
-    throw race_error(msg, p, q, e.name, elem, a.loc);
-  }
-
-  std::vector<tensor_entry> const& entries_;
-  grid grid_;
-  std::vector<ownership> own_;
-};
+}
 
 } // namespace ad
 } // namespace tilegrad

@@ -164,7 +164,7 @@ void for_each_element(tensor<A> const& t, tensor<B> const& u, F&& f) {
 /// tensor the kernel may write, and the cotangent laid out like the tensor where it is not.
 template <class T>
 struct tensor_shadow {
-  std::unique_ptr<std::uint64_t[]> stamp;
+  stamp_buffer stamp{0};
   std::unique_ptr<T[]> cotangent;
 };
 
@@ -184,8 +184,8 @@ void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::
     e.layout = tensor<std::byte const>(e.lo, t.rank(), t.shape(), t.strides(), name);
     tensor_shadow<T> sh;
     if (writable) {
-      sh.stamp = std::make_unique<std::uint64_t[]>(static_cast<std::size_t>(span));
-      e.stamp = sh.stamp.get();
+      sh.stamp = stamp_buffer(static_cast<std::size_t>(span));
+      e.stamp = sh.stamp.p;
     }
     if (cot) {
       if (cot->strides() == t.strides()) {
@@ -254,11 +254,11 @@ void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entr
       continue;
     }
     std::uint64_t const stamp = st.me | i;
-    for (int k = 0; k < a.r.count; ++k) {
+    int const k0 = a.r.step == 0 ? a.r.count - 1 : 0; // one element n times: the last lane wins
+    for (int k = k0; k < a.r.count; ++k) {
       std::int64_t const el = a.r.element(k);
-      bool const last = a.r.step != 0 || k == a.r.count - 1;
-      if (last && std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed) == stamp)
-        adj[k] += cot[el];
+      bool const last = std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed) == stamp;
+      adj[k] += last ? cot[el] : T(0);
     }
   }
 }
@@ -316,14 +316,23 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   std::int64_t const total = g.size();
   int const threads = opts.num_threads > 0 ? opts.num_threads : 64;
   std::int64_t const wave = std::max<std::int64_t>(64, 4 * threads);
-  std::vector<ad::program_result> results(static_cast<std::size_t>(std::min(wave, total)));
-  ad::race_checker races(entries, g);
+  // Per-program results live as long as the calling thread, so their buffers are reused.
+  thread_local std::vector<ad::program_result> pool;
+  if (pool.size() < static_cast<std::size_t>(std::min(wave, total)))
+    pool.resize(static_cast<std::size_t>(std::min(wave, total)));
+  std::vector<ad::program_result>& results = pool;
+  std::vector<ad::stamp_buffer> readers;
+  for (std::size_t i = 0; i < entries.size(); ++i) readers.emplace_back(0);
   std::size_t peak = 0;
   std::uint64_t reads = 0;
   std::mutex merge;
+  std::vector<char> done(static_cast<std::size_t>(std::min(wave, total)));
 
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
     std::int64_t const n = std::min(wave, total - w0);
+    std::fill(done.begin(), done.end(), 0);
+    std::int64_t next = 0; // the next program whose contributions are added
+    bool applying = false;
     launch(opts, static_cast<int>(n), [&](program const& local) {
       std::int64_t const lin = w0 + local.program_id(0);
       int const x = static_cast<int>(lin % g.dims[0]);
@@ -338,6 +347,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       state.tensors = &entries;
       state.out = &res;
       state.me = static_cast<std::uint64_t>(lin + 1) << 32;
+      state.earlier_waves = static_cast<std::uint32_t>(w0);
       ad::program_state* saved = ad::current_state();
       ad::current_state() = &state;
       try {
@@ -349,15 +359,34 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
         throw;
       }
       ad::current_state() = saved;
-      std::lock_guard<std::mutex> lock(merge);
-      peak = std::max(peak, state.t.peak());
+      // Contributions are added in program order, as soon as every earlier program of the
+      // wave is done: the same sums whatever ran where, while they are still in cache.
+      // One thread at a time adds, taking programs in order; the others go on running programs.
+      {
+        std::lock_guard<std::mutex> lock(merge);
+        peak = std::max(peak, state.t.peak());
+        done[static_cast<std::size_t>(local.program_id(0))] = 1;
+        if (applying) return;
+        applying = true;
+      }
+      for (;;) {
+        std::int64_t take = 0;
+        {
+          std::lock_guard<std::mutex> lock(merge);
+          if (next == n || !done[static_cast<std::size_t>(next)]) {
+            applying = false;
+            return;
+          }
+          take = next++;
+        }
+        ad::apply_contributions<T>(results[static_cast<std::size_t>(take)], grad_of);
+      }
     });
-    // Program order: the same race reported, the same sums formed, whatever ran where.
+    // Races: each program's accesses against the wave's final stamps, in program order.
     for (std::int64_t i = 0; i < n; ++i) {
       auto const& res = results[static_cast<std::size_t>(i)];
-      races.add(w0 + i, res.accesses);
+      ad::check_wave_program(entries, readers, w0 + i, res.accesses, g.dims);
       reads |= res.reads;
-      ad::apply_contributions<T>(res, grad_of);
     }
   }
   // inout: an element no program stored keeps its value, so its cotangent reaches the input.
@@ -365,8 +394,10 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     if (e.r != ad::role::inout) continue;
     T* gr = grad_of[static_cast<std::size_t>(e.index)];
     T const* cot = static_cast<T const*>(e.cotangent);
-    for (std::int64_t el = 0; el < e.layout.numel(); ++el)
-      if (!races.stored(e.index, el)) gr[el] += cot[el];
+    for (std::int64_t el = 0; el < e.layout.numel(); ++el) {
+      std::uint64_t const s = e.stamp[el];
+      if (s == 0 || (s & ad::atomic_stamp)) gr[el] += cot[el];
+    }
   }
   for (auto const& e : entries)
     if (e.wants_grad() && !(reads & (std::uint64_t{1} << e.index))) result.unread_.emplace_back(e.name);

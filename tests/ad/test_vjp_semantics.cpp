@@ -1,0 +1,300 @@
+// vjp memory semantics beyond plain loads and stores: atomic_add, inout tensors, reduction ties,
+// `while` and early `return`, and races between programs (deliberately racy kernels), each
+// against a closed form or the error it must raise.
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/tensors.hpp"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace tg = tilegrad;
+using test_support::fill;
+
+namespace {
+
+constexpr int B = 8; // rows per program
+
+// y[j] += sum over this program's rows i of x[i, j]^2, accumulated with atomic_add.
+auto const square_sum_atomic = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                           tg::tensor<T> y) {
+  auto const r = p.program_id(0) * std::int64_t{B} + tg::arange<0, B>();
+  auto const c = tg::arange<0, 16>();
+  auto const m = tg::col(r < x.size(0)) & tg::row(c < x.size(1));
+  auto v = tg::load(x + tg::col(r) * x.stride(0) + tg::row(c), m, 0.0f);
+  tg::atomic_add(y + c, tg::sum<0>(v * v), c < x.size(1));
+};
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+TEST(VjpAtomics, EveryAtomicAddContributionReceivesTheCotangent) {
+  for (auto [n, d] : {std::pair{1, 1}, {21, 13}, {40, 16}}) {
+    tg::owned_tensor<float> x({n, d}, "x"), y({d}, "y"), dy({d}, "dy");
+    fill(x, 1);
+    fill(dy, 2);
+    auto g = tg::vjp(tg::cdiv(n, B), square_sum_atomic, tg::in("x", x), tg::out("y", y, dy));
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j) ASSERT_NEAR(g["x"](i, j), 2 * x(i, j) * dy(j), 1e-5) << i << "," << j;
+    // The forward ran: y accumulated every program's part (y started at zero).
+    for (int j = 0; j < d; ++j) {
+      double s = 0;
+      for (int i = 0; i < n; ++i) s += double(x(i, j)) * x(i, j);
+      ASSERT_NEAR(y(j), s, 1e-4);
+    }
+  }
+}
+
+TEST(VjpAtomics, AtomicAddIntoAnInoutTensorPassesTheCotangentToItsInitialValue) {
+  int const n = 19, d = 11;
+  tg::owned_tensor<float> x({n, d}, "x"), y({d}, "y"), dy({d}, "dy");
+  fill(x, 3);
+  fill(y, 4);
+  fill(dy, 5);
+  auto g = tg::vjp(tg::cdiv(n, B), square_sum_atomic, tg::in("x", x), tg::inout("y", y, dy));
+  for (int j = 0; j < d; ++j) EXPECT_EQ(g["y"](j), dy(j)) << j;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j) ASSERT_NEAR(g["x"](i, j), 2 * x(i, j) * dy(j), 1e-5);
+}
+
+TEST(VjpAtomics, GradientsAreBitwiseIdenticalForAnyThreadCount) {
+  int const n = 300, d = 16;
+  tg::owned_tensor<float> x({n, d}, "x"), y({d}, "y"), dy({d}, "dy");
+  fill(x, 6);
+  fill(dy, 7);
+  auto run = [&](tg::launch_options o) {
+    return tg::vjp(o, tg::cdiv(n, B), square_sum_atomic, tg::in("x", x), tg::out("y", y, dy));
+  };
+  auto const ref = run({tg::executor::sequential, 1});
+  for (int threads : {1, 2, 0}) {
+    auto const g = run({tg::default_options().exec, threads});
+    for (int i = 0; i < n * d; ++i) ASSERT_TRUE(same_bits(g["x"].data()[i], ref["x"].data()[i])) << i;
+  }
+}
+
+TEST(VjpAtomics, NonAdditiveAtomicsOnATensorWithACotangentAreRefused) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto i = tg::arange<0, 4>();
+    tg::atomic_max(y + i, tg::load(x + i));
+  };
+  tg::owned_tensor<float> x({4}, "x"), y({4}, "y"), dy({4}, "dy");
+  fill(x, 8);
+  try {
+    (void)tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+    FAIL() << "atomic_max on an out tensor must throw";
+  } catch (std::invalid_argument const& e) {
+    EXPECT_NE(std::string(e.what()).find("atomic_max on tensor 'y'"), std::string::npos) << e.what();
+  }
+  // On a passive tensor it just runs (no gradient flows through it).
+  auto g = tg::vjp(1, k, tg::in("x", x), y.view());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(g["x"](i), 0.0f);
+}
+
+// y = y * x + 1 on the elements below `limit`; elements at or past it are never stored.
+auto const scale_in_place = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                        tg::tensor<T> y, int limit) {
+  auto const i = p.program_id(0) * std::int64_t{B} + tg::arange<0, B>();
+  auto const m = i < std::min<std::int64_t>(limit, y.size(0));
+  auto const v = tg::load(y + i, m);
+  tg::store(y + i, v * tg::load(x + i, m) + 1.0f, m);
+};
+
+TEST(VjpInout, ElementsReadBeforeAStoreAreInputsAndUnstoredElementsPassTheirCotangent) {
+  int const n = 29, limit = 20;
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), y0({n}, "y0"), dy({n}, "dy");
+  fill(x, 9);
+  fill(y, 10);
+  fill(dy, 11);
+  std::memcpy(y0.data(), y.data(), sizeof(float) * n);
+  auto g = tg::vjp(tg::cdiv(n, B), scale_in_place, tg::in("x", x), tg::inout("y", y, dy), limit);
+  for (int i = 0; i < n; ++i) {
+    if (i < limit) {
+      EXPECT_NEAR(g["y"](i), dy(i) * x(i), 1e-6) << i;
+      EXPECT_NEAR(g["x"](i), dy(i) * y0(i), 1e-6) << i;
+      EXPECT_NEAR(y(i), y0(i) * x(i) + 1, 1e-6) << i;
+    } else {
+      EXPECT_EQ(g["y"](i), dy(i)) << i;
+      EXPECT_EQ(g["x"](i), 0.0f) << i;
+      EXPECT_EQ(y(i), y0(i)) << i;
+    }
+  }
+}
+
+TEST(VjpReduce, MaxTiesGiveTheWholeAdjointToTheFirstMaximum) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<std::int32_t> at) {
+    auto v = tg::load(x + tg::arange<0, 6>());
+    tg::store(y + tg::arange<0, 1>(), tg::reshape<1>(tg::max(v) * 2.0f));
+    tg::store(at + tg::arange<0, 1>(), tg::reshape<1>(tg::argmax<0>(v)));
+  };
+  tg::owned_tensor<float> x({6}, "x"), y({1}, "y"), dy({1}, "dy");
+  tg::owned_tensor<std::int32_t> at({1}, "at");
+  float const vals[6] = {1, 3, -2, 3, 0.5f, 3};
+  std::memcpy(x.data(), vals, sizeof vals);
+  dy(0) = 0.75f;
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), at.view());
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(g["x"](i), i == 1 ? 1.5f : 0.0f) << i;
+  EXPECT_EQ(at(0), 1);
+}
+
+TEST(VjpControlFlow, WhileLoopOnDataAndEarlyReturn) {
+  // Program p: returns at once when counts[p] is negative; otherwise multiplies its block by 1.5
+  // while the block's sum stays below a bound loaded from `limits`, at most counts[p] times.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<std::int32_t const> counts, tg::tensor<T const> limits) {
+    int const pid = p.program_id(0);
+    int const count = tg::load(counts + tg::arange<0, 1>() + pid)(0);
+    if (count < 0) return;
+    auto const i = pid * std::int64_t{4} + tg::arange<0, 4>();
+    auto v = tg::load(x + i);
+    float const bound = float(tg::load(limits + tg::arange<0, 1>() + pid)(0));
+    int steps = 0;
+    while (steps < count && float(tg::sum(v).item()) < bound) {
+      v = v * 1.5f;
+      ++steps;
+    }
+    tg::store(y + i, v);
+  };
+  int const progs = 5;
+  tg::owned_tensor<float> x({4 * progs}, "x"), y({4 * progs}, "y"), dy({4 * progs}, "dy");
+  tg::owned_tensor<std::int32_t> counts({progs}, "counts");
+  tg::owned_tensor<float> limits({progs}, "limits");
+  for (int i = 0; i < 4 * progs; ++i) x(i) = 0.25f + 0.125f * (i % 5);
+  fill(dy, 12);
+  int const cnt[progs] = {3, -1, 10, 0, 2};
+  float const lim[progs] = {100, 100, 6, 100, 1};
+  for (int q = 0; q < progs; ++q) {
+    counts(q) = cnt[q];
+    limits(q) = lim[q];
+  }
+  auto g = tg::vjp(progs, k, tg::in("x", x), tg::out("y", y, dy), counts.cview(), limits.cview());
+  for (int q = 0; q < progs; ++q) {
+    // The reference: the same loop in plain C++.
+    double s = 0;
+    for (int l = 0; l < 4; ++l) s += x(4 * q + l);
+    int steps = 0;
+    double f = 1;
+    while (cnt[q] >= 0 && steps < cnt[q] && s * f < lim[q]) {
+      f *= 1.5;
+      ++steps;
+    }
+    for (int l = 0; l < 4; ++l) {
+      double const want = cnt[q] < 0 ? 0.0 : dy(4 * q + l) * f;
+      EXPECT_NEAR(g["x"](4 * q + l), want, 1e-5) << "program " << q << " lane " << l;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Races: deliberately racy kernels.
+// ---------------------------------------------------------------------------------------------
+
+template <class F>
+tg::race_error expect_race(F&& f) {
+  try {
+    f();
+  } catch (tg::race_error const& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no race reported";
+  return tg::race_error("", "", "", "", "", std::source_location::current());
+}
+
+TEST(VjpRaces, TwoProgramsStoringOneElement) {
+  // Program p stores its block, and program `culprit` also stores element 0.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y, int culprit) {
+    auto const i = p.program_id(0) * std::int64_t{4} + tg::arange<0, 4>();
+    tg::store(y + i, tg::load(x + i) * 2.0f);
+    if (p.program_id(0) == culprit) tg::store(y + tg::arange<0, 1>(), tg::load(x + tg::arange<0, 1>()));
+  };
+  int const progs = 300; // more than one wave: the culprit runs in the same or a later wave
+  tg::owned_tensor<float> x({4 * progs}, "x"), y({4 * progs}, "y"), dy({4 * progs}, "dy");
+  fill(x, 13);
+  fill(dy, 14);
+  for (int culprit : {1, 299})
+    for (int threads : {1, 2}) {
+      auto e = expect_race([&] {
+        (void)tg::vjp({tg::default_options().exec, threads}, progs, k, tg::in("x", x),
+                      tg::out("y", y, dy), culprit);
+      });
+      std::string const what = e.what();
+      std::string const other = "program (" + std::to_string(culprit) + ", 0, 0)";
+      EXPECT_NE(what.find("program (0, 0, 0)"), std::string::npos) << what;
+      EXPECT_NE(what.find(other), std::string::npos) << what;
+      EXPECT_NE(what.find("tensor 'y', element (0)"), std::string::npos) << what;
+      EXPECT_NE(what.find("test_vjp_semantics.cpp"), std::string::npos) << what;
+      EXPECT_EQ(e.tensor(), "y");
+      EXPECT_EQ(e.element(), "(0)");
+    }
+}
+
+TEST(VjpRaces, AProgramLoadingWhatAnotherStores) {
+  // Program p loads y[4p + 4] (its right neighbour's first element), then stores its block.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * std::int64_t{4} + tg::arange<0, 4>();
+    auto const next = tg::load(y + (i + 4), i + 4 < y.size(0), 0.0f);
+    tg::store(y + i, tg::load(x + i) + next);
+  };
+  for (int progs : {2, 200}) {
+    tg::owned_tensor<float> x({4 * progs}, "x"), y({4 * progs}, "y"), dy({4 * progs}, "dy");
+    fill(x, 15);
+    fill(dy, 16);
+    auto e = expect_race([&] { (void)tg::vjp(progs, k, tg::in("x", x), tg::out("y", y, dy)); });
+    std::string const what = e.what();
+    EXPECT_NE(what.find("loads it"), std::string::npos) << what;
+    EXPECT_NE(what.find("program (0, 0, 0)"), std::string::npos) << what;
+    EXPECT_NE(what.find("program (1, 0, 0)"), std::string::npos) << what;
+    EXPECT_NE(what.find("element (4)"), std::string::npos) << what;
+  }
+}
+
+TEST(VjpRaces, StoreAndAtomicOnOneElement) {
+  // Program 0 stores y[0..3]; every program also atomically adds into y[0].
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 4>();
+    if (p.program_id(0) == 0) tg::store(y + i, tg::load(x + i));
+    tg::atomic_add(y + tg::arange<0, 1>(), tg::load(x + tg::arange<0, 1>()));
+  };
+  tg::owned_tensor<float> x({4}, "x"), y({4}, "y"), dy({4}, "dy");
+  fill(x, 17);
+  auto e = expect_race([&] { (void)tg::vjp(3, k, tg::in("x", x), tg::out("y", y, dy)); });
+  EXPECT_NE(std::string(e.what()).find("atomic"), std::string::npos) << e.what();
+  EXPECT_EQ(e.element(), "(0)");
+}
+
+TEST(VjpRaces, ReadingAnAtomicallyUpdatedElement) {
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> acc,
+                       tg::tensor<T> y) {
+    auto const one = tg::arange<0, 1>();
+    tg::atomic_add(acc + one, tg::load(x + one + p.program_id(0)));
+    tg::store(y + one + p.program_id(0), tg::load(acc + one));
+  };
+  tg::owned_tensor<float> x({3}, "x"), acc({1}, "acc"), dacc({1}, "dacc"), y({3}, "y"), dy({3}, "dy");
+  auto e = expect_race([&] {
+    (void)tg::vjp(3, k, tg::in("x", x), tg::out("acc", acc, dacc), tg::out("y", y, dy));
+  });
+  EXPECT_NE(std::string(e.what()).find("loads it"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("updates it atomically"), std::string::npos) << e.what();
+}
+
+TEST(VjpRaces, ManyReadersOfAnUnwrittenTensorAndRepeatedOwnStoresAreNotRaces) {
+  auto k = []<class T>(tg::program const& p, tg::tensor<T> shared, tg::tensor<T const> x,
+                       tg::tensor<T> y) {
+    auto const i = p.program_id(0) * std::int64_t{4} + tg::arange<0, 4>();
+    auto const s = tg::load(shared + tg::arange<0, 4>()); // every program reads it
+    tg::store(y + i, tg::load(x + i));
+    tg::store(y + i, tg::load(y + i) * s); // stores twice, reading its own store in between
+  };
+  int const progs = 150;
+  tg::owned_tensor<float> shared({4}, "shared"), x({4 * progs}, "x"), y({4 * progs}, "y"),
+      dy({4 * progs}, "dy");
+  fill(shared, 18);
+  fill(x, 19);
+  fill(dy, 20);
+  auto g = tg::vjp(progs, k, shared.view(), tg::in("x", x), tg::out("y", y, dy));
+  for (int i = 0; i < 4 * progs; ++i) ASSERT_NEAR(g["x"](i), dy(i) * shared(i % 4), 1e-6) << i;
+}
+
+} // namespace
