@@ -144,6 +144,7 @@ struct program_state {
   std::uint32_t earlier_waves = 0;
   bool earlier(std::uint32_t id) const { return id != 0 && id <= earlier_waves; }
   std::vector<run> scratch;
+  bool overwrote = false; // stored an element it had stored before (so not every store is last)
 
   /// The tensor whose memory holds address p (null for memory of no vjp tensor).
   tensor_entry const* find(void const* p) const {
@@ -166,7 +167,10 @@ struct program_state {
     return static_cast<T*>(a.adj) + k;
   }
 
-  void reset() { t.reset(); }
+  void reset() {
+    t.reset();
+    overwrote = false;
+  }
 };
 
 /// The reverse-mode state of the program running on this thread.

@@ -164,14 +164,19 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
     // A store may overwrite only its own program's stores, an atomic only atomics; the slow
     // path reports a conflict with an earlier wave (the wave's own are checked after it).
     std::uint64_t const allowed = atomic ? 0 : st->me >> 31;
-    bool bad = false;
-    for (int k = 0; k < r.count; ++k) {
-      std::uint64_t const old = std::atomic_ref<std::uint64_t>(e->stamp[r.element(k)]).load(std::memory_order_relaxed);
+    std::uint64_t* const stamps = e->stamp + r.offset;
+    std::int64_t const step = r.step;
+    int const n = r.count;
+    bool bad = false, own = false;
+    for (int k = 0; k < n; ++k) {
+      std::uint64_t const old = std::atomic_ref<std::uint64_t>(stamps[step * k]).load(std::memory_order_relaxed);
       bad |= atomic ? old != 0 && !(old & atomic_stamp) : (old >> 31) != 0 && (old >> 31) != allowed;
+      own |= (old >> 31) == allowed;
     }
     if (bad || e->readers) check_write(*st, *e, r, atomic, loc);
-    for (int k = 0; k < r.count; ++k)
-      std::atomic_ref<std::uint64_t>(e->stamp[r.element(k)]).store(stamp, std::memory_order_relaxed);
+    st->overwrote |= own || step == 0;
+    for (int k = 0; k < n; ++k)
+      std::atomic_ref<std::uint64_t>(stamps[step * k]).store(stamp, std::memory_order_relaxed);
   }
 }
 

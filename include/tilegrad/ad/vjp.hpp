@@ -253,6 +253,10 @@ void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entr
       for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
       continue;
     }
+    if (!st.overwrote) { // every store is the last at its elements
+      for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
+      continue;
+    }
     std::uint64_t const stamp = st.me | i;
     int const k0 = a.r.step == 0 ? a.r.count - 1 : 0; // one element n times: the last lane wins
     for (int k = k0; k < a.r.count; ++k) {
