@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -22,6 +23,8 @@ using tg::dual;
 
 // The double spellings of the functions dual (and the tile algebra) provide under these names,
 // so one generic lambda serves double (for the differences) and dual (found by ADL).
+using std::abs, std::cos, std::erf, std::exp, std::exp2, std::fma, std::fmod, std::log, std::log2,
+    std::sin, std::sqrt, std::tanh;
 double rsqrt(double x) {
   return 1 / std::sqrt(x);
 }
@@ -71,7 +74,7 @@ D make(double v, std::mt19937_64& rng) {
 // f applied to duals: the value against f on the values (in T), the tangent along every
 // direction against (f(x + h u) - f(x - h u)) / 2h in double.
 template <class D, class F, class... Args>
-void check_op(char const* name, F&& f, Args const&... x) {
+void check_op_at(char const* name, F&& f, Args const&... x) {
   using T = typename D::primal_type;
   D const y = f(x...);
   T const plain = static_cast<T>(f(static_cast<T>(x.v)...));
@@ -88,6 +91,11 @@ void check_op(char const* name, F&& f, Args const&... x) {
   }
 }
 
+template <class D, class... Args, class F>
+void check_op(char const* name, std::tuple<Args...> const& args, F&& f) {
+  std::apply([&](auto const&... x) { check_op_at<D>(name, f, x...); }, args);
+}
+
 TYPED_TEST(DualScalar, UnaryOpsMatchValuesAndCentralDifferences) {
   using D = TypeParam;
   auto rng = tg_test::make_rng(11);
@@ -95,84 +103,20 @@ TYPED_TEST(DualScalar, UnaryOpsMatchValuesAndCentralDifferences) {
   for (int rep = 0; rep < 8; ++rep) {
     D const a = make<D>(any(rng), rng);
     D const p = make<D>(positive(rng), rng);
-    check_op<D>(
-        "exp",
-        [](auto x) {
-          using std::exp;
-          return exp(x);
-        },
-        a);
-    check_op<D>(
-        "exp2",
-        [](auto x) {
-          using std::exp2;
-          return exp2(x);
-        },
-        a);
-    check_op<D>(
-        "log",
-        [](auto x) {
-          using std::log;
-          return log(x);
-        },
-        p);
-    check_op<D>(
-        "log2",
-        [](auto x) {
-          using std::log2;
-          return log2(x);
-        },
-        p);
-    check_op<D>(
-        "sqrt",
-        [](auto x) {
-          using std::sqrt;
-          return sqrt(x);
-        },
-        p);
-    check_op<D>(
-        "rsqrt", [](auto x) { return rsqrt(x); }, p);
-    check_op<D>(
-        "abs",
-        [](auto x) {
-          using std::abs;
-          return abs(x);
-        },
-        a);
-    check_op<D>(
-        "sin",
-        [](auto x) {
-          using std::sin;
-          return sin(x);
-        },
-        a);
-    check_op<D>(
-        "cos",
-        [](auto x) {
-          using std::cos;
-          return cos(x);
-        },
-        a);
-    check_op<D>(
-        "sigmoid", [](auto x) { return sigmoid(x); }, a);
-    check_op<D>(
-        "tanh",
-        [](auto x) {
-          using std::tanh;
-          return tanh(x);
-        },
-        a);
-    check_op<D>(
-        "erf",
-        [](auto x) {
-          using std::erf;
-          return erf(x);
-        },
-        a);
-    check_op<D>(
-        "neg", [](auto x) { return -x; }, a);
-    check_op<D>(
-        "x * 3 - 1.5 / x", [](auto x) { return x * 3 - 1.5 / x; }, p);
+    check_op<D>("exp", std::tuple(a), [](auto x) { return exp(x); });
+    check_op<D>("exp2", std::tuple(a), [](auto x) { return exp2(x); });
+    check_op<D>("log", std::tuple(p), [](auto x) { return log(x); });
+    check_op<D>("log2", std::tuple(p), [](auto x) { return log2(x); });
+    check_op<D>("sqrt", std::tuple(p), [](auto x) { return sqrt(x); });
+    check_op<D>("rsqrt", std::tuple(p), [](auto x) { return rsqrt(x); });
+    check_op<D>("abs", std::tuple(a), [](auto x) { return abs(x); });
+    check_op<D>("sin", std::tuple(a), [](auto x) { return sin(x); });
+    check_op<D>("cos", std::tuple(a), [](auto x) { return cos(x); });
+    check_op<D>("sigmoid", std::tuple(a), [](auto x) { return sigmoid(x); });
+    check_op<D>("tanh", std::tuple(a), [](auto x) { return tanh(x); });
+    check_op<D>("erf", std::tuple(a), [](auto x) { return erf(x); });
+    check_op<D>("neg", std::tuple(a), [](auto x) { return -x; });
+    check_op<D>("x * 3 - 1.5 / x", std::tuple(p), [](auto x) { return x * 3 - 1.5 / x; });
   }
 }
 
@@ -184,38 +128,23 @@ TYPED_TEST(DualScalar, BinaryAndTernaryOpsMatchValuesAndCentralDifferences) {
     D const a = make<D>(any(rng), rng);
     D const b = make<D>(positive(rng), rng);
     D const c = make<D>(any(rng), rng);
-    check_op<D>(
-        "+", [](auto x, auto y) { return x + y; }, a, b);
-    check_op<D>(
-        "-", [](auto x, auto y) { return x - y; }, a, b);
-    check_op<D>(
-        "*", [](auto x, auto y) { return x * y; }, a, b);
-    check_op<D>(
-        "/", [](auto x, auto y) { return x / y; }, a, b);
-    check_op<D>(
-        "maximum", [](auto x, auto y) { return maximum(x, y); }, a, c);
-    check_op<D>(
-        "minimum", [](auto x, auto y) { return minimum(x, y); }, a, c);
-    check_op<D>(
-        "where", [](auto x, auto y) { return where(x < y, x * y, y - x); }, a, c);
-    check_op<D>(
-        "fma",
-        [](auto x, auto y, auto z) {
-          using std::fma;
-          return fma(x, y, z);
-        },
-        a, b, c);
-    check_op<D>(
-        "compound",
-        [](auto x, auto y) {
-          auto r = x;
-          r += y;
-          r *= x;
-          r -= y;
-          r /= y;
-          return r;
-        },
-        a, b);
+    check_op<D>("+", std::tuple(a, b), [](auto x, auto y) { return x + y; });
+    check_op<D>("-", std::tuple(a, b), [](auto x, auto y) { return x - y; });
+    check_op<D>("*", std::tuple(a, b), [](auto x, auto y) { return x * y; });
+    check_op<D>("/", std::tuple(a, b), [](auto x, auto y) { return x / y; });
+    check_op<D>("maximum", std::tuple(a, c), [](auto x, auto y) { return maximum(x, y); });
+    check_op<D>("minimum", std::tuple(a, c), [](auto x, auto y) { return minimum(x, y); });
+    check_op<D>("where", std::tuple(a, c),
+                [](auto x, auto y) { return where(x < y, x * y, y - x); });
+    check_op<D>("fma", std::tuple(a, b, c), [](auto x, auto y, auto z) { return fma(x, y, z); });
+    check_op<D>("compound", std::tuple(a, b), [](auto x, auto y) {
+      auto r = x;
+      r += y;
+      r *= x;
+      r -= y;
+      r /= y;
+      return r;
+    });
   }
   // fmod away from its jumps: a / b stays at least 0.1 from an integer.
   for (int rep = 0; rep < 8; ++rep) {
@@ -223,13 +152,7 @@ TYPED_TEST(DualScalar, BinaryAndTernaryOpsMatchValuesAndCentralDifferences) {
     double const q = std::uniform_int_distribution<int>(-4, 4)(rng) +
                      std::uniform_real_distribution<double>(0.1, 0.9)(rng);
     D const a = make<D>(q * double(b.v), rng);
-    check_op<D>(
-        "fmod",
-        [](auto x, auto y) {
-          using std::fmod;
-          return fmod(x, y);
-        },
-        a, b);
+    check_op<D>("fmod", std::tuple(a, b), [](auto x, auto y) { return fmod(x, y); });
   }
 }
 
