@@ -188,6 +188,7 @@ TYPED_TEST(DualScalar, ComparisonsAndConversions) {
   static_assert(std::is_trivially_copyable_v<D> && std::is_standard_layout_v<D>);
   static_assert(sizeof(D) == (D::directions + 1) * sizeof(T));
   static_assert(std::is_same_v<tg::fp32<D>, D>, "fp32 in forward mode is the dual itself");
+  static_assert(tg::dual_scalar<D const&> && !tg::dual_scalar<T>);
   static_assert(std::is_same_v<tg::promote_t<D, double>, D> &&
                 std::is_same_v<tg::promote_t<F, W>, W>);
   // NaN and infinity carry zero tangents (padding values).

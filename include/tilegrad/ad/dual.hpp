@@ -29,7 +29,7 @@ struct dual {
 
   dual() = default;
   template <class U>
-  requires is_builtin_v<U>
+    requires is_builtin_v<U>
   constexpr dual(U x) : v(static_cast<T>(x)), d{} {} // NOLINT: a constant has zero tangent
   /// float -> double widens implicitly; double -> float narrows and must be spelled out.
   template <class U>
@@ -40,7 +40,7 @@ struct dual {
 
   /// The value alone (the tangents are dropped).
   template <class U>
-  requires is_builtin_v<U>
+    requires is_builtin_v<U>
   constexpr explicit operator U() const { return static_cast<U>(v); }
 
   friend constexpr dual operator+(dual const& a) { return a; }

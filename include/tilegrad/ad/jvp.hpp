@@ -40,14 +40,14 @@ struct float_tensor {
   using type = void;
 };
 template <class E>
-requires std::is_floating_point_v<std::remove_const_t<E>>
+  requires std::is_floating_point_v<std::remove_const_t<E>>
 struct float_tensor<tensor<E>> {
   using type = std::remove_const_t<E>;
   static constexpr bool writable = !std::is_const_v<E>;
   static tensor<E> view(tensor<E> const& t) { return t; }
 };
 template <class T>
-requires std::is_floating_point_v<T>
+  requires std::is_floating_point_v<T>
 struct float_tensor<owned_tensor<T>> {
   using type = T;
   static constexpr bool writable = true;
