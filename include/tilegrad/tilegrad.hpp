@@ -3,7 +3,9 @@
 
 #include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/dual.hpp"
 #include "tilegrad/ad/expr.hpp"
+#include "tilegrad/ad/jvp.hpp"
 #include "tilegrad/ad/memory.hpp"
 #include "tilegrad/ad/reduce.hpp"
 #include "tilegrad/ad/tape.hpp"

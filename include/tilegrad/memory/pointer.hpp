@@ -18,6 +18,8 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <source_location>
 #include <type_traits>
 #include <utility>
@@ -353,11 +355,66 @@ void store(ptr_tile<T, Off> const& p, V&& value, M&& mask,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Atomics: element by element with std::atomic_ref, safe under the parallel grid. Each returns
-// the old values (masked-off lanes: 0).
+// Atomics: element by element with std::atomic_ref (a lock per address for custom scalars),
+// safe under the parallel grid. Each returns the old values (masked-off lanes: 0).
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
+
+// A custom scalar (a dual number: a value and its tangents) has no atomic instruction: its
+// atomics hold one of a fixed set of locks, chosen by address, with std::atomic_ref's interface.
+template <class T>
+class locked_ref {
+public:
+  explicit locked_ref(T& x) : x_(x), lock_(lock_for(&x)) {}
+  T load(std::memory_order = std::memory_order_seq_cst) const {
+    std::lock_guard g(lock_);
+    return x_;
+  }
+  T fetch_add(T v, std::memory_order = std::memory_order_seq_cst) const {
+    std::lock_guard g(lock_);
+    T const old = x_;
+    x_ = old + v;
+    return old;
+  }
+  T exchange(T v, std::memory_order = std::memory_order_seq_cst) const {
+    std::lock_guard g(lock_);
+    T const old = x_;
+    x_ = v;
+    return old;
+  }
+  // Compares object representations, as std::atomic_ref does.
+  bool compare_exchange_strong(T& expected, T v, std::memory_order = std::memory_order_seq_cst,
+                               std::memory_order = std::memory_order_seq_cst) const {
+    std::lock_guard g(lock_);
+    if (std::memcmp(&x_, &expected, sizeof(T)) == 0) {
+      x_ = v;
+      return true;
+    }
+    expected = x_;
+    return false;
+  }
+  bool compare_exchange_weak(T& expected, T v, std::memory_order s = std::memory_order_seq_cst,
+                             std::memory_order f = std::memory_order_seq_cst) const {
+    return compare_exchange_strong(expected, v, s, f);
+  }
+
+private:
+  static std::mutex& lock_for(void const* p) {
+    static std::mutex locks[64];
+    return locks[(reinterpret_cast<std::uintptr_t>(p) >> 4) % 64];
+  }
+  T& x_;
+  std::mutex& lock_;
+};
+
+template <class T>
+auto atomic_ref_to(T& x) {
+  if constexpr (std::is_arithmetic_v<T>)
+    return std::atomic_ref<T>(x);
+  else
+    return locked_ref<T>(x);
+}
 
 template <class T, class Off, class Val, class Mask, class F>
 auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
@@ -366,8 +423,8 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
   if constexpr (adjoint_scalar<T>) {
     return ad::atomic_ptr(p, val_in, mask_in, std::forward<F>(f), what, loc);
   } else {
-  static_assert(std::is_arithmetic_v<T>,
-                "tilegrad: atomics work on float, double and integer tensors");
+  static_assert(std::is_arithmetic_v<T> || (!is_builtin_v<T> && std::is_trivially_copyable_v<T>),
+                "tilegrad: atomics work on float, double, integer and custom scalar tensors");
   using S = access_shape_t<Off, Mask>;
   auto mask = [&] {
     if constexpr (std::is_same_v<Mask, no_mask>)
@@ -383,15 +440,15 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
       p, mask,
       [&](int r, int c, std::int64_t e) {
         if (chk) check_offset(p.base, e, what, loc);
-        old.data()[r * S::inner + c] = f(std::atomic_ref<T>(base[e]), val.template load<1>(r, c));
+        old.data()[r * S::inner + c] = f(atomic_ref_to(base[e]), val.template load<1>(r, c));
       },
       [](int, int, std::int64_t) {});
   return old;
   }
 }
 
-template <class T>
-T atomic_update(std::atomic_ref<T> a, T v, bool take_max) {
+template <class Ref, class T>
+T atomic_update(Ref a, T v, bool take_max) {
   T cur = a.load(std::memory_order_relaxed);
   while ((take_max ? v > cur : v < cur) &&
          !a.compare_exchange_weak(cur, v, std::memory_order_acq_rel, std::memory_order_relaxed)) {
@@ -441,7 +498,7 @@ auto atomic_cas(ptr_tile<T, Off> const& p, C&& cmp, V&& value,
   detail::tile_t<T, S> cmps(c);
   return detail::atomic_impl(
       p, detail::as_node(std::forward<V>(value)), detail::no_mask{},
-      [&cmps, i = 0](std::atomic_ref<T> a, T v) mutable {
+      [&cmps, i = 0](auto a, T v) mutable {
         T expected = cmps.data()[i++];
         a.compare_exchange_strong(expected, v, std::memory_order_acq_rel);
         return expected;

@@ -1,0 +1,317 @@
+// jvp: forward-mode derivatives of a whole launch. The kernel runs once with dual<T, N> copies of
+// the float tensors, whose tangents are the given input tangents (zero for every other tensor);
+// the forward values go back to the tensors the kernel may write, and the tangents of the
+// tensors marked as outputs come back by name.
+#pragma once
+
+#include "tilegrad/ad/dual.hpp"
+#include "tilegrad/grid/launch.hpp"
+#include "tilegrad/memory/tensor.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace tilegrad {
+
+enum class tangent_role { in, out, inout };
+
+/// A float tensor of a jvp launch, marked by name, with its N input tangents (none for out).
+template <class T, int N, tangent_role R>
+struct tangent_tensor {
+  static constexpr tangent_role role = R;
+  char const* name;
+  tensor<T> t;
+  std::array<tensor<T const>, N> u;
+};
+
+namespace detail {
+
+// The float tensors jvp turns into dual tensors: views and owning tensors of float or double.
+template <class X>
+struct float_tensor {
+  using type = void;
+};
+template <class E>
+  requires std::is_floating_point_v<std::remove_const_t<E>>
+struct float_tensor<tensor<E>> {
+  using type = std::remove_const_t<E>;
+  static constexpr bool writable = !std::is_const_v<E>;
+  static tensor<E> view(tensor<E> const& t) { return t; }
+};
+template <class T>
+  requires std::is_floating_point_v<T>
+struct float_tensor<owned_tensor<T>> {
+  using type = T;
+  static constexpr bool writable = true;
+  static tensor<T> view(owned_tensor<T> const& t) { return t.view(); }
+};
+template <class T, int N, tangent_role R>
+struct float_tensor<tangent_tensor<T, N, R>> {
+  using type = T;
+  static constexpr bool writable = R != tangent_role::in;
+  static tensor<T> view(tangent_tensor<T, N, R> const& t) { return t.t; }
+};
+template <class X>
+using float_tensor_t = typename float_tensor<X>::type;
+
+template <class X, class T = float_tensor_t<X>>
+tensor<T> writable_view(X const& x) {
+  auto v = float_tensor<X>::view(x);
+  return tensor<T>(const_cast<T*>(v.data()), v.rank(), v.shape(), v.strides(), v.name());
+}
+
+// The element type of a tensor to mark: float or double.
+template <class X>
+struct markable {
+  static_assert(std::is_floating_point_v<float_tensor_t<X>>,
+                "tilegrad::tangent_in/out: only float tensors have tangents (pass integer tensors "
+                "as they are)");
+  using type = float_tensor_t<X>;
+};
+template <class X>
+using markable_t = typename markable<X>::type;
+
+template <class T, class... U>
+std::array<tensor<T const>, sizeof...(U)> tangent_views(U const&... u) {
+  static_assert((std::is_same_v<float_tensor_t<U>, T> && ...),
+                "tilegrad::tangent_in: a tangent is a tensor of the marked tensor's element type");
+  return {float_tensor<U>::view(u)...};
+}
+
+} // namespace detail
+
+/// tangent_in("x", x, u): the kernel reads x (as a const view) and x moves along u (a tensor of
+/// x's shape). Several directions at once: tangent_in("x", x, u0, u1, u2) gives direction k the
+/// tangent u_k; every marked input of one jvp gives the same number of directions.
+template <class X, class... U>
+auto tangent_in(char const* name, X const& x, U const&... u) {
+  static_assert(sizeof...(U) >= 1, "tilegrad::tangent_in: give x's tangent, one per direction");
+  using T = detail::markable_t<X>;
+  return tangent_tensor<T, sizeof...(U), tangent_role::in>{name, detail::writable_view(x),
+                                                           detail::tangent_views<T>(u...)};
+}
+
+/// tangent_out("y", y): the kernel writes y; its tangent comes back by name. Elements the kernel
+/// reads before writing them start with zero tangent.
+template <class X>
+auto tangent_out(char const* name, X const& y) {
+  using T = detail::markable_t<X>;
+  static_assert(detail::float_tensor<X>::writable,
+                "tilegrad::tangent_out: the kernel writes y: pass a mutable tensor");
+  return tangent_tensor<T, 0, tangent_role::out>{name, detail::writable_view(y), {}};
+}
+
+/// tangent_inout("y", y, u...): the kernel reads and writes y; y starts along u and its tangent
+/// comes back by name.
+template <class X, class... U>
+auto tangent_inout(char const* name, X const& y, U const&... u) {
+  static_assert(sizeof...(U) >= 1, "tilegrad::tangent_inout: give y's tangent, one per direction");
+  using T = detail::markable_t<X>;
+  static_assert(detail::float_tensor<X>::writable,
+                "tilegrad::tangent_inout: the kernel writes y: pass a mutable tensor");
+  return tangent_tensor<T, sizeof...(U), tangent_role::inout>{name, detail::writable_view(y),
+                                                              detail::tangent_views<T>(u...)};
+}
+
+/// The output tangents of a jvp, by tensor name and direction.
+template <class T>
+class tangents {
+public:
+  /// The tangent of `name` along direction 0.
+  owned_tensor<T> const& operator[](std::string const& name) const { return tangent(name, 0); }
+  /// The tangent of `name` along direction k.
+  owned_tensor<T> const& tangent(std::string const& name, int k) const {
+    auto it = t_.find(name);
+    if (it == t_.end())
+      throw std::out_of_range("tilegrad::jvp: no tangent named '" + name +
+                              "' (mark it tangent_out or tangent_inout)");
+    if (k < 0 || k >= static_cast<int>(it->second.size()))
+      throw std::out_of_range("tilegrad::jvp: direction " + std::to_string(k) + " of '" + name +
+                              "': the launch had " + std::to_string(it->second.size()));
+    return it->second[static_cast<std::size_t>(k)];
+  }
+  bool contains(std::string const& name) const { return t_.count(name) != 0; }
+  void insert(std::string const& name, std::vector<owned_tensor<T>> directions) {
+    t_.emplace(name, std::move(directions));
+  }
+
+private:
+  std::map<std::string, std::vector<owned_tensor<T>>> t_;
+};
+
+namespace detail {
+
+template <class X>
+inline constexpr int directions_of = 0;
+template <class T, int N, tangent_role R>
+inline constexpr int directions_of<tangent_tensor<T, N, R>> = N;
+
+// The directions of a launch: those every marked input gives (1 when none does, 0 when they
+// disagree).
+template <class... X>
+constexpr int launch_directions() {
+  int n = 0;
+  bool agree = true;
+  for (int k : {directions_of<X>..., 0}) {
+    if (k == 0)
+      continue;
+    if (n != 0 && n != k)
+      agree = false;
+    n = k;
+  }
+  return !agree ? 0 : n == 0 ? 1 : n;
+}
+
+template <class... X>
+struct first_float_tensor {
+  using type = void;
+};
+template <class X, class... Rest>
+struct first_float_tensor<X, Rest...> {
+  using type = std::conditional_t<!std::is_void_v<float_tensor_t<X>>, float_tensor_t<X>,
+                                  typename first_float_tensor<Rest...>::type>;
+};
+
+/// Element offset of the row-major element number `i` of a view.
+template <class E>
+std::int64_t offset_of(tensor<E> const& t, std::int64_t i) {
+  std::int64_t off = 0;
+  for (int a = t.rank() - 1; a >= 0; --a) {
+    off += (i % t.size(a)) * t.stride(a);
+    i /= t.size(a);
+  }
+  return off;
+}
+
+template <class A, class B>
+void check_same_shape(char const* name, tensor<A> const& t, tensor<B> const& u) {
+  bool same = t.rank() == u.rank();
+  for (int a = 0; same && a < t.rank(); ++a)
+    same = t.size(a) == u.size(a);
+  if (!same)
+    throw std::invalid_argument(std::string("tilegrad::jvp: the tangent of '") + name +
+                                "' has shape " + u.shape_string() + ", the tensor " +
+                                t.shape_string());
+}
+
+/// The dual copy of one float tensor, laid out as the original (same offsets and strides), so
+/// a kernel that indexes with the tensor's strides reads the same elements. The kernel receives
+/// its view through the kernel_arg hook of launch.
+template <class D, bool Writable>
+struct dual_copy {
+  std::vector<D> storage;
+  tensor<std::conditional_t<Writable, D, D const>> view;
+
+  friend auto kernel_arg(dual_copy const& c) { return c.view; }
+};
+
+template <class D, class X>
+auto to_dual(X const& x) {
+  using T = typename D::primal_type;
+  if constexpr (!std::is_same_v<float_tensor_t<X>, T>) {
+    return prepare_arg(x); // integer tensors, numbers, tensors of another float type: as they are
+  } else {
+    tensor<T const> const t = float_tensor<X>::view(x);
+    std::int64_t const n = t.numel();
+    dual_copy<D, float_tensor<X>::writable> c;
+    c.storage.resize(static_cast<std::size_t>(n == 0 ? 1 : t.span()), D(0));
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t const off = offset_of(t, i);
+      D& e = c.storage[static_cast<std::size_t>(off)];
+      e.v = t.data()[off];
+      if constexpr (requires { x.u; })
+        for (std::size_t k = 0; k < x.u.size(); ++k)
+          e.d[k] = x.u[k].data()[offset_of(x.u[k], i)];
+    }
+    c.view = {c.storage.data(), t.rank(), t.shape(), t.strides(), t.name()};
+    if constexpr (requires { x.name; })
+      c.view = c.view.named(x.name);
+    return c;
+  }
+}
+
+// After the launch: the values back into a tensor the kernel may write, and the tangents of a
+// marked output into the result.
+template <class D, class X, class C>
+void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result) {
+  using T = typename D::primal_type;
+  if constexpr (std::is_same_v<float_tensor_t<X>, T>) {
+    if constexpr (float_tensor<X>::writable) {
+      tensor<T> const t = writable_view(x);
+      std::int64_t const n = t.numel();
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::int64_t const off = offset_of(t, i);
+        t.data()[off] = c.storage[static_cast<std::size_t>(off)].v;
+      }
+      if constexpr (requires { X::role; }) {
+        std::vector<owned_tensor<T>> out;
+        for (int k = 0; k < D::directions; ++k) {
+          owned_tensor<T> o(t.shape().data(), static_cast<std::size_t>(t.rank()), x.name);
+          for (std::int64_t i = 0; i < n; ++i)
+            o.data()[i] = c.storage[static_cast<std::size_t>(offset_of(t, i))].d[k];
+          out.push_back(std::move(o));
+        }
+        result.insert(x.name, std::move(out));
+      }
+    }
+  }
+}
+
+} // namespace detail
+
+/// Tangents of the launch `kernel` over `g`: the kernel runs once with dual<T, N> tensors, T the
+/// element type of the first float tensor and N the directions its tangent_in / tangent_inout
+/// arguments give. Unmarked float tensors of type T are passive (zero tangent); integer
+/// tensors, numbers and tensors of another type pass through as they are. Every float tensor
+/// the kernel may write receives its forward values.
+/// @throws std::invalid_argument when a tangent's shape differs from its tensor's, or a name
+///   is given twice.
+template <class Kernel, class... Args>
+auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
+  using T = typename detail::first_float_tensor<Args...>::type;
+  static_assert(std::is_floating_point_v<T>, "tilegrad::jvp: no float tensor among the arguments");
+  constexpr int N = detail::launch_directions<Args...>();
+  static_assert(N > 0, "tilegrad::jvp: every tangent_in / tangent_inout of one launch must give "
+                       "the same number of tangents (directions)");
+  using D = dual<T, N>;
+
+  std::vector<std::string> names;
+  auto check = [&](auto const& x) {
+    if constexpr (requires { x.role; }) {
+      static_assert(std::is_same_v<detail::float_tensor_t<std::remove_cvref_t<decltype(x)>>, T>,
+                    "tilegrad::jvp: every marked tensor has the launch's float type");
+      for (auto const& u : x.u)
+        detail::check_same_shape(x.name, x.t, u);
+      for (auto const& other : names)
+        if (other == x.name)
+          throw std::invalid_argument("tilegrad::jvp: the name '" + other + "' is given twice");
+      names.emplace_back(x.name);
+    }
+  };
+  (check(args), ...);
+
+  auto duals = std::make_tuple(detail::to_dual<D>(args)...);
+  std::apply([&](auto const&... a) { launch(opts, g, kernel, a...); }, duals);
+
+  tangents<T> result;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (detail::from_dual<D>(args, std::get<I>(duals), result), ...);
+  }
+  (std::index_sequence_for<Args...>{});
+  return result;
+}
+
+template <class Kernel, class... Args>
+auto jvp(grid g, Kernel&& kernel, Args const&... args) {
+  return jvp(default_options(), g, std::forward<Kernel>(kernel), args...);
+}
+
+} // namespace tilegrad

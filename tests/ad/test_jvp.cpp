@@ -1,0 +1,466 @@
+// jvp of whole kernels: the example kernels against central differences of their double
+// launch, the dot-product test <J u, w> = <u, J^T w> against vjp, the memory semantics (masks,
+// `other`, block-pointer padding, atomics) on shapes that do not divide the tiles, argument
+// handling (passive, integer, inout and strided tensors) and the errors for bad input.
+#include <tilegrad/kernels/matmul.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/kernels/weighted_sum.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/tensors.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+namespace tg = tilegrad;
+using test_support::fill;
+template <class T>
+using owned = tg::owned_tensor<T>;
+
+// x + h * u, element by element.
+owned<double> moved(owned<double> const& x, double h, owned<double> const& u) {
+  owned<double> r(x);
+  for (std::int64_t i = 0; i < r.numel(); ++i)
+    r.data()[i] += h * u.data()[i];
+  return r;
+}
+
+double inner(owned<double> const& a, owned<double> const& b) {
+  double s = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    s += a.data()[i] * b.data()[i];
+  return s;
+}
+double abs_inner(owned<double> const& a, owned<double> const& b) {
+  double s = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    s += std::abs(a.data()[i] * b.data()[i]);
+  return s;
+}
+
+owned<double> random_like(owned<double> const& t, unsigned seed) {
+  owned<double> r(t.view().shape().data(), static_cast<std::size_t>(t.rank()));
+  fill(r, seed);
+  return r;
+}
+
+// The three example kernels with their launch, for non-dividing shapes: each case names its
+// inputs and its output so the checks below run over all of them alike.
+struct example {
+  char const* name;
+  std::vector<owned<double>> inputs; // in kernel argument order, the output last
+  owned<double> output;
+};
+
+std::vector<example> examples(unsigned seed) {
+  std::vector<example> e;
+  auto make = [&](char const* name, std::vector<std::vector<std::int64_t>> in,
+                  std::vector<std::int64_t> out) {
+    example x{name, {}, owned<double>(out.data(), out.size(), "y")};
+    for (auto& s : in) {
+      x.inputs.emplace_back(s.data(), s.size());
+      fill(x.inputs.back(), seed++);
+    }
+    e.push_back(std::move(x));
+  };
+  make("weighted_sum", {{37, 70}, {70}}, {37});
+  make("softmax", {{9, 37}}, {9, 37});
+  make("matmul", {{33, 17}, {17, 45}}, {33, 45});
+  return e;
+}
+
+template <int Inputs>
+using arity = std::integral_constant<int, Inputs>;
+
+// Runs `f(grid, kernel, arity<inputs>)` with the kernel of example `name`.
+template <class F>
+auto with_kernel(std::string const& name, F&& f) {
+  if (name == "weighted_sum")
+    return f(tg::grid(tg::cdiv(37, 16)), tg::kernels::weighted_sum_fwd<16, 32>, arity<2>{});
+  if (name == "softmax")
+    return f(tg::grid(9), tg::kernels::softmax_fwd<64>, arity<1>{});
+  return f(tg::grid(tg::cdiv(33, 16) * tg::cdiv(45, 16)), tg::kernels::matmul_fwd<16, 16, 8, 2>,
+           arity<2>{});
+}
+
+// The kernel's arguments: its inputs as tangent_in with three directions each, its output.
+template <class Kernel, int Inputs>
+tg::tangents<double> jvp_of(tg::grid g, Kernel const& k, arity<Inputs>, example& e,
+                            std::vector<std::array<owned<double>, 3>> const& u) {
+  auto in = [&](std::size_t a) {
+    return tg::tangent_in(a == 0 ? "x0" : "x1", e.inputs[a], u[a][0], u[a][1], u[a][2]);
+  };
+  if constexpr (Inputs == 1)
+    return tg::jvp(g, k, in(0), tg::tangent_out("y", e.output));
+  else
+    return tg::jvp(g, k, in(0), in(1), tg::tangent_out("y", e.output));
+}
+
+template <class Kernel, int Inputs>
+void launch_double(tg::grid g, Kernel const& k, arity<Inputs>, std::vector<owned<double>> const& in,
+                   owned<double>& out) {
+  if constexpr (Inputs == 1)
+    tg::launch(g, k, in[0].cview(), out.view());
+  else
+    tg::launch(g, k, in[0].cview(), in[1].cview(), out.view());
+}
+
+std::vector<std::array<owned<double>, 3>> directions(example const& e, unsigned seed) {
+  std::vector<std::array<owned<double>, 3>> u;
+  for (auto const& x : e.inputs)
+    u.push_back({random_like(x, seed++), random_like(x, seed++), random_like(x, seed++)});
+  return u;
+}
+
+TEST(JvpExamples, ForwardValuesAndTangentsMatchCentralDifferences) {
+  for (auto& e : examples(100)) {
+    auto const u = directions(e, 200);
+    auto const r = with_kernel(
+        e.name, [&](tg::grid g, auto const& k, auto n) { return jvp_of(g, k, n, e, u); });
+    // The forward values went to the output: those of a plain double launch.
+    owned<double> plain(e.output);
+    with_kernel(e.name, [&](tg::grid g, auto const& k, auto n) {
+      launch_double(g, k, n, e.inputs, plain);
+      return 0;
+    });
+    for (std::int64_t i = 0; i < plain.numel(); ++i)
+      ASSERT_NEAR(e.output.data()[i], plain.data()[i], 1e-13 * (1 + std::abs(plain.data()[i])))
+          << e.name << " value " << i;
+    constexpr double h = 1e-5;
+    for (int k = 0; k < 3; ++k) {
+      std::vector<owned<double>> up, down;
+      for (std::size_t a = 0; a < e.inputs.size(); ++a) {
+        up.push_back(moved(e.inputs[a], h, u[a][k]));
+        down.push_back(moved(e.inputs[a], -h, u[a][k]));
+      }
+      owned<double> yu(e.output), yd(e.output);
+      with_kernel(e.name, [&](tg::grid g, auto const& kern, auto n) {
+        launch_double(g, kern, n, up, yu);
+        launch_double(g, kern, n, down, yd);
+        return 0;
+      });
+      auto const& t = r.tangent("y", k);
+      ASSERT_EQ(t.numel(), e.output.numel());
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        double const fd = (yu.data()[i] - yd.data()[i]) / (2 * h);
+        ASSERT_NEAR(t.data()[i], fd, 1e-7 * (1 + std::abs(fd)))
+            << e.name << " direction " << k << " element " << i;
+      }
+    }
+  }
+}
+
+// <J u, w> = <u, J^T w>: forward mode against reverse mode, both exact up to round-off.
+TEST(JvpExamples, DotProductTestAgainstVjp) {
+  for (unsigned draw = 0; draw < 3; ++draw) {
+    for (auto& e : examples(300 + 10 * draw)) {
+      auto const u = directions(e, 400 + 10 * draw);
+      auto const ju = with_kernel(
+          e.name, [&](tg::grid g, auto const& k, auto n) { return jvp_of(g, k, n, e, u); });
+      owned<double> const w = random_like(e.output, 500 + draw);
+      owned<double> y2(e.output);
+      auto const jtw = with_kernel(e.name, [&](tg::grid g, auto const& k, auto n) {
+        if constexpr (n == 1)
+          return tg::vjp(g, k, tg::in("x0", e.inputs[0]), tg::out("y", y2, w));
+        else
+          return tg::vjp(g, k, tg::in("x0", e.inputs[0]), tg::in("x1", e.inputs[1]),
+                         tg::out("y", y2, w));
+      });
+      for (int k = 0; k < 3; ++k) {
+        double const lhs = inner(ju.tangent("y", k), w);
+        double rhs = 0, scale = abs_inner(ju.tangent("y", k), w);
+        for (std::size_t a = 0; a < e.inputs.size(); ++a) {
+          auto const& g = jtw["x" + std::to_string(a)];
+          rhs += inner(u[a][k], g);
+          scale += abs_inner(u[a][k], g);
+        }
+        EXPECT_NEAR(lhs, rhs, 1e-10 * scale) << e.name << " draw " << draw << " direction " << k
+                                             << ": <J u, w> = " << lhs << ", <u, J^T w> = " << rhs;
+        EXPECT_GT(std::abs(lhs), 1e-3 * scale) << e.name << ": a degenerate test";
+      }
+    }
+  }
+}
+
+TEST(JvpExamples, FloatDualsTrackTheDoubleTangents) {
+  int const n = 37, d = 70;
+  owned<float> x({n, d}), w({d}), y({n}), ux({n, d}), uw({d});
+  fill(x, 1), fill(w, 2), fill(ux, 3), fill(uw, 4);
+  auto const r =
+      tg::jvp(tg::cdiv(n, 16), tg::kernels::weighted_sum_fwd<16, 32>, tg::tangent_in("x", x, ux),
+              tg::tangent_in("w", w, uw), tg::tangent_out("y", y));
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(r["y"])>, owned<float>>);
+  for (int i = 0; i < n; ++i) {
+    double t = 0;
+    for (int j = 0; j < d; ++j)
+      t += double(ux(i, j)) * w(j) + double(x(i, j)) * uw(j);
+    ASSERT_NEAR(r["y"](i), t, 1e-4) << i;
+  }
+}
+
+TEST(JvpArguments, UnmarkedFloatTensorsArePassive) {
+  int const n = 21, d = 40;
+  owned<double> x({n, d}), w({d}), y({n}), ux({n, d});
+  fill(x, 5), fill(w, 6), fill(ux, 7);
+  auto const r = tg::jvp(tg::cdiv(n, 16), tg::kernels::weighted_sum_fwd<16, 32>,
+                         tg::tangent_in("x", x, ux), w.cview(), tg::tangent_out("y", y));
+  for (int i = 0; i < n; ++i) {
+    double t = 0, v = 0;
+    for (int j = 0; j < d; ++j)
+      t += ux(i, j) * w(j), v += x(i, j) * w(j);
+    ASSERT_NEAR(r["y"](i), t, 1e-12) << i;
+    ASSERT_NEAR(y(i), v, 1e-12) << i;
+  }
+  EXPECT_FALSE(r.contains("x"));
+  EXPECT_TRUE(r.contains("y"));
+}
+
+// A gather through an integer index tensor, scaled by a number: both pass through unchanged.
+constexpr auto gather = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<std::int32_t const> idx, double scale,
+                                    tg::tensor<T> y) {
+  auto const offs = p.program_id(0) * 8 + tg::arange<0, 8>();
+  auto const mask = offs < y.size(0);
+  auto const i = tg::load(idx + offs, mask);
+  tg::store(y + offs, tg::load(x + i, mask) * scale, mask);
+};
+
+TEST(JvpArguments, IntegerTensorsAndNumbersPassThrough) {
+  int const n = 19, m = 11;
+  owned<double> x({m}), y({n}), u({m});
+  owned<std::int32_t> idx({n});
+  fill(x, 8), fill(u, 9);
+  for (int i = 0; i < n; ++i)
+    idx(i) = (i * 7) % m;
+  auto const r = tg::jvp(tg::cdiv(n, 8), gather, tg::tangent_in("x", x, u), idx.cview(), 2.5,
+                         tg::tangent_out("y", y));
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(y(i), x(idx(i)) * 2.5) << i;
+    ASSERT_EQ(r["y"](i), u(idx(i)) * 2.5) << i;
+  }
+}
+
+// y <- y * x + 1 in place.
+constexpr auto scale_in_place = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                            tg::tensor<T> y) {
+  auto const offs = p.program_id(0) * 16 + tg::arange<0, 16>();
+  auto const mask = offs < y.size(0);
+  auto const yp = y + offs;
+  tg::store(yp, tg::load(yp, mask) * tg::load(x + offs, mask) + 1, mask);
+};
+
+TEST(JvpArguments, InoutTensorStartsAlongItsTangent) {
+  int const n = 45;
+  owned<double> x({n}), y({n}), ux({n}), uy({n}), vx({n}), vy({n});
+  fill(x, 10), fill(y, 11), fill(ux, 12), fill(uy, 13), fill(vx, 14), fill(vy, 15);
+  owned<double> const y0(y);
+  auto const r = tg::jvp(tg::cdiv(n, 16), scale_in_place, tg::tangent_in("x", x, ux, vx),
+                         tg::tangent_inout("y", y, uy, vy));
+  for (int i = 0; i < n; ++i) {
+    ASSERT_DOUBLE_EQ(y(i), y0(i) * x(i) + 1) << i;
+    ASSERT_NEAR(r["y"](i), uy(i) * x(i) + y0(i) * ux(i), 1e-14) << i;
+    ASSERT_NEAR(r.tangent("y", 1)(i), vy(i) * x(i) + y0(i) * vx(i), 1e-14) << i;
+  }
+}
+
+// y[i, j] = 2 * x[i, j] over a strided view: the dual copy keeps the view's layout.
+constexpr auto double_2d = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                       tg::tensor<T> y) {
+  auto const r = p.program_id(0);
+  auto const c = tg::arange<0, 16>();
+  auto const mask = c < x.size(1);
+  tg::store(y + r * y.stride(0) + c * y.stride(1),
+            tg::load(x + r * x.stride(0) + c * x.stride(1), mask) * 2, mask);
+};
+
+TEST(JvpArguments, StridedViews) {
+  int const n = 6, m = 13;
+  owned<double> buf({m, n}), ubuf({m, n}), y({n, m});
+  fill(buf, 16), fill(ubuf, 17);
+  // x is the transpose of buf, u a plain contiguous tensor of x's shape.
+  tg::tensor<double const> const xt(buf.data(), {n, m}, {1, n}, "x");
+  owned<double> u({n, m});
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j)
+      u(i, j) = ubuf(j, i);
+  auto const r = tg::jvp(n, double_2d, tg::tangent_in("x", xt, u), tg::tangent_out("y", y));
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j) {
+      ASSERT_EQ(y(i, j), 2 * buf(j, i)) << i << ", " << j;
+      ASSERT_EQ(r["y"](i, j), 2 * ubuf(j, i)) << i << ", " << j;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory semantics
+// ---------------------------------------------------------------------------------------------
+
+// Lanes past n read `other` = 2.5 (zero tangent); the store reaches 5 elements past n.
+constexpr auto masked_square = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                           tg::tensor<T> y) {
+  auto const offs = p.program_id(0) * 16 + tg::arange<0, 16>();
+  auto const v = tg::load(x + offs, offs < x.size(0), 2.5);
+  tg::store(y + offs, v * v + 1, offs < y.size(0));
+};
+
+TEST(JvpMemory, MaskedLanesAndOtherHaveZeroTangent) {
+  int const n = 37;
+  owned<double> x({n}), u({n}), y({n + 5});
+  fill(x, 18), fill(u, 19);
+  for (auto& v : y)
+    v = -7;
+  auto const r = tg::jvp(tg::cdiv(n + 5, 16), masked_square, tg::tangent_in("x", x, u),
+                         tg::tangent_out("y", y));
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(y(i), x(i) * x(i) + 1) << i;
+    ASSERT_EQ(r["y"](i), 2 * x(i) * u(i)) << i;
+  }
+  for (int i = n; i < n + 5; ++i) {
+    ASSERT_EQ(y(i), 2.5 * 2.5 + 1) << i;
+    ASSERT_EQ(r["y"](i), 0) << i;
+  }
+}
+
+// 4 x 4 blocks of a 5 x 7 tensor, padded past its edges, stored whole into 8 x 8 outputs: the
+// block itself, and exp(b) + b.
+template <tg::padding Pad>
+constexpr auto padded_blocks =
+    []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> raw, tg::tensor<T> y) {
+      std::int64_t const r = p.program_id(0) * 4, c = p.program_id(1) * 4;
+      auto const b = tg::load(tg::make_block_ptr<4, 4>(x, {r, c}), tg::bounds<0, 1>, Pad);
+      tg::store(tg::make_block_ptr<4, 4>(raw, {r, c}), b);
+      tg::store(tg::make_block_ptr<4, 4>(y, {r, c}), exp(b) + b);
+    };
+
+TEST(JvpMemory, BlockPointerPaddingHasZeroTangent) {
+  owned<double> x({5, 7}), u({5, 7}), v({5, 7});
+  fill(x, 20), fill(u, 21), fill(v, 22);
+  for (auto pad : {tg::padding::zero, tg::padding::nan}) {
+    owned<double> raw({8, 8}), y({8, 8});
+    auto run = [&](auto const& kernel) {
+      return tg::jvp(tg::grid(2, 2), kernel, tg::tangent_in("x", x, u, v),
+                     tg::tangent_out("raw", raw), tg::tangent_out("y", y));
+    };
+    auto const r = pad == tg::padding::zero ? run(padded_blocks<tg::padding::zero>)
+                                            : run(padded_blocks<tg::padding::nan>);
+    for (int i = 0; i < 8; ++i)
+      for (int j = 0; j < 8; ++j) {
+        bool const inside = i < 5 && j < 7;
+        if (inside) {
+          ASSERT_EQ(raw(i, j), x(i, j));
+          ASSERT_EQ(r["raw"](i, j), u(i, j));
+          ASSERT_EQ(r.tangent("raw", 1)(i, j), v(i, j));
+          double const dy = std::exp(x(i, j)) + 1;
+          ASSERT_NEAR(y(i, j), std::exp(x(i, j)) + x(i, j), 1e-14);
+          ASSERT_NEAR(r["y"](i, j), dy * u(i, j), 1e-14) << i << ", " << j;
+          ASSERT_NEAR(r.tangent("y", 1)(i, j), dy * v(i, j), 1e-14) << i << ", " << j;
+        } else {
+          // The padding: zero or NaN, with zero tangents.
+          if (pad == tg::padding::zero)
+            ASSERT_EQ(raw(i, j), 0);
+          else
+            ASSERT_TRUE(std::isnan(raw(i, j)));
+          ASSERT_EQ(r["raw"](i, j), 0) << i << ", " << j;
+          ASSERT_EQ(r.tangent("raw", 1)(i, j), 0) << i << ", " << j;
+          if (pad == tg::padding::zero) { // exp(0) + 0, tangent 0
+            ASSERT_EQ(y(i, j), 1);
+            ASSERT_EQ(r["y"](i, j), 0);
+          }
+        }
+      }
+  }
+}
+
+// Every program adds 1.5 * x[row, :] into y (row-sum of 13 programs, a tail of 37 - 32 lanes);
+// every program also takes the element-wise max into z.
+constexpr auto atomic_rows = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T> y, tg::tensor<T> z) {
+  auto const c = tg::arange<0, 32>();
+  for (int c0 = 0; c0 < x.size(1); c0 += 32) {
+    auto const cols = c0 + c;
+    auto const mask = cols < x.size(1);
+    auto const v = tg::load(x + p.program_id(0) * x.stride(0) + cols, mask);
+    tg::atomic_add(y + cols, v * 1.5, mask);
+    tg::atomic_max(z + cols, v, mask);
+  }
+};
+
+TEST(JvpMemory, AtomicAddSumsTangentsAndAtomicMaxTakesTheWinnersTangent) {
+  int const rows = 13, n = 37;
+  owned<double> x({rows, n}), u({rows, n}), v({rows, n});
+  fill(x, 23), fill(u, 24), fill(v, 25);
+  std::vector<std::pair<tg::executor, int>> configs{{tg::executor::sequential, 1}};
+  if (tg::executor_available(tg::executor::tbb))
+    configs.push_back({tg::executor::tbb, 4});
+  if (tg::executor_available(tg::executor::openmp))
+    configs.push_back({tg::executor::openmp, 4});
+  for (auto [e, threads] : configs) {
+    owned<double> y({n}), z({n});
+    for (int j = 0; j < n; ++j)
+      y(j) = 0.5, z(j) = -10;
+    auto const r = tg::jvp({e, threads}, rows, atomic_rows, tg::tangent_in("x", x, u, v),
+                           tg::tangent_out("y", y), tg::tangent_out("z", z));
+    for (int j = 0; j < n; ++j) {
+      double sy = 0.5, su = 0, sv = 0;
+      int best = 0;
+      for (int i = 0; i < rows; ++i) {
+        sy += 1.5 * x(i, j), su += 1.5 * u(i, j), sv += 1.5 * v(i, j);
+        if (x(i, j) > x(best, j))
+          best = i;
+      }
+      ASSERT_NEAR(y(j), sy, 1e-13) << tg::to_string(e) << " " << j;
+      ASSERT_NEAR(r["y"](j), su, 1e-13) << tg::to_string(e) << " " << j;
+      ASSERT_NEAR(r.tangent("y", 1)(j), sv, 1e-13) << tg::to_string(e) << " " << j;
+      ASSERT_EQ(z(j), x(best, j)) << j;
+      ASSERT_EQ(r["z"](j), u(best, j)) << tg::to_string(e) << " " << j;
+      ASSERT_EQ(r.tangent("z", 1)(j), v(best, j)) << tg::to_string(e) << " " << j;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input
+// ---------------------------------------------------------------------------------------------
+
+TEST(JvpErrors, TangentShapeNameTwiceAndUnknownResults) {
+  int const n = 37, d = 70;
+  owned<double> x({n, d}), w({d}), y({n}), ux({n, d}), uw({d}), bad_shape({n, d + 1}),
+      bad_rank({n * d});
+  auto run = [&](auto... args) {
+    return tg::jvp(tg::cdiv(n, 16), tg::kernels::weighted_sum_fwd<16, 32>, args...);
+  };
+  EXPECT_THROW(
+      run(tg::tangent_in("x", x, bad_shape), tg::tangent_in("w", w, uw), tg::tangent_out("y", y)),
+      std::invalid_argument);
+  EXPECT_THROW(run(tg::tangent_in("x", x, bad_rank), w.cview(), tg::tangent_out("y", y)),
+               std::invalid_argument);
+  EXPECT_THROW(run(tg::tangent_in("x", x, ux, bad_shape), tg::tangent_in("w", w, uw, uw),
+                   tg::tangent_out("y", y)),
+               std::invalid_argument);
+  EXPECT_THROW(run(tg::tangent_in("x", x, ux), tg::tangent_in("x", w, uw), tg::tangent_out("y", y)),
+               std::invalid_argument);
+  try {
+    run(tg::tangent_in("x", x, ux), w.cview(), tg::tangent_out("x", y));
+    ADD_FAILURE() << "a name given twice was accepted";
+  } catch (std::invalid_argument const& e) {
+    EXPECT_NE(std::string(e.what()).find("'x' is given twice"), std::string::npos) << e.what();
+  }
+  auto const r =
+      run(tg::tangent_in("x", x, ux), tg::tangent_in("w", w, uw), tg::tangent_out("y", y));
+  EXPECT_THROW(r["w"], std::out_of_range);
+  EXPECT_THROW(r["nope"], std::out_of_range);
+  EXPECT_THROW(r.tangent("y", 1), std::out_of_range);
+  EXPECT_THROW(r.tangent("y", -1), std::out_of_range);
+  EXPECT_NO_THROW(r.tangent("y", 0));
+}
+
+} // namespace
