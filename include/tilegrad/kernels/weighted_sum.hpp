@@ -16,19 +16,19 @@ namespace tilegrad::kernels {
 
 /// y[i] = sum_j x[i, j] * w[j]. Grid: cdiv(rows, BR) programs.
 template <int BR, int BD>
-inline constexpr auto weighted_sum_fwd =
-    []<class T>(program const& p, tensor<T const> x, tensor<T const> w, tensor<T> y) {
-      auto xb = make_block_ptr<BR, BD>(x, {p.program_id(0) * std::int64_t{BR}, 0});
-      auto wb = make_block_ptr<BD>(w, {0});
-      auto acc = zeros<fp32<T>, BR>();
-      for (int i = 0; i < cdiv<std::int64_t>(x.size(1), BD); ++i) {
-        // Rows past the end and columns past D read zeros.
-        acc += sum<1>(load(xb, bounds<0, 1>) * row(load(wb, bounds<0>)));
-        xb = xb.advance(0, BD);
-        wb = wb.advance(BD);
-      }
-      store(make_block_ptr<BR>(y, {p.program_id(0) * std::int64_t{BR}}), acc, bounds<0>);
-    };
+inline constexpr auto weighted_sum_fwd = []<class T>(program const& p, tensor<T const> x,
+                                                     tensor<T const> w, tensor<T> y) {
+  auto xb = make_block_ptr<BR, BD>(x, {p.program_id(0) * std::int64_t{BR}, 0});
+  auto wb = make_block_ptr<BD>(w, {0});
+  auto acc = zeros<fp32<T>, BR>();
+  for (int i = 0; i < cdiv<std::int64_t>(x.size(1), BD); ++i) {
+    // Rows past the end and columns past D read zeros.
+    acc += sum<1>(load(xb, bounds<0, 1>) * row(load(wb, bounds<0>)));
+    xb = xb.advance(0, BD);
+    wb = wb.advance(BD);
+  }
+  store(make_block_ptr<BR>(y, {p.program_id(0) * std::int64_t{BR}}), acc, bounds<0>);
+};
 
 /// Backward of weighted_sum_fwd: dx[i, :] = dy[i] * w, and for each tile t of BR rows the
 /// partial sum partial_dw[t, :] = sum over its rows of dy[i] * x[i, :] (programs never add into
@@ -56,16 +56,17 @@ inline constexpr auto weighted_sum_bwd = []<class T>(program const& p, tensor<T 
 
 /// dw[j] = sum over t of partial_dw[t, j], BT rows at a time. Grid: cdiv(D, BD) programs.
 template <int BT, int BD>
-inline constexpr auto weighted_sum_reduce_dw =
-    []<class T>(program const& p, tensor<T const> partial_dw, tensor<T> dw) {
-      std::int64_t const c0 = p.program_id(0) * std::int64_t{BD};
-      auto pb = make_block_ptr<BT, BD>(partial_dw, {0, c0});
-      auto acc = zeros<fp32<T>, BD>();
-      for (int i = 0; i < cdiv<std::int64_t>(partial_dw.size(0), BT); ++i) {
-        acc += sum<0>(load(pb, bounds<0, 1>));
-        pb = pb.advance(BT, 0);
-      }
-      store(make_block_ptr<BD>(dw, {c0}), acc, bounds<0>);
-    };
+inline constexpr auto weighted_sum_reduce_dw = []<class T>(program const& p,
+                                                           tensor<T const> partial_dw,
+                                                           tensor<T> dw) {
+  std::int64_t const c0 = p.program_id(0) * std::int64_t{BD};
+  auto pb = make_block_ptr<BT, BD>(partial_dw, {0, c0});
+  auto acc = zeros<fp32<T>, BD>();
+  for (int i = 0; i < cdiv<std::int64_t>(partial_dw.size(0), BT); ++i) {
+    acc += sum<0>(load(pb, bounds<0, 1>));
+    pb = pb.advance(BT, 0);
+  }
+  store(make_block_ptr<BD>(dw, {c0}), acc, bounds<0>);
+};
 
 } // namespace tilegrad::kernels
