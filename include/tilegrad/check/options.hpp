@@ -45,14 +45,14 @@ struct check_options {
   double floor_abs = 0;
   /// atol_rtol: unset means the working dtype's default (float32: 1e-5 and 1.3e-6, float64:
   /// 1e-7 and 1e-7, as torch.testing).
-  std::optional<double> atol, rtol;
+  std::optional<double> atol = {}, rtol = {};
 
   /// Worst elements listed per gradient, and the largest block map.
   int worst = 5;
   int map_rows = 16, map_cols = 32;
 
   /// Values of the inputs; uniform in [-1, 1) when unset.
-  input_generator inputs;
+  input_generator inputs = {};
 
   /// Structural checks, on the first seed: zero and doubled cotangents, and a second run of
   /// the backward compared bitwise with the first.
