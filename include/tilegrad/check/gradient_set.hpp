@@ -138,6 +138,7 @@ public:
   void merge(gradient_set const& o) {
     for (auto const& g : o.grads_)
       add(g);
+    duplicates_.insert(duplicates_.end(), o.duplicates_.begin(), o.duplicates_.end());
   }
 
 private:
