@@ -1,7 +1,10 @@
 // 04: checking a hand-written backward. The weighted sum's backward (dx and per-row-tile partial
 // sums of dw, reduced by a second launch) is checked against the reference gradients that vjp
 // derives from the forward kernel; then a variant with an off-by-one row mask is checked, and
-// the report's block map shows the mismatches sitting in the last row.
+// the report's block map shows the mismatches sitting in the last row. Last, the Taylor test
+// checks the reference itself: central differences of the softmax in double converge to vjp's
+// directional derivative at rate 2.
+#include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/kernels/weighted_sum.hpp>
 #include <tilegrad/tilegrad.hpp>
 
@@ -38,6 +41,13 @@ int main() {
   auto const good = tg::check_backward(fwd, backward<false>);
   std::cout << good << "\n";
   auto const bad = tg::check_backward(fwd, backward<true>, {.seeds = 1});
-  std::cout << bad;
-  return good && !bad ? 0 : 1;
+  std::cout << bad << "\n";
+
+  tg::owned_tensor<float> s({8, 50}, "s"), p({8, 50}, "p");
+  for (std::int64_t i = 0; i < s.numel(); ++i)
+    s.data()[i] = static_cast<float>((i * 37 % 101) / 25.0 - 2);
+  auto const taylor =
+      tg::taylor_test(8, tg::kernels::softmax_fwd<64>, tg::in("s", s), tg::out("p", p));
+  std::cout << taylor;
+  return good && !bad && taylor ? 0 : 1;
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <limits>
 #include <ostream>
@@ -42,21 +43,23 @@ struct taylor_result {
   explicit operator bool() const { return passed; }
 
   friend std::ostream& operator<<(std::ostream& os, taylor_result const& r) {
-    auto const flags = os.flags();
-    auto const prec = os.precision(4);
+    char line[160];
+    std::snprintf(line, sizeof line, "%.12g", r.directional);
     os << "taylor_test: " << (r.passed ? "PASS" : "FAIL") << " (" << r.verdict << ")\n"
-       << "  <g, u> = " << r.directional << "\n"
-       << "  h          FD(h)          |FD(h) - <g, u>|  rate\n";
+       << "  <g, u> = " << line << " (vjp, float64)\n"
+       << "  h            FD(h)                 |FD(h) - <g, u>|  rate\n";
     for (std::size_t i = 0; i < r.h.size(); ++i) {
-      os << "  " << r.h[i] << "  " << r.fd[i] << "  " << r.residual[i] << "  ";
-      if (i)
-        os << r.rate[i];
+      std::snprintf(line, sizeof line, "  %-11.4g  %-20.14g  %-16.4g  ", r.h[i], r.fd[i],
+                    r.residual[i]);
+      os << line;
+      if (i) {
+        std::snprintf(line, sizeof line, "%.3f", r.rate[i]);
+        os << line;
+      }
       if (r.at_roundoff[i])
         os << "  (round-off)";
       os << "\n";
     }
-    os.flags(flags);
-    os.precision(prec);
     return os;
   }
 };
@@ -181,8 +184,10 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
     std::sort(clean.begin(), clean.end());
     r.observed_rate = clean[clean.size() / 2];
     r.passed = r.observed_rate >= o.min_rate;
-    r.verdict = "observed rate " + std::to_string(r.observed_rate) + (r.passed ? " >= " : " < ") +
-                std::to_string(o.min_rate) + ", expected 2";
+    char text[96];
+    std::snprintf(text, sizeof text, "observed rate %.3f %s %.2f, expected 2", r.observed_rate,
+                  r.passed ? ">=" : "<", o.min_rate);
+    r.verdict = text;
     if (std::any_of(r.at_roundoff.begin(), r.at_roundoff.end(), [](bool b) { return b; }))
       r.verdict += "; residuals marked (round-off) are left out of the rate";
   }
