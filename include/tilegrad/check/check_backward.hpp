@@ -130,7 +130,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       os << "max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor, k = " << o.k
          << ", floor = " << o.floor_ulps << " * eps(" << dtype_name<T>() << ") * max|g_ref64|"
          << (o.floor_abs ? " + " + std::to_string(o.floor_abs) : std::string())
-         << "; g_ref64, g_ref32: vjp of the forward in float64 and " << dtype_name<T>();
+         << "; g_ref64, g_ref32: vjp of the forward in float64 and " << dtype_name<T>()
+         << "; max|g_ref32 - g_ref64| at least the seeds' largest relative one * max|g_ref64|";
     else {
       auto t = make_tolerance(o, {}, {}, eps);
       os << "|g - g_ref64| <= atol + rtol * |g_ref64| elementwise, atol = " << t.atol
