@@ -1,6 +1,7 @@
 // Matrix product C = A @ B, the Triton tutorial kernel: BM x BN output tiles walked in groups
 // of GroupM rows of tiles (for cache reuse), K in steps of BK, masked at the K edge, dot with
-// an fp32 accumulator.
+// an fp32 accumulator. Its backward is two more matrix products, da = dc @ bᵀ and db = aᵀ @ dc,
+// each a kernel that transposes the tile it loads.
 #pragma once
 
 #include "tilegrad/core/types.hpp"
@@ -54,6 +55,56 @@ inline constexpr auto matmul_fwd = []<class T>(program const& p, tensor<T const>
   auto const offs_cn = pid_n * BN + arange<0, BN>();
   store(c + (col(offs_cm) * c.stride(0) + row(offs_cn) * c.stride(1)), acc,
         (col(offs_cm) < M) & (row(offs_cn) < N));
+};
+
+/// da = dc @ bᵀ for dc (M, N), b (K, N), da (M, K): the reduction runs over N, b's tiles are
+/// loaded as (BK, BN) and transposed. Grid: (cdiv(M, BM), cdiv(K, BK)).
+template <int BM, int BK, int BN>
+inline constexpr auto matmul_bwd_da = []<class T>(program const& p, tensor<T const> dc,
+                                                  tensor<T const> b, tensor<T> da) {
+  int const M = static_cast<int>(dc.size(0)), N = static_cast<int>(dc.size(1));
+  int const K = static_cast<int>(b.size(0));
+  auto const offs_m = p.program_id(0) * BM + arange<0, BM>();
+  auto const offs_k = p.program_id(1) * BK + arange<0, BK>();
+  auto const offs_n = arange<0, BN>();
+  auto dc_ptrs = dc + (col(offs_m) * dc.stride(0) + row(offs_n) * dc.stride(1));
+  auto b_ptrs = b + (col(offs_k) * b.stride(0) + row(offs_n) * b.stride(1));
+  auto acc = zeros<fp32<T>, BM, BK>();
+  for (int n = 0; n < cdiv(N, BN); ++n) {
+    auto const in_n = row(offs_n) < N - n * BN;
+    auto const dc_tile = load(dc_ptrs, (col(offs_m) < M) & in_n, 0.0f);
+    auto const b_tile = load(b_ptrs, (col(offs_k) < K) & in_n, 0.0f);
+    acc = dot(dc_tile, trans(b_tile), std::move(acc));
+    dc_ptrs += BN * dc.stride(1);
+    b_ptrs += BN * b.stride(1);
+  }
+  store(da + (col(offs_m) * da.stride(0) + row(offs_k) * da.stride(1)), acc,
+        (col(offs_m) < M) & (row(offs_k) < K));
+};
+
+/// db = aᵀ @ dc for a (M, K), dc (M, N), db (K, N): the reduction runs over M, a's tiles are
+/// loaded as (BM, BK) and transposed. Grid: (cdiv(K, BK), cdiv(N, BN)).
+template <int BK, int BN, int BM>
+inline constexpr auto matmul_bwd_db = []<class T>(program const& p, tensor<T const> a,
+                                                  tensor<T const> dc, tensor<T> db) {
+  int const M = static_cast<int>(a.size(0)), K = static_cast<int>(a.size(1));
+  int const N = static_cast<int>(dc.size(1));
+  auto const offs_k = p.program_id(0) * BK + arange<0, BK>();
+  auto const offs_n = p.program_id(1) * BN + arange<0, BN>();
+  auto const offs_m = arange<0, BM>();
+  auto a_ptrs = a + (col(offs_m) * a.stride(0) + row(offs_k) * a.stride(1));
+  auto dc_ptrs = dc + (col(offs_m) * dc.stride(0) + row(offs_n) * dc.stride(1));
+  auto acc = zeros<fp32<T>, BK, BN>();
+  for (int m = 0; m < cdiv(M, BM); ++m) {
+    auto const in_m = col(offs_m) < M - m * BM;
+    auto const a_tile = load(a_ptrs, in_m & (row(offs_k) < K), 0.0f);
+    auto const dc_tile = load(dc_ptrs, in_m & (row(offs_n) < N), 0.0f);
+    acc = dot(trans(a_tile), dc_tile, std::move(acc));
+    a_ptrs += BM * a.stride(0);
+    dc_ptrs += BM * dc.stride(0);
+  }
+  store(db + (col(offs_k) * db.stride(0) + row(offs_n) * db.stride(1)), acc,
+        (col(offs_k) < K) & (row(offs_n) < N));
 };
 
 } // namespace tilegrad::kernels

@@ -1,5 +1,6 @@
 // Row softmax, the classic Triton tutorial kernel: one row per program, the whole row in one
-// block of next_power_of_2(n_cols) lanes, masked past the row's end.
+// block of next_power_of_2(n_cols) lanes, masked past the row's end; and its hand-written
+// backward, one row per program as well.
 #pragma once
 
 #include "tilegrad/core/types.hpp"
@@ -28,6 +29,23 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
   auto const num = exp(row - max(row));
   tile<fp32<T>, Block> const out = num / sum(num);
   store(y + row_idx * y.stride(0) + cols * y.stride(1), out, mask);
+};
+
+/// Backward of softmax_fwd from its output y: dx[i, :] = y[i, :] * (dy[i, :] - s) with s the
+/// row's dot product <dy[i, :], y[i, :]>. Grid: one program per row; Block >= n_cols, a power
+/// of two.
+template <int Block>
+inline constexpr auto softmax_bwd = []<class T>(program const& p, tensor<T const> y,
+                                                tensor<T const> dy, tensor<T> dx) {
+  static_assert(next_power_of_2(Block) == Block, "softmax_bwd: Block must be a power of two");
+  int const row_idx = p.program_id(0);
+  auto const cols = arange<0, Block>();
+  auto const mask = cols < y.size(1);
+  // Masked lanes read 0 in both, so they add nothing to the row's dot product.
+  auto const yr = load(y + row_idx * y.stride(0) + cols * y.stride(1), mask, 0.0f);
+  auto const gr = load(dy + row_idx * dy.stride(0) + cols * dy.stride(1), mask, 0.0f);
+  tile<fp32<T>, Block> const out = yr * (gr - sum(gr * yr));
+  store(dx + row_idx * dx.stride(0) + cols * dx.stride(1), out, mask);
 };
 
 } // namespace tilegrad::kernels

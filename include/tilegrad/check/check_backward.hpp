@@ -1,0 +1,453 @@
+// check_backward: runs a hand-written backward on seeded random inputs and cotangents and
+// compares its gradients, by name, with the reference gradients vjp computes from the forward
+// kernel in float64 (g_ref64) and at the working precision (g_ref32); plus structural checks.
+#pragma once
+
+#include "tilegrad/ad/vjp.hpp"
+#include "tilegrad/check/compare.hpp"
+#include "tilegrad/check/context.hpp"
+#include "tilegrad/check/forward.hpp"
+#include "tilegrad/check/gradient_set.hpp"
+#include "tilegrad/check/options.hpp"
+#include "tilegrad/check/report.hpp"
+#include "tilegrad/grid/launch.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace tilegrad {
+
+namespace detail {
+
+// The working dtype of a launch: that of its first marked or float tensor.
+template <class... X>
+struct working_float {
+  using type = void;
+};
+template <class X, class... Rest>
+struct working_float<X, Rest...> {
+  using type =
+      std::conditional_t<!std::is_void_v<typename arg_kind<X>::type>, typename arg_kind<X>::type,
+                         typename working_float<Rest...>::type>;
+};
+
+template <class T>
+struct named_tensor {
+  std::string name;
+  std::string role;
+  tensor<T> t;
+};
+
+// A generator per (seed, stream): the same seed draws the same values for the same tensor.
+inline std::mt19937_64 rng_for(unsigned seed, unsigned stream) {
+  std::seed_seq seq{seed, stream, 0x7467u};
+  return std::mt19937_64(seq);
+}
+
+inline std::string coordinates_of(erased_gradient const& g, std::int64_t i) {
+  auto c = unravel(i, g.shape, g.rank);
+  return tuple_string(c.data(), g.rank);
+}
+
+template <class T>
+std::vector<double> values_of(owned_tensor<T> const& t) {
+  return std::vector<double>(t.begin(), t.end());
+}
+
+} // namespace detail
+
+/// Checks `backward` against the reference gradients of the forward launch `fwd` (see
+/// forward()). `backward(ctx)` gets a backward_context<T> and either returns a gradient_set or
+/// fills ctx.set_gradient(name, g); it must hand back one gradient per tensor marked in, of the
+/// working dtype and the input's shape. The checker overwrites the inputs (in and passive) with
+/// seeded random values and the outputs with the forward's results.
+template <class Kernel, class... Args, class Backward>
+check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward&& backward,
+                            check_options const& o = {}) {
+  using T = typename detail::working_float<Args...>::type;
+  static_assert(std::is_floating_point_v<T>,
+                "tilegrad::check_backward: mark the float tensors of the forward with in / out");
+  static_assert(((std::is_void_v<typename detail::arg_kind<Args>::type> ||
+                  std::is_same_v<typename detail::arg_kind<Args>::type, T>)&&...),
+                "tilegrad::check_backward: every float tensor of the forward must have the same "
+                "element type");
+  using result_t = std::invoke_result_t<Backward&, backward_context<T>&>;
+  static_assert(std::is_void_v<result_t> || std::is_convertible_v<result_t, gradient_set>,
+                "tilegrad::check_backward: the backward returns a tilegrad::gradient_set or "
+                "nothing (and fills ctx.set_gradient)");
+  double const eps = std::numeric_limits<T>::epsilon();
+
+  check_report rep;
+  std::vector<detail::named_tensor<T>> ins, passives, outs;
+  int others = 0;
+  std::apply(
+      [&](auto const&... a) {
+        auto collect = [&]<class X>(X const& x) {
+          using K = detail::arg_kind<X>;
+          if constexpr (K::in)
+            ins.push_back({x.name, "in", x.t});
+          else if constexpr (K::out)
+            outs.push_back({x.name, "out", x.t});
+          else if constexpr (K::passive)
+            passives.push_back({x.name, "passive",
+                                tensor<T>(const_cast<T*>(x.t.data()), x.t.rank(), x.t.shape(),
+                                          x.t.strides(), x.name)});
+          else
+            ++others;
+        };
+        (collect(a), ...);
+      },
+      fwd.args);
+
+  {
+    std::ostringstream os;
+    os << "grid (" << fwd.g.dims[0];
+    for (int a = 1; a < fwd.g.rank; ++a)
+      os << ", " << fwd.g.dims[a];
+    os << ")";
+    for (auto const* group : {&ins, &passives, &outs})
+      for (auto const& n : *group)
+        os << "; " << n.role << " " << n.name << " " << dtype_name<T>() << " "
+           << n.t.shape_string();
+    if (others)
+      os << "; " << others << " more argument(s) passed through";
+    rep.launch = os.str();
+    os.str("");
+    os.precision(3);
+    if (o.rule == pass_rule::baseline)
+      os << "max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor, k = " << o.k
+         << ", floor = " << o.floor_ulps << " * eps(" << dtype_name<T>() << ") * max|g_ref64|"
+         << (o.floor_abs ? " + " + std::to_string(o.floor_abs) : std::string())
+         << "; g_ref64, g_ref32: vjp of the forward in float64 and " << dtype_name<T>()
+         << "; max|g_ref32 - g_ref64| at least the seeds' largest relative one * max|g_ref64|";
+    else {
+      auto t = make_tolerance(o, {}, {}, eps);
+      os << "|g - g_ref64| <= atol + rtol * |g_ref64| elementwise, atol = " << t.atol
+         << ", rtol = " << t.rtol << "; g_ref64: vjp of the forward in float64";
+    }
+    rep.rule = os.str();
+  }
+  std::vector<std::string> names;
+  for (auto const* group : {&ins, &passives, &outs})
+    for (auto const& n : *group) {
+      for (auto const& m : names)
+        if (m == n.name)
+          rep.warnings.push_back("the name '" + n.name + "' is given twice");
+      names.push_back(n.name);
+    }
+  if (ins.empty())
+    rep.warnings.push_back("no tensor is marked in: there is nothing to check");
+  if (outs.empty())
+    rep.warnings.push_back("no tensor is marked out: every gradient is zero");
+  auto role_of = [&](std::string const& name) -> std::string {
+    for (auto const* group : {&ins, &passives, &outs})
+      for (auto const& n : *group)
+        if (n.name == name)
+          return n.role;
+    return "";
+  };
+
+  auto named_views = [](auto const& v) {
+    typename backward_context<T>::named out;
+    for (auto const& n : v)
+      out.emplace_back(n.name, tensor<T const>(n.t));
+    return out;
+  };
+  auto inputs_named = named_views(ins);
+  for (auto& p : named_views(passives))
+    inputs_named.push_back(p);
+  auto const outputs_named = named_views(outs);
+
+  // What each seed produced; compared once every seed has run.
+  struct pending {
+    std::size_t seed_index = 0;
+    gradient_set got;
+    std::vector<std::vector<double>> ref64, ref32; // per input marked in
+    std::optional<gradient_set> zero, twice;       // first seed: scaled cotangents
+  };
+  std::vector<pending> later;
+
+  for (int si = 0; si < o.seeds; ++si) {
+    unsigned const seed = o.first_seed + static_cast<unsigned>(si);
+    seed_report& sr = rep.seeds.emplace_back();
+    sr.seed = seed;
+
+    // Inputs and cotangents, drawn per tensor so that a tensor's values depend on the seed and
+    // its place only.
+    unsigned stream = 0;
+    input_generator const gen = o.inputs ? o.inputs : uniform(-1, 1);
+    for (auto const* group : {&ins, &passives})
+      for (auto const& n : *group) {
+        auto rng = detail::rng_for(seed, stream++);
+        for (std::int64_t i = 0; i < n.t.numel(); ++i)
+          n.t.data()[detail::row_major_offset(n.t, i)] = static_cast<T>(gen(n.name, rng));
+      }
+    std::vector<owned_tensor<T>> cots;
+    for (auto const& n : outs) {
+      auto& c = cots.emplace_back(n.t.shape().data(), static_cast<std::size_t>(n.t.rank()),
+                                  n.name.c_str());
+      auto rng = detail::rng_for(seed, 1000 + stream++);
+      std::uniform_real_distribution<double> d(-1, 1);
+      for (T& v : c)
+        v = static_cast<T>(d(rng));
+    }
+
+    try {
+      std::apply(
+          [&](auto const&... a) { launch(o.launch, fwd.g, fwd.kernel, detail::launch_arg(a)...); },
+          fwd.args);
+    } catch (std::exception const& e) {
+      sr.problems.push_back(std::string("the forward threw: ") + e.what());
+      continue;
+    }
+
+    // The user's backward, on given cotangents; nullopt (and the message) if it threw.
+    auto run_backward = [&](std::vector<owned_tensor<T>> const& c,
+                            std::string& error) -> std::optional<gradient_set> {
+      typename backward_context<T>::named cn;
+      for (std::size_t j = 0; j < outs.size(); ++j)
+        cn.emplace_back(outs[j].name, c[j].cview());
+      backward_context<T> ctx(inputs_named, outputs_named, cn, seed, o.launch);
+      try {
+        if constexpr (std::is_void_v<result_t>) {
+          backward(ctx);
+        } else {
+          gradient_set r = backward(ctx);
+          ctx.gradients().merge(r);
+        }
+        return std::move(ctx.gradients());
+      } catch (std::exception const& e) {
+        error = e.what();
+      } catch (...) {
+        error = "an exception not derived from std::exception";
+      }
+      return std::nullopt;
+    };
+    std::string error;
+    auto const got = run_backward(cots, error);
+    if (!got) {
+      sr.problems.push_back("the backward threw: " + error);
+      continue;
+    }
+    for (auto const& d : got->duplicates())
+      sr.problems.push_back("the backward set gradient '" + d + "' more than once");
+    for (auto const& n : ins)
+      if (!got->contains(n.name))
+        sr.problems.push_back("missing gradient '" + n.name + "' (the forward marks it in)");
+    for (auto const& e : got->entries()) {
+      auto const role = role_of(e.name);
+      if (role != "in")
+        sr.problems.push_back("extra gradient '" + e.name + "': " +
+                              (role.empty() ? std::string("no tensor of the forward has that name")
+                                            : "the forward marks it " + role + ", not in"));
+    }
+
+    // The references, on copies, with the same cotangents.
+    std::optional<gradients<double>> g64;
+    std::optional<gradients<T>> g32;
+    try {
+      auto reference = [&]<class U>(std::deque<owned_tensor<U>>& keep) {
+        std::deque<owned_tensor<U>> cot_copies;
+        for (auto const& c : cots)
+          cot_copies.push_back(detail::copy_as<U>(c.cview()));
+        auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
+          for (std::size_t j = 0; j < outs.size(); ++j)
+            if (outs[j].name == name)
+              return cot_copies[j];
+          return cot_copies.front(); // unreachable: every out has a cotangent
+        };
+        auto args = std::apply(
+            [&](auto const&... a) { return std::make_tuple(detail::rebind<U>(a, keep, cot)...); },
+            fwd.args);
+        return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
+                          args);
+      };
+      std::deque<owned_tensor<double>> keep64;
+      g64.emplace(reference(keep64));
+      std::deque<owned_tensor<T>> keep32;
+      g32.emplace(reference(keep32));
+    } catch (std::exception const& e) {
+      sr.problems.push_back(std::string("the reference (vjp of the forward) threw: ") + e.what());
+      continue;
+    }
+    for (auto const& n : g64->unread()) {
+      auto msg = "the reference never read '" + n +
+                 "': does the kernel capture it instead of taking it as an argument?";
+      if (o.zero_reference_fails)
+        sr.problems.push_back(msg);
+      else
+        rep.warnings.push_back(msg);
+    }
+
+    pending& pd = later.emplace_back();
+    pd.seed_index = rep.seeds.size() - 1;
+    pd.got = *got;
+    for (auto const& n : ins) {
+      pd.ref64.push_back(detail::values_of((*g64)[n.name]));
+      pd.ref32.push_back(detail::values_of((*g32)[n.name]));
+    }
+
+    if (si != 0)
+      continue;
+    // Structural checks on the first seed: a second run must give the same bits; zero
+    // cotangents must give zero gradients and doubled ones doubled gradients.
+    auto scaled = [&](T f) {
+      std::vector<owned_tensor<T>> c;
+      for (auto const& t : cots) {
+        auto& s = c.emplace_back(t);
+        for (T& v : s)
+          v *= f;
+      }
+      return c;
+    };
+    if (o.check_determinism) {
+      if (auto again = run_backward(cots, error)) {
+        for (auto const& e : got->entries()) {
+          auto const* e2 = again->find(e.name);
+          if (!e2 || e2->bits.size() != e.bits.size())
+            continue;
+          std::int64_t diff = 0, first = -1;
+          std::size_t const w =
+              e.bits.size() / static_cast<std::size_t>(std::max<std::int64_t>(e.numel(), 1));
+          for (std::int64_t i = 0; i < e.numel(); ++i)
+            if (std::memcmp(e.bits.data() + static_cast<std::size_t>(i) * w,
+                            e2->bits.data() + static_cast<std::size_t>(i) * w, w) != 0) {
+              ++diff;
+              if (first < 0)
+                first = i;
+            }
+          if (diff)
+            sr.problems.push_back("not deterministic: two runs on the same data differ in " +
+                                  std::to_string(diff) + " of " + std::to_string(e.numel()) +
+                                  " elements of '" + e.name + "', the first at " +
+                                  detail::coordinates_of(e, first));
+        }
+      } else {
+        sr.problems.push_back("the backward threw when run a second time: " + error);
+      }
+    }
+    if (o.check_linearity) {
+      pd.zero = run_backward(scaled(T(0)), error);
+      pd.twice = pd.zero ? run_backward(scaled(T(2)), error) : std::nullopt;
+      if (!pd.zero || !pd.twice)
+        sr.problems.push_back("the backward threw on scaled cotangents: " + error);
+    }
+  }
+
+  // The reference's own relative error at the working precision, the largest over the seeds:
+  // one seed of a small tensor can be lucky (a few elements rounding the same way).
+  std::vector<double> pooled(ins.size(), 0.0);
+  for (auto const& pd : later)
+    for (std::size_t q = 0; q < ins.size(); ++q)
+      if (double const scale = detail::max_abs(pd.ref64[q]); scale > 0)
+        pooled[q] = std::max(pooled[q], detail::max_abs_diff(pd.ref32[q], pd.ref64[q]) / scale);
+
+  for (auto& pd : later) {
+    seed_report& sr = rep.seeds[pd.seed_index];
+    auto const* got = &pd.got;
+    std::vector<std::pair<std::string, tolerance>> tols;
+    for (std::size_t q = 0; q < ins.size(); ++q) {
+      auto const& n = ins[q];
+      auto const& ref64 = pd.ref64[q];
+      auto const& ref32 = pd.ref32[q];
+      bool finite = true;
+      for (double v : ref64)
+        finite = finite && std::isfinite(v);
+      if (!finite)
+        sr.problems.push_back("the reference gradient of '" + n.name + "' holds NaN or Inf");
+      if (!ref64.empty() && detail::max_abs(ref64) == 0) {
+        auto msg = "the reference gradient of '" + n.name +
+                   "' is all zeros: does the kernel capture it instead of taking it as an "
+                   "argument, or not depend on it?";
+        if (o.zero_reference_fails)
+          sr.problems.push_back(msg);
+        else
+          rep.warnings.push_back(msg);
+      }
+      erased_gradient const* e = got->find(n.name);
+      if (!e)
+        continue;
+      bool same_shape = e->rank == n.t.rank();
+      for (int a = 0; same_shape && a < e->rank; ++a)
+        same_shape = e->shape[a] == n.t.size(a);
+      if (!same_shape) {
+        gradient_report r;
+        r.name = n.name;
+        r.dtype = e->dtype;
+        r.shape = e->shape_string();
+        r.numel = e->numel();
+        r.notes.push_back("shape " + e->shape_string() + ", the input's is " + n.t.shape_string());
+        sr.gradients.push_back(std::move(r));
+        continue;
+      }
+      auto const tol = make_tolerance(o, ref64, ref32, eps, pooled[q]);
+      tols.emplace_back(n.name, tol);
+      auto r = compare_gradient(*e, ref64, tol, o);
+      if (e->dtype != dtype_name<T>()) {
+        r.ok = false;
+        r.notes.push_back("dtype " + e->dtype + ", the input's is " + dtype_name<T>());
+      }
+      if (r.nonfinite) {
+        std::int64_t first = 0;
+        while (std::isfinite(e->values[static_cast<std::size_t>(first)]))
+          ++first;
+        sr.problems.push_back("gradient '" + n.name + "' holds " + std::to_string(r.nonfinite) +
+                              " NaN/Inf element(s), the first at " +
+                              detail::coordinates_of(*e, first));
+      }
+      sr.gradients.push_back(std::move(r));
+    }
+
+    if (!pd.zero || !pd.twice)
+      continue;
+    auto tol_of = [&](std::string const& name) -> tolerance const* {
+      for (auto const& [n, t] : tols)
+        if (n == name)
+          return &t;
+      return nullptr;
+    };
+    auto const& zero = pd.zero;
+    auto const& twice = pd.twice;
+    for (auto const& e : got->entries()) {
+      auto const* tol = tol_of(e.name);
+      auto const* z = zero->find(e.name);
+      auto const* t2 = twice->find(e.name);
+      if (!tol || !z || !t2 || z->numel() != e.numel() || t2->numel() != e.numel())
+        continue;
+      for (std::int64_t i = 0; i < e.numel(); ++i) {
+        auto const u = static_cast<std::size_t>(i);
+        if (!(std::abs(z->values[u]) <= tol->bound(0))) {
+          sr.problems.push_back("not linear in the cotangent: with zero cotangents '" + e.name +
+                                "' is " + std::to_string(z->values[u]) + " at " +
+                                detail::coordinates_of(e, i));
+          break;
+        }
+      }
+      for (std::int64_t i = 0; i < e.numel(); ++i) {
+        auto const u = static_cast<std::size_t>(i);
+        if (!(std::abs(t2->values[u] - 2 * e.values[u]) <= 2 * tol->bound(e.values[u]))) {
+          sr.problems.push_back("not linear in the cotangent: doubling the cotangents makes '" +
+                                e.name + "' " + std::to_string(t2->values[u]) + " at " +
+                                detail::coordinates_of(e, i) + ", not 2 * " +
+                                std::to_string(e.values[u]));
+          break;
+        }
+      }
+    }
+  }
+  return rep;
+}
+
+} // namespace tilegrad

@@ -1,0 +1,192 @@
+// Comparison of one hand-written gradient with its references: the tolerance of the pass rule,
+// the error statistics, the worst elements and the block map of the mismatches.
+#pragma once
+
+#include "tilegrad/check/block_map.hpp"
+#include "tilegrad/check/gradient_set.hpp"
+#include "tilegrad/check/options.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace tilegrad {
+
+namespace detail {
+// |got - want|, infinite where either is not finite, so NaN counts as the worst error.
+inline double abs_err(double got, double want) {
+  double const e = std::abs(got - want);
+  return std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
+}
+
+inline std::vector<std::int64_t> unravel(std::int64_t i, extents const& shape, int rank) {
+  std::vector<std::int64_t> c(static_cast<std::size_t>(rank));
+  for (int a = rank - 1; a >= 0; --a) {
+    c[static_cast<std::size_t>(a)] = i % shape[a];
+    i /= shape[a];
+  }
+  return c;
+}
+
+inline double max_abs(std::vector<double> const& v) {
+  double m = 0;
+  for (double x : v)
+    m = std::max(m, std::abs(x));
+  return m;
+}
+inline double max_abs_diff(std::vector<double> const& a, std::vector<double> const& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, abs_err(a[i], b[i]));
+  return m;
+}
+} // namespace detail
+
+/// One element: coordinates, the hand-written value and the reference value.
+struct element_error {
+  std::vector<std::int64_t> at;
+  double got = 0, want = 0;
+  double abs_err() const { return detail::abs_err(got, want); }
+  std::string where() const { return tuple_string(at.data(), static_cast<int>(at.size())); }
+};
+
+/// The bound the errors of one gradient are held to, with the numbers it came from.
+struct tolerance {
+  pass_rule rule = pass_rule::baseline;
+  double k = 0, ref32_err = 0, floor = 0, scale = 0; // baseline
+  double ref32_err_seed = 0; ///< this seed's own max|g_ref32 - g_ref64| (ref32_err may pool)
+  double atol = 0, rtol = 0; // atol_rtol
+
+  double bound(double want) const {
+    return rule == pass_rule::baseline ? k * ref32_err + floor : atol + rtol * std::abs(want);
+  }
+  std::string describe() const {
+    std::ostringstream os;
+    os.precision(3);
+    if (rule == pass_rule::baseline) {
+      os << "tol " << bound(0) << " = k " << k << " * max|g_ref32 - g_ref64| " << ref32_err;
+      if (ref32_err > 1.01 * ref32_err_seed)
+        os << " (pooled over the seeds; this seed " << ref32_err_seed << ")";
+      os << " + floor " << floor << " (max|g_ref64| " << scale << ")";
+    } else
+      os << "|err| <= atol " << atol << " + rtol " << rtol << " * |g_ref64|";
+    return os.str();
+  }
+};
+
+/// What the check found for one gradient tensor on one seed.
+struct gradient_report {
+  std::string name, dtype, shape;
+  std::int64_t numel = 0;
+  bool compared = false; ///< false when the shape ruled a comparison out
+  bool ok = false;
+  tolerance tol;
+  double max_abs_err = 0, max_rel_err = 0, mean_abs_err = 0;
+  element_error at_max_abs, at_max_rel;
+  std::int64_t mismatches = 0, nonfinite = 0;
+  std::vector<element_error> worst; ///< the largest errors first
+  block_map map;
+  /// Bounding box of the mismatches in the 2-D view (rows x last axis); lo > hi when none.
+  std::int64_t bad_row_lo = 1, bad_row_hi = 0, bad_col_lo = 1, bad_col_hi = 0;
+  std::vector<std::string> notes; ///< why it failed besides the numbers (dtype, shape)
+};
+
+/// The tolerance of the pass rule for one gradient, from its two references.
+/// @param eps the machine epsilon of the working dtype (that of the forward's float tensors)
+/// @param pooled_rel the largest max|g_ref32 - g_ref64| / max|g_ref64| over all seeds, which
+///   stands in for this seed's when larger
+inline tolerance make_tolerance(check_options const& o, std::vector<double> const& ref64,
+                                std::vector<double> const& ref32, double eps,
+                                double pooled_rel = 0) {
+  tolerance t;
+  t.rule = o.rule;
+  if (o.rule == pass_rule::baseline) {
+    t.k = o.k;
+    t.scale = detail::max_abs(ref64);
+    t.ref32_err_seed = detail::max_abs_diff(ref32, ref64);
+    t.ref32_err = std::max(t.ref32_err_seed, pooled_rel * t.scale);
+    t.floor = o.floor_ulps * eps * t.scale + o.floor_abs;
+  } else {
+    bool const single = eps > 1e-10;
+    t.atol = o.atol.value_or(single ? 1e-5 : 1e-7);
+    t.rtol = o.rtol.value_or(single ? 1.3e-6 : 1e-7);
+  }
+  return t;
+}
+
+/// Compares `got` with `ref64` under `tol`. `got` must have ref64's number of elements.
+inline gradient_report compare_gradient(erased_gradient const& got,
+                                        std::vector<double> const& ref64, tolerance const& tol,
+                                        check_options const& o) {
+  gradient_report r;
+  r.name = got.name;
+  r.dtype = got.dtype;
+  r.shape = got.shape_string();
+  r.numel = got.numel();
+  r.compared = true;
+  r.tol = tol;
+  std::int64_t const cols = got.shape[got.rank - 1];
+  std::int64_t const rows = cols == 0 ? 0 : r.numel / cols;
+  r.map = block_map(rows, cols, o.map_rows, o.map_cols);
+
+  double sum = 0;
+  std::int64_t i_abs = 0, i_rel = -1;
+  std::vector<std::int64_t> order;
+  for (std::int64_t i = 0; i < r.numel; ++i) {
+    double const g = got.values[static_cast<std::size_t>(i)];
+    double const w = ref64[static_cast<std::size_t>(i)];
+    double const e = detail::abs_err(g, w);
+    if (!std::isfinite(g))
+      ++r.nonfinite;
+    sum += e;
+    if (e > r.max_abs_err) {
+      r.max_abs_err = e;
+      i_abs = i;
+    }
+    if (w != 0 && e / std::abs(w) > r.max_rel_err) {
+      r.max_rel_err = e / std::abs(w);
+      i_rel = i;
+    }
+    if (!(e <= tol.bound(w))) {
+      ++r.mismatches;
+      std::int64_t const row = i / cols, col = i % cols;
+      r.map.mark(row, col);
+      r.bad_row_lo = r.mismatches == 1 ? row : std::min(r.bad_row_lo, row);
+      r.bad_row_hi = std::max(r.bad_row_hi, row);
+      r.bad_col_lo = r.mismatches == 1 ? col : std::min(r.bad_col_lo, col);
+      r.bad_col_hi = std::max(r.bad_col_hi, col);
+    }
+    order.push_back(i);
+  }
+  r.mean_abs_err = r.numel ? sum / static_cast<double>(r.numel) : 0;
+  auto element = [&](std::int64_t i) {
+    return element_error{detail::unravel(i, got.shape, got.rank),
+                         got.values[static_cast<std::size_t>(i)],
+                         ref64[static_cast<std::size_t>(i)]};
+  };
+  if (r.numel)
+    r.at_max_abs = element(i_abs);
+  if (i_rel >= 0)
+    r.at_max_rel = element(i_rel);
+  auto const k =
+      std::min<std::size_t>(static_cast<std::size_t>(std::max(o.worst, 0)), order.size());
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](std::int64_t a, std::int64_t b) {
+                      auto const ea = detail::abs_err(got.values[static_cast<std::size_t>(a)],
+                                                      ref64[static_cast<std::size_t>(a)]);
+                      auto const eb = detail::abs_err(got.values[static_cast<std::size_t>(b)],
+                                                      ref64[static_cast<std::size_t>(b)]);
+                      return ea > eb || (ea == eb && a < b);
+                    });
+  for (std::size_t j = 0; j < k; ++j)
+    r.worst.push_back(element(order[j]));
+  r.ok = r.mismatches == 0;
+  return r;
+}
+
+} // namespace tilegrad

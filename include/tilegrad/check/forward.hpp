@@ -1,0 +1,158 @@
+// The forward launch that check_backward and taylor_test run: grid, kernel and arguments, with
+// float tensors marked by name as inputs (in), outputs (out) or inputs without a gradient
+// (passive), and the copies of those arguments the references run on.
+#pragma once
+
+#include "tilegrad/ad/vjp.hpp"
+#include "tilegrad/check/gradient_set.hpp"
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/tensor.hpp"
+
+#include <deque>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+namespace tilegrad {
+
+/// out("y", y): an output whose cotangent the checker draws (vjp takes it as a third argument).
+template <class T>
+marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t) {
+  static_assert(std::is_floating_point_v<T>, "tilegrad::out: only float tensors");
+  return {name, t, {}};
+}
+template <class T>
+marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t) {
+  return out(name, t.view());
+}
+
+/// passive("w", w): an input the checker fills with random values, as it does an `in`, but
+/// whose gradient is not wanted: a backward that computes only dx is checked with x marked in
+/// and w passive, and the reference then computes dx only.
+template <class T>
+struct passive_tensor {
+  char const* name;
+  tensor<T const> t;
+};
+template <class T>
+passive_tensor<T> passive(char const* name, tensor<T const> t) {
+  static_assert(std::is_floating_point_v<T>, "tilegrad::passive: only float tensors");
+  return {name, t.named(name)};
+}
+template <class T>
+passive_tensor<T> passive(char const* name, tensor<T> t) {
+  return passive(name, tensor<T const>(t));
+}
+template <class T>
+passive_tensor<T> passive(char const* name, owned_tensor<T> const& t) {
+  return passive(name, t.cview());
+}
+
+/// A launch to check: what forward() returns.
+template <class Kernel, class... Args>
+struct forward_launch {
+  grid g;
+  Kernel kernel;
+  std::tuple<Args...> args;
+};
+
+namespace detail {
+
+template <class X>
+struct arg_kind {
+  static constexpr bool in = false, out = false, passive = false, float_tensor = false;
+  using type = void; // the float type of a float tensor argument
+};
+template <class T>
+struct arg_kind<marked_tensor<T, ad::role::in>> : arg_kind<void> {
+  static constexpr bool in = true;
+  using type = T;
+};
+template <class T>
+struct arg_kind<marked_tensor<T, ad::role::out>> : arg_kind<void> {
+  static constexpr bool out = true;
+  using type = T;
+};
+template <class T>
+struct arg_kind<passive_tensor<T>> : arg_kind<void> {
+  static constexpr bool passive = true;
+  using type = T;
+};
+template <class E>
+requires std::is_floating_point_v<std::remove_const_t<E>>
+struct arg_kind<tensor<E>> : arg_kind<void> {
+  static constexpr bool float_tensor = true;
+  using type = std::remove_const_t<E>;
+};
+
+// Owning tensors are held as const views (launch passes a const owning tensor as one too).
+template <class X>
+X store_arg(X const& x) {
+  return x;
+}
+template <class T>
+tensor<T const> store_arg(owned_tensor<T> const& t) {
+  return t.cview();
+}
+
+/// The argument as the working-precision kernel takes it.
+template <class X>
+auto launch_arg(X const& x) {
+  using K = arg_kind<X>;
+  if constexpr (K::in)
+    return tensor<typename K::type const>(x.t).named(x.name);
+  else if constexpr (K::out)
+    return x.t.named(x.name);
+  else if constexpr (K::passive)
+    return x.t;
+  else
+    return x;
+}
+
+/// A contiguous copy of a view, converted to U.
+template <class U, class E>
+owned_tensor<U> copy_as(tensor<E> const& t) {
+  owned_tensor<U> c(t.shape().data(), static_cast<std::size_t>(t.rank()), t.name());
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    c.data()[i] = static_cast<U>(t.data()[row_major_offset(t, i)]);
+  return c;
+}
+
+/// The argument re-made on copies of element type U, for a reference: outputs get fresh
+/// buffers and the cotangent `cot(name)` returns (an owned_tensor<U>); inputs, passive inputs
+/// and unmarked float tensors are copied (so a reference never writes the caller's tensors);
+/// integer tensors and numbers pass through.
+template <class U, class X, class Cot>
+auto rebind(X const& x, std::deque<owned_tensor<U>>& keep, Cot&& cot) {
+  using K = arg_kind<X>;
+  if constexpr (K::in) {
+    return tilegrad::in(x.name, keep.emplace_back(copy_as<U>(x.t)).cview());
+  } else if constexpr (K::out) {
+    auto& y = keep.emplace_back(x.t.shape().data(), static_cast<std::size_t>(x.t.rank()), x.name);
+    return tilegrad::out(x.name, y.view(), cot(std::string(x.name)).cview());
+  } else if constexpr (K::passive) {
+    return keep.emplace_back(copy_as<U>(x.t)).cview().named(x.name);
+  } else if constexpr (K::float_tensor) {
+    auto& c = keep.emplace_back(copy_as<U>(x));
+    if constexpr (std::is_const_v<typename X::element_type>)
+      return c.cview();
+    else
+      return c.view();
+  } else {
+    return x;
+  }
+}
+
+} // namespace detail
+
+/// forward(grid, kernel, args...): the launch `launch(grid, kernel, args...)` with its float
+/// tensors marked: tg::in("x", x) (gradient wanted), tg::out("y", y) (cotangent drawn by the
+/// checker), tg::passive("w", w) (random input, no gradient). Unmarked float tensors keep their
+/// values and get no gradient; integer tensors and numbers pass through.
+template <class Kernel, class... Args>
+auto forward(grid g, Kernel kernel, Args const&... args) {
+  return forward_launch<Kernel, decltype(detail::store_arg(args))...>{
+      g, kernel, {detail::store_arg(args)...}};
+}
+
+} // namespace tilegrad

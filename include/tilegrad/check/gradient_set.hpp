@@ -1,0 +1,158 @@
+// Gradients by name with their element type erased: a hand-written backward hands back tensors of
+// any dtype and shape, and the checker reports a wrong one instead of failing to compile.
+#pragma once
+
+#include "tilegrad/core/bf16.hpp"
+#include "tilegrad/memory/tensor.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace tilegrad {
+
+/// The name of an element type as reports print it ("float32", "float64", "bfloat16", ...).
+template <class T>
+constexpr char const* dtype_name() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>)
+    return "float32";
+  else if constexpr (std::is_same_v<U, double>)
+    return "float64";
+  else if constexpr (std::is_same_v<U, bf16>)
+    return "bfloat16";
+  else if constexpr (std::is_same_v<U, bool>)
+    return "bool";
+  else if constexpr (std::is_integral_v<U>)
+    return std::is_signed_v<U> ? (sizeof(U) == 8   ? "int64"
+                                  : sizeof(U) == 4 ? "int32"
+                                                   : "int")
+                               : (sizeof(U) == 8   ? "uint64"
+                                  : sizeof(U) == 4 ? "uint32"
+                                                   : "uint");
+  else
+    return "unknown";
+}
+
+/// "(3, 17)" for a shape or coordinates.
+inline std::string tuple_string(std::int64_t const* v, int n) {
+  std::string s = "(";
+  for (int a = 0; a < n; ++a)
+    s += (a ? ", " : "") + std::to_string(v[a]);
+  return s + ")";
+}
+
+/// One gradient as the checker holds it: values widened to double and the stored bits, both in
+/// row-major order, with the shape and dtype it was handed over with.
+struct erased_gradient {
+  std::string name;
+  std::string dtype;
+  int rank = 1;
+  extents shape{0, 1, 1, 1};
+  std::vector<double> values;
+  std::vector<unsigned char> bits;
+
+  std::int64_t numel() const { return static_cast<std::int64_t>(values.size()); }
+  std::string shape_string() const { return tuple_string(shape.data(), rank); }
+};
+
+namespace detail {
+/// The offset from t.data() of the i-th element of t in row-major order.
+template <class U>
+std::int64_t row_major_offset(tensor<U> const& t, std::int64_t i) {
+  std::int64_t off = 0;
+  for (int a = t.rank() - 1; a >= 0; --a) {
+    off += (i % t.size(a)) * t.stride(a);
+    i /= t.size(a);
+  }
+  return off;
+}
+} // namespace detail
+
+/// Copies a view of any element type into an erased gradient (row-major, whatever the strides).
+template <class U>
+erased_gradient erase_gradient(std::string name, tensor<U> t) {
+  using V = std::remove_const_t<U>;
+  erased_gradient g;
+  g.name = std::move(name);
+  g.dtype = dtype_name<V>();
+  g.rank = t.rank();
+  g.shape = t.shape();
+  std::int64_t const n = t.numel();
+  g.values.resize(static_cast<std::size_t>(n));
+  g.bits.resize(static_cast<std::size_t>(n) * sizeof(V));
+  for (std::int64_t i = 0; i < n; ++i) {
+    V const v = t.data()[detail::row_major_offset(t, i)];
+    if constexpr (std::is_arithmetic_v<V>)
+      g.values[static_cast<std::size_t>(i)] = static_cast<double>(v);
+    else
+      g.values[static_cast<std::size_t>(i)] = static_cast<double>(static_cast<float>(v));
+    std::memcpy(g.bits.data() + static_cast<std::size_t>(i) * sizeof(V), &v, sizeof(V));
+  }
+  return g;
+}
+
+/// The gradients a hand-written backward produced, by name. Built from a braced list,
+/// `return {{"x", dx}, {"w", dw}};`, or filled with set().
+class gradient_set {
+public:
+  /// One name and a tensor (an owning tensor or a view of any element type).
+  struct entry {
+    template <class U>
+    entry(char const* name, owned_tensor<U> const& t) : g(erase_gradient(name, t.cview())) {}
+    template <class U>
+    entry(char const* name, tensor<U> t) : g(erase_gradient(name, t)) {}
+    erased_gradient g;
+  };
+
+  gradient_set() = default;
+  gradient_set(std::initializer_list<entry> entries) {
+    for (auto const& e : entries)
+      add(e.g);
+  }
+
+  template <class U>
+  void set(std::string const& name, tensor<U> t) {
+    add(erase_gradient(name, t));
+  }
+  template <class U>
+  void set(std::string const& name, owned_tensor<U> const& t) {
+    add(erase_gradient(name, t.cview()));
+  }
+
+  bool contains(std::string const& name) const { return find(name) != nullptr; }
+  erased_gradient const* find(std::string const& name) const {
+    for (auto const& g : grads_)
+      if (g.name == name)
+        return &g;
+    return nullptr;
+  }
+  std::vector<erased_gradient> const& entries() const { return grads_; }
+  /// Names set more than once (the last one counts); the checker reports them.
+  std::vector<std::string> const& duplicates() const { return duplicates_; }
+
+  /// Adds the entries of `o` (a backward may both fill its context and return a set).
+  void merge(gradient_set const& o) {
+    for (auto const& g : o.grads_)
+      add(g);
+    duplicates_.insert(duplicates_.end(), o.duplicates_.begin(), o.duplicates_.end());
+  }
+
+private:
+  void add(erased_gradient g) {
+    for (auto& old : grads_)
+      if (old.name == g.name) {
+        duplicates_.push_back(g.name);
+        old = std::move(g);
+        return;
+      }
+    grads_.push_back(std::move(g));
+  }
+  std::vector<erased_gradient> grads_;
+  std::vector<std::string> duplicates_;
+};
+
+} // namespace tilegrad

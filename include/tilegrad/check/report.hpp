@@ -1,0 +1,143 @@
+// The result of check_backward: per seed, a report per gradient and the structural problems
+// found; bool-convertible (true when everything passed) and printable.
+#pragma once
+
+#include "tilegrad/check/compare.hpp"
+
+#include <cstddef>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace tilegrad {
+
+/// What one seed found.
+struct seed_report {
+  unsigned seed = 0;
+  std::vector<gradient_report> gradients;
+  std::vector<std::string> problems; ///< structural failures: each fails the check
+  bool ok() const {
+    if (!problems.empty())
+      return false;
+    for (auto const& g : gradients)
+      if (!g.ok)
+        return false;
+    return true;
+  }
+};
+
+class check_report {
+public:
+  std::string launch; ///< grid and tensors: role, name, dtype, shape
+  std::string rule;   ///< the pass rule in words
+  std::vector<seed_report> seeds;
+  std::vector<std::string> warnings; ///< printed; they do not fail the check
+
+  bool ok() const {
+    if (seeds.empty())
+      return false;
+    for (auto const& s : seeds)
+      if (!s.ok())
+        return false;
+    return true;
+  }
+  explicit operator bool() const { return ok(); }
+
+  /// The report of gradient `name` on the seed at `seed_index` (null if it has none).
+  gradient_report const* gradient(std::string const& name, std::size_t seed_index = 0) const {
+    if (seed_index >= seeds.size())
+      return nullptr;
+    for (auto const& g : seeds[seed_index].gradients)
+      if (g.name == name)
+        return &g;
+    return nullptr;
+  }
+  /// Every structural problem, as "seed S: ...".
+  std::vector<std::string> problems() const {
+    std::vector<std::string> out;
+    for (auto const& s : seeds)
+      for (auto const& p : s.problems)
+        out.push_back("seed " + std::to_string(s.seed) + ": " + p);
+    return out;
+  }
+  /// Whether some problem or warning contains `text`.
+  bool mentions(std::string const& text) const {
+    for (auto const& p : problems())
+      if (p.find(text) != std::string::npos)
+        return true;
+    for (auto const& w : warnings)
+      if (w.find(text) != std::string::npos)
+        return true;
+    return false;
+  }
+
+  std::string str() const {
+    std::ostringstream os;
+    os << *this;
+    return os.str();
+  }
+
+  friend std::ostream& operator<<(std::ostream& os, check_report const& r) {
+    os << "check_backward: " << (r.ok() ? "PASS" : "FAIL") << "\n  launch: " << r.launch
+       << "\n  rule:   " << r.rule << "\n";
+    for (auto const& w : r.warnings)
+      os << "  warning: " << w << "\n";
+    for (auto const& s : r.seeds) {
+      os << "  seed " << s.seed << ": " << (s.ok() ? "pass" : "FAIL") << "\n";
+      for (auto const& p : s.problems)
+        os << "    problem: " << p << "\n";
+      for (auto const& g : s.gradients)
+        print(os, g);
+    }
+    for (auto const& s : r.seeds)
+      if (!s.ok()) {
+        os << "  reproduce with check_options{.seeds = 1, .first_seed = " << s.seed << "}\n";
+        break;
+      }
+    return os;
+  }
+
+private:
+  static void print(std::ostream& os, gradient_report const& g) {
+    auto const flags = os.flags();
+    auto const prec = os.precision(4);
+    os << "    " << g.name << " " << g.dtype << " " << g.shape << ": " << (g.ok ? "ok" : "FAIL");
+    for (auto const& n : g.notes)
+      os << "; " << n;
+    if (!g.compared) {
+      os << "\n";
+      os.precision(prec);
+      return;
+    }
+    os << "; max abs err " << g.max_abs_err;
+    if (g.tol.rule == pass_rule::baseline)
+      os << (g.max_abs_err <= g.tol.bound(0) ? " <= " : " > ") << g.tol.describe() << "\n";
+    else
+      os << ", " << g.mismatches << " elements over " << g.tol.describe() << "\n";
+    if (!g.ok) {
+      auto pct =
+          100.0 * static_cast<double>(g.mismatches) / static_cast<double>(g.numel ? g.numel : 1);
+      os << "      max abs err " << g.max_abs_err << " at " << g.at_max_abs.where() << ": kernel "
+         << g.at_max_abs.got << ", reference " << g.at_max_abs.want << "\n";
+      if (!g.at_max_rel.at.empty())
+        os << "      max rel err " << g.max_rel_err << " at " << g.at_max_rel.where() << ": kernel "
+           << g.at_max_rel.got << ", reference " << g.at_max_rel.want << "\n";
+      os << "      mismatches " << g.mismatches << " of " << g.numel << " (" << pct
+         << "%), mean abs err " << g.mean_abs_err;
+      if (g.nonfinite)
+        os << ", " << g.nonfinite << " NaN/Inf";
+      os << "\n      worst:";
+      for (std::size_t i = 0; i < g.worst.size(); ++i)
+        os << (i ? "\n             " : " ") << g.worst[i].where() << " kernel " << g.worst[i].got
+           << " reference " << g.worst[i].want << " err " << g.worst[i].abs_err();
+      os << "\n";
+      if (g.mismatches)
+        os << g.map;
+    }
+    os.flags(flags);
+    os.precision(prec);
+  }
+};
+
+} // namespace tilegrad

@@ -1,0 +1,203 @@
+// The Taylor test of a reference gradient: central differences of <w, y(x)> along a random
+// direction u, in double, at steps h, h/2, h/4, ...; their distance to <g, u> must shrink as h²
+// (observed rate 2) until it reaches round-off.
+#pragma once
+
+#include "tilegrad/ad/vjp.hpp"
+#include "tilegrad/check/forward.hpp"
+#include "tilegrad/grid/launch.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace tilegrad {
+
+struct taylor_options {
+  unsigned seed = 0; ///< draws the cotangent w and the direction u
+  double h0 = 1e-2;  ///< the first step; each next one is half the last
+  int steps = 6;
+  double min_rate = 1.8; ///< the median observed rate must reach this
+  /// A residual within roundoff_factor * eps(float64) * sum|w * y| / h is round-off.
+  double roundoff_factor = 256;
+  launch_options launch = {};
+};
+
+/// The residuals |FD(h) - <g, u>| per step and the rates between consecutive steps.
+struct taylor_result {
+  double directional = 0; ///< <g, u>, from vjp
+  std::vector<double> h, fd, residual, roundoff;
+  std::vector<double> rate; ///< rate[i] = log2(residual[i - 1] / residual[i]); rate[0] is NaN
+  std::vector<bool> at_roundoff;
+  double observed_rate = std::numeric_limits<double>::quiet_NaN(); ///< median over clean pairs
+  bool passed = false;
+  std::string verdict;
+
+  explicit operator bool() const { return passed; }
+
+  friend std::ostream& operator<<(std::ostream& os, taylor_result const& r) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%.12g", r.directional);
+    os << "taylor_test: " << (r.passed ? "PASS" : "FAIL") << " (" << r.verdict << ")\n"
+       << "  <g, u> = " << line << " (vjp, float64)\n"
+       << "  h            FD(h)                 |FD(h) - <g, u>|  rate\n";
+    for (std::size_t i = 0; i < r.h.size(); ++i) {
+      std::snprintf(line, sizeof line, "  %-11.4g  %-20.14g  %-16.4g  ", r.h[i], r.fd[i],
+                    r.residual[i]);
+      os << line;
+      if (i) {
+        std::snprintf(line, sizeof line, "%.3f", r.rate[i]);
+        os << line;
+      }
+      if (r.at_roundoff[i])
+        os << "  (round-off)";
+      os << "\n";
+    }
+    return os;
+  }
+};
+
+/// taylor_test(grid, kernel, args...): the Taylor test of vjp's gradient for the launch, with
+/// float tensors marked in (perturbed along u), out (cotangent w drawn) or passive, as for
+/// forward(). The kernel runs with double copies of every float tensor; the caller's tensors
+/// are only read.
+template <class Kernel, class... Args>
+taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args const&... args) {
+  auto const fwd = forward(g, kernel, args...);
+  std::mt19937_64 gen(o.seed * 0x9E3779B97F4A7C15ull + 1);
+  std::uniform_real_distribution<double> d(-1, 1);
+
+  std::deque<owned_tensor<double>> keep, cots;
+  auto cot = [&](std::string const& name) -> owned_tensor<double> const& {
+    (void)name; // one cotangent per output, in the order they are met
+    return cots.back();
+  };
+  // Draw each output's cotangent just before rebind asks for it.
+  auto rebind = [&](auto const& a) {
+    using K = detail::arg_kind<std::remove_cvref_t<decltype(a)>>;
+    if constexpr (K::out) {
+      auto& w = cots.emplace_back(a.t.shape().data(), static_cast<std::size_t>(a.t.rank()), a.name);
+      for (double& v : w)
+        v = d(gen);
+    }
+    return detail::rebind<double>(a, keep, cot);
+  };
+  auto args64 = std::apply([&](auto const&... a) { return std::tuple{rebind(a)...}; }, fwd.args);
+
+  // The inputs (contiguous copies) and the outputs with their cotangents.
+  struct input {
+    double* x;
+    std::vector<double> x0, u;
+  };
+  std::vector<input> ins;
+  std::vector<std::pair<double const*, double const*>> outs; // (y, w)
+  std::vector<std::int64_t> out_sizes;
+  std::apply(
+      [&](auto const&... a) {
+        auto collect = [&]<class X>(X const& x) {
+          using K = detail::arg_kind<X>;
+          if constexpr (K::in) {
+            auto& in = ins.emplace_back();
+            in.x = x.t.data();
+            in.x0.assign(x.t.data(), x.t.data() + x.t.numel());
+            for (std::int64_t i = 0; i < x.t.numel(); ++i)
+              in.u.push_back(d(gen));
+          } else if constexpr (K::out) {
+            outs.emplace_back(x.t.data(), x.cotangent.data());
+            out_sizes.push_back(x.t.numel());
+          }
+        };
+        (collect(a), ...);
+      },
+      args64);
+
+  taylor_result r;
+  auto const grads =
+      std::apply([&](auto const&... a) { return vjp(o.launch, g, kernel, a...); }, args64);
+  std::size_t k = 0;
+  std::apply(
+      [&](auto const&... a) {
+        auto dot = [&]<class X>(X const& x) {
+          if constexpr (detail::arg_kind<X>::in) {
+            auto const& gx = grads[x.name];
+            for (std::int64_t i = 0; i < gx.numel(); ++i)
+              r.directional += gx.data()[i] * ins[k].u[static_cast<std::size_t>(i)];
+            ++k;
+          }
+        };
+        (dot(a), ...);
+      },
+      args64);
+
+  // J(x0 + t u) = <w, y> and sum|w * y| (the scale of its round-off).
+  auto objective = [&](double t, double* scale) {
+    for (auto& in : ins)
+      for (std::size_t i = 0; i < in.x0.size(); ++i)
+        in.x[i] = in.x0[i] + t * in.u[i];
+    std::apply([&](auto const&... a) { launch(o.launch, g, kernel, detail::launch_arg(a)...); },
+               args64);
+    double j = 0, s = 0;
+    for (std::size_t q = 0; q < outs.size(); ++q)
+      for (std::int64_t i = 0; i < out_sizes[q]; ++i) {
+        j += outs[q].first[i] * outs[q].second[i];
+        s += std::abs(outs[q].first[i] * outs[q].second[i]);
+      }
+    if (scale)
+      *scale = s;
+    return j;
+  };
+  double scale = 0;
+  objective(0, &scale);
+  double h = o.h0;
+  std::vector<double> clean;
+  for (int i = 0; i < o.steps; ++i, h /= 2) {
+    double const fd = (objective(h, nullptr) - objective(-h, nullptr)) / (2 * h);
+    r.h.push_back(h);
+    r.fd.push_back(fd);
+    r.residual.push_back(std::abs(fd - r.directional));
+    r.roundoff.push_back(o.roundoff_factor * std::numeric_limits<double>::epsilon() *
+                         std::max(scale, std::abs(r.directional) * h) / h);
+    r.at_roundoff.push_back(r.residual.back() <= r.roundoff.back());
+    r.rate.push_back(
+        i == 0 ? std::numeric_limits<double>::quiet_NaN()
+               : std::log2(r.residual[static_cast<std::size_t>(i) - 1] / r.residual.back()));
+    if (i > 0 && !r.at_roundoff.back() && !r.at_roundoff[static_cast<std::size_t>(i) - 1])
+      clean.push_back(r.rate.back());
+  }
+  objective(0, nullptr); // leave the copies at x0 (nothing reads them, but tidy)
+
+  if (clean.empty()) {
+    bool const all =
+        std::all_of(r.at_roundoff.begin(), r.at_roundoff.end(), [](bool b) { return b; });
+    r.passed = all;
+    r.verdict = all ? "every residual is at round-off: the objective is (close to) quadratic "
+                      "along u, where central differences are exact, and the gradient agrees"
+                    : "too few steps above round-off to measure a rate";
+  } else {
+    std::sort(clean.begin(), clean.end());
+    r.observed_rate = clean[clean.size() / 2];
+    r.passed = r.observed_rate >= o.min_rate;
+    char text[96];
+    std::snprintf(text, sizeof text, "observed rate %.3f %s %.2f, expected 2", r.observed_rate,
+                  r.passed ? ">=" : "<", o.min_rate);
+    r.verdict = text;
+    if (std::any_of(r.at_roundoff.begin(), r.at_roundoff.end(), [](bool b) { return b; }))
+      r.verdict += "; residuals marked (round-off) are left out of the rate";
+  }
+  return r;
+}
+
+template <class Kernel, class... Args>
+requires(!std::is_same_v<std::remove_cvref_t<Kernel>, grid>) taylor_result
+    taylor_test(grid g, Kernel kernel, Args const&... args) {
+  return taylor_test(taylor_options{}, g, kernel, args...);
+}
+
+} // namespace tilegrad

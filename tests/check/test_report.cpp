@@ -1,0 +1,295 @@
+// check_backward's structural checks and report, on the weighted sum: wrong shape, wrong dtype,
+// NaN, a throwing backward, missing and extra gradients, nondeterminism, a backward that is not
+// linear in the cotangent, an input the kernel never reads; the atol/rtol rule; the block map
+// and the GoogleTest assertion.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/kernels/weighted_sum.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int BR = 16, BD = 32;
+std::int64_t const n = 37, d = 20;
+
+// The correct gradients, computed on the host: dx = dy ⊗ w, dw = xᵀ dy.
+struct host_grads {
+  tg::owned_tensor<float> dx, dw;
+};
+host_grads correct(tg::backward_context<float>& ctx) {
+  auto const x = ctx.input("x");
+  auto const w = ctx.input("w");
+  auto const dy = ctx.cotangent("y");
+  host_grads g{tg::owned_tensor<float>({n, d}), tg::owned_tensor<float>({d})};
+  for (std::int64_t j = 0; j < d; ++j) {
+    double acc = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      g.dx(i, j) = dy(i) * w(j);
+      acc += double(dy(i)) * x(i, j);
+    }
+    g.dw(j) = static_cast<float>(acc);
+  }
+  return g;
+}
+
+template <class Backward>
+tg::check_report check(Backward&& backward, tg::check_options o = {}) {
+  tg::owned_tensor<float> x({n, d}), w({d}), y({n});
+  return tg::check_backward(tg::forward(tg::cdiv<int>(n, BR), tg::kernels::weighted_sum_fwd<BR, BD>,
+                                        tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+                            backward, o);
+}
+
+} // namespace
+
+TEST(CheckReport, CorrectHostBackwardPassesAndPrintsTheRule) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    return {{"x", g.dx}, {"w", g.dw}};
+  });
+  ASSERT_TRUE(r) << r;
+  EXPECT_EQ(r.seeds.size(), 3u);
+  auto const s = r.str();
+  EXPECT_NE(s.find("check_backward: PASS"), std::string::npos);
+  EXPECT_NE(s.find("k * max|g_ref32 - g_ref64| + floor, k = 3"), std::string::npos) << s;
+  EXPECT_NE(s.find("in x float32 (37, 20); in w float32 (20); out y float32 (37)"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("seed 2: pass"), std::string::npos);
+  // The numbers the rule used are in the report and consistent.
+  auto const* g = r.gradient("w", 1);
+  ASSERT_NE(g, nullptr);
+  EXPECT_GT(g->tol.ref32_err, 0);
+  EXPECT_GT(g->tol.floor, 0);
+  EXPECT_LE(g->max_abs_err, g->tol.bound(0));
+}
+
+TEST(CheckReport, FillingTheContextWorksLikeReturning) {
+  auto const r = check([](tg::backward_context<float>& ctx) {
+    auto g = correct(ctx);
+    ctx.set_gradient("x", g.dx);
+    ctx.set_gradient("w", g.dw.view());
+  });
+  EXPECT_BACKWARD_OK(r);
+}
+
+TEST(CheckReport, SeedsAreReproducible) {
+  std::vector<float> first;
+  auto record = [&](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    if (ctx.seed() == 7)
+      first.push_back(ctx.input("x")(3, 4));
+    auto g = correct(ctx);
+    return {{"x", g.dx}, {"w", g.dw}};
+  };
+  EXPECT_TRUE(check(record, {.seeds = 1, .first_seed = 7}));
+  EXPECT_TRUE(check(record, {.seeds = 3, .first_seed = 5}));
+  ASSERT_GE(first.size(), 2u);
+  EXPECT_EQ(first.front(), first.back());
+}
+
+TEST(CheckReport, WrongShapeIsReportedNotCompared) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    tg::owned_tensor<float> wide({n, d + 1});
+    return {{"x", wide}, {"w", g.dw}};
+  });
+  ASSERT_FALSE(r);
+  auto const* x = r.gradient("x");
+  ASSERT_NE(x, nullptr);
+  EXPECT_FALSE(x->compared);
+  EXPECT_NE(r.str().find("shape (37, 21), the input's is (37, 20)"), std::string::npos) << r;
+  EXPECT_TRUE(r.gradient("w")->ok);
+}
+
+TEST(CheckReport, WrongDtypeIsReportedEvenWithRightValues) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    tg::owned_tensor<double> dw({d});
+    for (std::int64_t j = 0; j < d; ++j)
+      dw(j) = g.dw(j);
+    return {{"x", g.dx}, {"w", dw}};
+  });
+  ASSERT_FALSE(r);
+  auto const* w = r.gradient("w");
+  EXPECT_FALSE(w->ok);
+  EXPECT_EQ(w->mismatches, 0); // the values agree: only the dtype is wrong
+  EXPECT_EQ(w->dtype, "float64");
+  EXPECT_NE(r.str().find("dtype float64, the input's is float32"), std::string::npos) << r;
+}
+
+TEST(CheckReport, NanIsNamedWithItsCoordinates) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    g.dx(5, 7) = std::numeric_limits<float>::quiet_NaN();
+    return {{"x", g.dx}, {"w", g.dw}};
+  });
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("gradient 'x' holds 1 NaN/Inf element(s), the first at (5, 7)")) << r;
+  auto const* x = r.gradient("x");
+  EXPECT_EQ(x->mismatches, 1);
+  EXPECT_EQ(x->nonfinite, 1);
+  EXPECT_EQ(x->worst.front().at, (std::vector<std::int64_t>{5, 7}));
+}
+
+TEST(CheckReport, ThrowingBackwardIsCaughtWithItsMessage) {
+  auto const r = check([](tg::backward_context<float>&) -> tg::gradient_set {
+    throw std::runtime_error("partial buffer too small");
+  });
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("the backward threw: partial buffer too small")) << r;
+  EXPECT_EQ(r.problems().size(), 3u); // once per seed
+}
+
+TEST(CheckReport, UnknownContextNameThrowsIntoTheReport) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    (void)ctx.input("z");
+    return {};
+  });
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("no input named 'z' (the forward has: x, w)")) << r;
+}
+
+TEST(CheckReport, MissingExtraAndDuplicateGradientsAreReported) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    tg::gradient_set s{{"x", g.dx}, {"y", g.dx}, {"q", g.dw}};
+    s.set("x", g.dx);
+    return s;
+  });
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("missing gradient 'w' (the forward marks it in)")) << r;
+  EXPECT_TRUE(r.mentions("extra gradient 'y': the forward marks it out, not in")) << r;
+  EXPECT_TRUE(r.mentions("extra gradient 'q': no tensor of the forward has that name")) << r;
+  EXPECT_TRUE(r.mentions("set gradient 'x' more than once")) << r;
+  EXPECT_TRUE(r.gradient("x")->ok);
+}
+
+TEST(CheckReport, NondeterministicBackwardIsCaught) {
+  // Each call perturbs one element of dw by a different amount (as lost updates would).
+  auto const r = check([calls = 0](tg::backward_context<float>& ctx) mutable -> tg::gradient_set {
+    auto g = correct(ctx);
+    g.dw(11) += 1e-3f * static_cast<float>(calls++ % 2);
+    return {{"x", g.dx}, {"w", g.dw}};
+  });
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("not deterministic: two runs on the same data differ in 1 of 20 "
+                         "elements of 'w', the first at (11)"))
+      << r;
+  EXPECT_TRUE(r.gradient("x")->ok);
+}
+
+TEST(CheckReport, BackwardNotLinearInTheCotangentIsCaught) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    for (float& v : g.dx)
+      v += 0.5f; // an offset that does not scale with dy
+    return {{"x", g.dx}, {"w", g.dw}};
+  });
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("with zero cotangents 'x' is 0.5")) << r;
+  EXPECT_TRUE(r.mentions("doubling the cotangents makes 'x'")) << r;
+  EXPECT_EQ(r.gradient("x")->mismatches, n * d);
+}
+
+TEST(CheckReport, InputTheKernelNeverReadsIsFlagged) {
+  // w is marked in but the kernel ignores it: its reference gradient is zero and unread.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const>,
+                       tg::tensor<T> y) {
+    auto const i = p.program_id(0) * 16 + tg::arange<0, 16>();
+    tg::store(y + i, tg::load(x + i * x.stride(0), i < x.size(0), 0.0f) * 2.0f, i < y.size(0));
+  };
+  tg::owned_tensor<float> x({n, d}), w({d}), y({n});
+  auto const r = tg::check_backward(
+      tg::forward(tg::cdiv<int>(n, 16), k, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+      [](tg::backward_context<float>& ctx) -> tg::gradient_set {
+        auto const dy = ctx.cotangent("y");
+        tg::owned_tensor<float> dx({n, d}), dw({d});
+        for (std::int64_t i = 0; i < n; ++i)
+          dx(i, 0) = 2 * dy(i);
+        return {{"x", dx}, {"w", dw}};
+      });
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("the reference never read 'w'")) << r;
+  EXPECT_TRUE(r.mentions("reference gradient of 'w' is all zeros")) << r;
+  EXPECT_TRUE(r.gradient("x")->ok);
+  EXPECT_TRUE(r.gradient("w")->ok);
+}
+
+TEST(CheckReport, AtolRtolRuleWithDefaultsAndOverrides) {
+  // dw off by 1e-4 relative: beyond float's default rtol 1.3e-6, within an rtol of 1e-3.
+  auto slightly_off = [](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    for (float& v : g.dw)
+      v *= 1.0001f;
+    return {{"x", g.dx}, {"w", g.dw}};
+  };
+  tg::check_options o{.rule = tg::pass_rule::atol_rtol};
+  auto const strict = check(slightly_off, o);
+  EXPECT_FALSE(strict);
+  EXPECT_NE(strict.rule.find("atol = 1e-05, rtol = 1.3e-06"), std::string::npos) << strict;
+  EXPECT_TRUE(strict.gradient("x")->ok);
+  EXPECT_GT(strict.gradient("w")->mismatches, 0);
+  o.rtol = 1e-3;
+  auto const loose = check(slightly_off, o);
+  EXPECT_BACKWARD_OK(loose);
+  // The baseline rule catches the same error.
+  EXPECT_FALSE(check(slightly_off));
+}
+
+TEST(CheckReport, CustomInputGeneratorSetsTheValues) {
+  bool positive = true;
+  auto const r = check(
+      [&](tg::backward_context<float>& ctx) -> tg::gradient_set {
+        for (float v : tg::owned_tensor<float>(tg::detail::copy_as<float>(ctx.input("x"))))
+          positive = positive && v >= 0.5f && v < 2.0f;
+        auto g = correct(ctx);
+        return {{"x", g.dx}, {"w", g.dw}};
+      },
+      {.seeds = 2, .inputs = tg::uniform(0.5, 2.0)});
+  EXPECT_TRUE(r) << r;
+  EXPECT_TRUE(positive);
+}
+
+TEST(CheckReport, BlockMapShowsADiagonal) {
+  tg::block_map m(64, 64, 16, 32); // cells of 4 x 2
+  for (int i = 0; i < 64; ++i)
+    m.mark(i, i);
+  EXPECT_EQ(m.cell_rows(), 16);
+  EXPECT_EQ(m.cell_cols(), 32);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 32; ++j)
+      EXPECT_EQ(m.symbol(i, j) != '.', j / 2 == i) << i << ", " << j;
+  EXPECT_EQ(m.symbol(0, 0), '3'); // 2 of 8 elements: up to 3 tenths
+  tg::block_map full(3, 5);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 5; ++j)
+      full.mark(i, j);
+  EXPECT_EQ(full.row_string(2), "#####");
+  auto const s = (std::ostringstream() << m).str();
+  EXPECT_NE(s.find("rows 60-63"), std::string::npos) << s;
+  EXPECT_NE(s.find("cell = 4 x 2"), std::string::npos) << s;
+}
+
+TEST(CheckReport, GtestAssertionPrintsTheReport) {
+  EXPECT_NONFATAL_FAILURE(
+      {
+        auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+          auto g = correct(ctx);
+          g.dx(36, 3) += 1.0f;
+          return {{"x", g.dx}, {"w", g.dw}};
+        });
+        EXPECT_BACKWARD_OK(r);
+      },
+      "max abs err 1 at (36, 3)");
+}

@@ -1,0 +1,118 @@
+// check_backward on the row softmax: the hand-written backward dx = y * (dy - <dy, y>) passes on
+// row lengths that do not fill the block; broken variants fail where the bug sits.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/mismatch_region.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int Block = 128;
+
+enum class bug { none, no_subtraction, last_column_unstored, last_row_skipped, sum_of_dy_only };
+
+template <bug B>
+void softmax_backward(tg::backward_context<float>& ctx) {
+  auto const y = ctx.output("y");
+  auto const dy = ctx.cotangent("y");
+  std::int64_t const n = y.size(0), d = y.size(1);
+  tg::owned_tensor<float> dx({n, d});
+  if constexpr (B == bug::none) {
+    tg::launch(ctx.options(), static_cast<int>(n), tg::kernels::softmax_bwd<Block>, y, dy,
+               dx.view());
+  } else {
+    auto kernel = []<class T>(tg::program const& p, tg::tensor<T const> y, tg::tensor<T const> dy,
+                              tg::tensor<T> dx) {
+      int const r = p.program_id(0);
+      auto const cols = tg::arange<0, Block>();
+      auto const mask = cols < y.size(1);
+      auto const yr = tg::load(y + r * y.stride(0) + cols * y.stride(1), mask, 0.0f);
+      auto const gr = tg::load(dy + r * dy.stride(0) + cols * dy.stride(1), mask, 0.0f);
+      tg::tile<float, Block> out;
+      if constexpr (B == bug::no_subtraction)
+        out = yr * gr;
+      else if constexpr (B == bug::sum_of_dy_only)
+        out = yr * (gr - tg::sum(gr));
+      else
+        out = yr * (gr - tg::sum(gr * yr));
+      auto const store_mask = B == bug::last_column_unstored ? cols < y.size(1) - 1 : mask;
+      tg::store(dx + r * dx.stride(0) + cols * dx.stride(1), out, store_mask);
+    };
+    int const programs = static_cast<int>(B == bug::last_row_skipped ? n - 1 : n);
+    if (programs > 0)
+      tg::launch(ctx.options(), programs, kernel, y, dy, dx.view());
+  }
+  ctx.set_gradient("x", dx);
+}
+
+template <bug B>
+tg::check_report check(std::int64_t n, std::int64_t d, int seeds = 2,
+                       bool zero_reference_fails = true) {
+  tg::owned_tensor<float> x({n, d}), y({n, d});
+  // Wider inputs than the default [-1, 1) make the rows far from uniform.
+  return tg::check_backward(
+      tg::forward(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, tg::in("x", x),
+                  tg::out("y", y)),
+      softmax_backward<B>,
+      {.seeds = seeds, .inputs = tg::uniform(-3, 3), .zero_reference_fails = zero_reference_fails});
+}
+
+} // namespace
+
+TEST(CheckSoftmax, HandWrittenBackwardPasses) {
+  for (auto [n, d] :
+       {std::pair<std::int64_t, std::int64_t>{1, 3}, {9, 37}, {20, 128}, {33, 100}, {5, 2}}) {
+    auto const r = check<bug::none>(n, d, 5);
+    EXPECT_BACKWARD_OK(r);
+  }
+}
+
+TEST(CheckSoftmax, OneColumnRowsHaveAZeroGradientWhichIsFlagged) {
+  // softmax of a single element is 1 whatever x: the reference gradient is all zeros.
+  auto const flagged = check<bug::none>(4, 1);
+  EXPECT_FALSE(flagged);
+  EXPECT_TRUE(flagged.mentions("reference gradient of 'x' is all zeros")) << flagged;
+  EXPECT_TRUE(flagged.gradient("x")->ok); // the numbers agree; the flag alone fails it
+  auto const allowed = check<bug::none>(4, 1, 2, false);
+  EXPECT_BACKWARD_OK(allowed);
+  EXPECT_TRUE(allowed.mentions("all zeros"));
+}
+
+TEST(CheckSoftmax, MissingSubtractionFailsEverywhere) {
+  auto const r = check<bug::no_subtraction>(20, 50);
+  ASSERT_FALSE(r);
+  auto const* g = r.gradient("x");
+  EXPECT_GT(g->mismatches, 20 * 50 * 9 / 10);
+  EXPECT_TRUE(test_support::mismatches_in(g, 0, 19, 0, 49));
+}
+
+TEST(CheckSoftmax, WrongRowSumFails) {
+  auto const r = check<bug::sum_of_dy_only>(20, 50);
+  ASSERT_FALSE(r);
+  EXPECT_GT(r.gradient("x")->mismatches, 20 * 50 * 9 / 10);
+}
+
+TEST(CheckSoftmax, OffByOneStoreMaskShowsInTheLastColumnOnly) {
+  auto const r = check<bug::last_column_unstored>(20, 50);
+  ASSERT_FALSE(r);
+  auto const* g = r.gradient("x");
+  EXPECT_EQ(g->mismatches, 20);
+  EXPECT_TRUE(test_support::mismatches_in(g, 0, 19, 49, 49));
+  EXPECT_EQ(g->worst.front().at[1], 49);
+}
+
+TEST(CheckSoftmax, SkippedLastRowShowsInTheLastRowOnly) {
+  auto const r = check<bug::last_row_skipped>(33, 100);
+  ASSERT_FALSE(r);
+  auto const* g = r.gradient("x");
+  EXPECT_EQ(g->mismatches, 100);
+  EXPECT_TRUE(test_support::mismatches_in(g, 32, 32, 0, 99));
+}

@@ -1,0 +1,87 @@
+// taylor_test: central differences of <w, y(x)> in double converge to vjp's <g, u> at rate 2 for
+// a smooth kernel, stay at round-off for a bilinear one, and expose a wrong derivative.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/check/taylor.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/kernels/weighted_sum.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <type_traits>
+
+namespace tg = tilegrad;
+
+namespace {
+void fill(tg::owned_tensor<float>& t, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2, 2);
+  for (float& v : t)
+    v = d(rng);
+}
+} // namespace
+
+TEST(TaylorTest, SoftmaxConvergesAtRateTwo) {
+  tg::owned_tensor<float> x({7, 37}), y({7, 37});
+  fill(x, 1);
+  auto const r = tg::taylor_test(7, tg::kernels::softmax_fwd<64>, tg::in("x", x), tg::out("y", y));
+  EXPECT_BACKWARD_OK(r);
+  EXPECT_NEAR(r.observed_rate, 2.0, 0.15) << r;
+  ASSERT_EQ(r.h.size(), 6u);
+  EXPECT_LT(r.residual.back(), r.residual.front() / 100) << r;
+  EXPECT_NE(r.directional, 0.0);
+}
+
+TEST(TaylorTest, BilinearKernelIsExactToRoundOff) {
+  // <w, x @ v> is quadratic along any direction: central differences have no truncation error.
+  tg::owned_tensor<float> x({20, 30}), v({30}), y({20});
+  fill(x, 2);
+  fill(v, 3);
+  auto const r = tg::taylor_test(2, tg::kernels::weighted_sum_fwd<16, 16>, tg::in("x", x),
+                                 tg::in("w", v), tg::out("y", y));
+  EXPECT_TRUE(r) << r;
+  for (std::size_t i = 0; i < r.h.size(); ++i)
+    EXPECT_TRUE(r.at_roundoff[i]) << r;
+}
+
+TEST(TaylorTest, DetectsAWrongDerivative) {
+  // A kernel whose reverse-mode instantiation computes something else than its value
+  // instantiation, as a wrong derivative rule would: the gradient is 1% off.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 16>();
+    auto const v = tg::load(x + i, i < x.size(0), 0.0f);
+    if constexpr (std::is_same_v<T, double>)
+      tg::store(y + i, tg::exp(v), i < y.size(0));
+    else
+      tg::store(y + i, tg::exp(v) * 1.01f, i < y.size(0));
+  };
+  tg::owned_tensor<float> x({13}), y({13});
+  fill(x, 4);
+  auto const r = tg::taylor_test(1, k, tg::in("x", x), tg::out("y", y));
+  EXPECT_FALSE(r) << r;
+  EXPECT_LT(r.observed_rate, 0.5) << r;
+  // The residual stalls at the size of the error instead of shrinking.
+  EXPECT_GT(r.residual.back(), r.residual.front() / 2) << r;
+}
+
+TEST(TaylorTest, OptionsChooseSeedAndSteps) {
+  tg::owned_tensor<float> x({3, 10}), y({3, 10});
+  fill(x, 5);
+  tg::taylor_options o;
+  o.seed = 9;
+  o.steps = 4;
+  o.h0 = 1e-1;
+  auto const a =
+      tg::taylor_test(o, 3, tg::kernels::softmax_fwd<16>, tg::in("x", x), tg::out("y", y));
+  auto const b =
+      tg::taylor_test(o, 3, tg::kernels::softmax_fwd<16>, tg::in("x", x), tg::out("y", y));
+  ASSERT_EQ(a.h.size(), 4u);
+  EXPECT_EQ(a.h.front(), 1e-1);
+  EXPECT_EQ(a.directional, b.directional); // seeded: the same w and u
+  o.seed = 10;
+  auto const c =
+      tg::taylor_test(o, 3, tg::kernels::softmax_fwd<16>, tg::in("x", x), tg::out("y", y));
+  EXPECT_NE(a.directional, c.directional);
+}
