@@ -317,3 +317,23 @@ TYPED_TEST(Tensor, OwnedTensorCopyAndMove) {
 }
 
 } // namespace
+
+TEST(Tensor, RowMajorOffsetWalksAnyStridesInRowMajorOrder) {
+  // A transposed 3 x 5 view of a 5 x 3 buffer: element i of the view, row-major, is at
+  // (i / 5, i % 5), stored at (i % 5) * 3 + i / 5.
+  std::vector<float> buf(15);
+  tensor<float> t(buf.data(), {3, 5}, {1, 3});
+  for (std::int64_t i = 0; i < 15; ++i) EXPECT_EQ(t.row_major_offset(i), (i % 5) * 3 + i / 5) << i;
+  tensor<float> c(buf.data(), {3, 5});
+  for (std::int64_t i = 0; i < 15; ++i) EXPECT_EQ(c.row_major_offset(i), i);
+}
+
+TEST(Tensor, SameShapeComparesRankAndExtentsOnly) {
+  std::vector<double> d(30);
+  std::vector<std::int32_t> n(30);
+  tensor<double> a(d.data(), {3, 5});
+  EXPECT_TRUE(a.same_shape(tensor<std::int32_t>(n.data(), {3, 5}, {1, 3})));
+  EXPECT_FALSE(a.same_shape(tensor<std::int32_t>(n.data(), {5, 3})));
+  EXPECT_FALSE(a.same_shape(tensor<std::int32_t>(n.data(), {15})));
+  EXPECT_FALSE(a.same_shape(tensor<std::int32_t>(n.data(), {3, 5, 1})));
+}

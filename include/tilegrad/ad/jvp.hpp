@@ -180,23 +180,9 @@ struct first_float_tensor<X, Rest...> {
                                   typename first_float_tensor<Rest...>::type>;
 };
 
-/// Element offset of the row-major element number `i` of a view.
-template <class E>
-std::int64_t offset_of(tensor<E> const& t, std::int64_t i) {
-  std::int64_t off = 0;
-  for (int a = t.rank() - 1; a >= 0; --a) {
-    off += (i % t.size(a)) * t.stride(a);
-    i /= t.size(a);
-  }
-  return off;
-}
-
 template <class A, class B>
 void check_same_shape(char const* name, tensor<A> const& t, tensor<B> const& u) {
-  bool same = t.rank() == u.rank();
-  for (int a = 0; same && a < t.rank(); ++a)
-    same = t.size(a) == u.size(a);
-  if (!same)
+  if (!t.same_shape(u))
     throw std::invalid_argument(std::string("tilegrad::jvp: the tangent of '") + name +
                                 "' has shape " + u.shape_string() + ", the tensor " +
                                 t.shape_string());
@@ -224,12 +210,12 @@ auto to_dual(X const& x) {
     dual_copy<D, float_tensor<X>::writable> c;
     c.storage.resize(static_cast<std::size_t>(n == 0 ? 1 : t.span()), D(0));
     for (std::int64_t i = 0; i < n; ++i) {
-      std::int64_t const off = offset_of(t, i);
+      std::int64_t const off = t.row_major_offset(i);
       D& e = c.storage[static_cast<std::size_t>(off)];
       e.v = t.data()[off];
       if constexpr (requires { x.u; })
         for (std::size_t k = 0; k < x.u.size(); ++k)
-          e.d[k] = x.u[k].data()[offset_of(x.u[k], i)];
+          e.d[k] = x.u[k].data()[x.u[k].row_major_offset(i)];
     }
     c.view = {c.storage.data(), t.rank(), t.shape(), t.strides(), t.name()};
     if constexpr (requires { x.name; })
@@ -248,7 +234,7 @@ void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result
       tensor<T> const t = writable_view(x);
       std::int64_t const n = t.numel();
       for (std::int64_t i = 0; i < n; ++i) {
-        std::int64_t const off = offset_of(t, i);
+        std::int64_t const off = t.row_major_offset(i);
         t.data()[off] = c.storage[static_cast<std::size_t>(off)].v;
       }
       if constexpr (requires { X::role; }) {
@@ -256,7 +242,7 @@ void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result
         for (int k = 0; k < D::directions; ++k) {
           owned_tensor<T> o(t.shape().data(), static_cast<std::size_t>(t.rank()), x.name);
           for (std::int64_t i = 0; i < n; ++i)
-            o.data()[i] = c.storage[static_cast<std::size_t>(offset_of(t, i))].d[k];
+            o.data()[i] = c.storage[static_cast<std::size_t>(t.row_major_offset(i))].d[k];
           out.push_back(std::move(o));
         }
         result.insert(x.name, std::move(out));

@@ -135,29 +135,10 @@ struct first_float<X, Rest...> {
 
 template <class T>
 void check_cotangent(char const* name, tensor<T> const& t, tensor<T const> const& cot) {
-  bool same = cot.rank() == t.rank();
-  for (int a = 0; same && a < t.rank(); ++a) same = cot.size(a) == t.size(a);
-  if (!same)
+  if (!t.same_shape(cot))
     throw std::invalid_argument(std::string("tilegrad::vjp: cotangent of '") + name +
                                 "' has shape " + cot.shape_string() + ", the tensor " +
                                 t.shape_string());
-}
-
-// Calls f(offset in t, offset in u) for every element of two views of one shape.
-template <class A, class B, class F>
-void for_each_element(tensor<A> const& t, tensor<B> const& u, F&& f) {
-  extents n{1, 1, 1, 1}, st{}, su{};
-  int const r = t.rank();
-  for (int a = 0; a < r; ++a) {
-    n[static_cast<std::size_t>(4 - r + a)] = t.size(a);
-    st[static_cast<std::size_t>(4 - r + a)] = t.stride(a);
-    su[static_cast<std::size_t>(4 - r + a)] = u.stride(a);
-  }
-  for (std::int64_t i = 0; i < n[0]; ++i)
-    for (std::int64_t j = 0; j < n[1]; ++j)
-      for (std::int64_t k = 0; k < n[2]; ++k)
-        for (std::int64_t l = 0; l < n[3]; ++l)
-          f(i * st[0] + j * st[1] + k * st[2] + l * st[3], i * su[0] + j * su[1] + k * su[2] + l * su[3]);
 }
 
 /// What a vjp launch keeps per float tensor besides its entry: the per-element stamps of a
@@ -192,7 +173,8 @@ void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::
         e.cotangent = cot->data();
       } else { // lay the cotangent out like the tensor, so an element's offset finds it
         sh.cotangent = std::make_unique<T[]>(static_cast<std::size_t>(span));
-        for_each_element(t, *cot, [&](std::int64_t o, std::int64_t c) { sh.cotangent[o] = cot->data()[c]; });
+        for (std::int64_t i = 0; i < t.numel(); ++i)
+          sh.cotangent[t.row_major_offset(i)] = cot->data()[cot->row_major_offset(i)];
         e.cotangent = sh.cotangent.get();
       }
     }
@@ -249,11 +231,8 @@ void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entr
     if (!e.has_cotangent()) continue;
     T const* cot = static_cast<T const*>(e.cotangent);
     T* adj = static_cast<T*>(a.adj);
-    if (a.kind == access_kind::atomic) {
-      for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
-      continue;
-    }
-    if (!st.overwrote) { // every store is the last at its elements
+    // Every atomic contribution is seeded; so is every store when none overwrote another.
+    if (a.kind == access_kind::atomic || !st.overwrote) {
       for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
       continue;
     }

@@ -192,7 +192,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       for (auto const& n : *group) {
         auto rng = detail::rng_for(seed, stream++);
         for (std::int64_t i = 0; i < n.t.numel(); ++i)
-          n.t.data()[detail::row_major_offset(n.t, i)] = static_cast<T>(gen(n.name, rng));
+          n.t.data()[n.t.row_major_offset(i)] = static_cast<T>(gen(n.name, rng));
       }
     std::vector<owned_tensor<T>> cots;
     for (auto const& n : outs) {

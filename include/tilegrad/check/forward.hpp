@@ -114,7 +114,7 @@ template <class U, class E>
 owned_tensor<U> copy_as(tensor<E> const& t) {
   owned_tensor<U> c(t.shape().data(), static_cast<std::size_t>(t.rank()), t.name());
   for (std::int64_t i = 0; i < t.numel(); ++i)
-    c.data()[i] = static_cast<U>(t.data()[row_major_offset(t, i)]);
+    c.data()[i] = static_cast<U>(t.data()[t.row_major_offset(i)]);
   return c;
 }
 

@@ -59,19 +59,6 @@ struct erased_gradient {
   std::string shape_string() const { return tuple_string(shape.data(), rank); }
 };
 
-namespace detail {
-/// The offset from t.data() of the i-th element of t in row-major order.
-template <class U>
-std::int64_t row_major_offset(tensor<U> const& t, std::int64_t i) {
-  std::int64_t off = 0;
-  for (int a = t.rank() - 1; a >= 0; --a) {
-    off += (i % t.size(a)) * t.stride(a);
-    i /= t.size(a);
-  }
-  return off;
-}
-} // namespace detail
-
 /// Copies a view of any element type into an erased gradient (row-major, whatever the strides).
 template <class U>
 erased_gradient erase_gradient(std::string name, tensor<U> t) {
@@ -85,7 +72,7 @@ erased_gradient erase_gradient(std::string name, tensor<U> t) {
   g.values.resize(static_cast<std::size_t>(n));
   g.bits.resize(static_cast<std::size_t>(n) * sizeof(V));
   for (std::int64_t i = 0; i < n; ++i) {
-    V const v = t.data()[detail::row_major_offset(t, i)];
+    V const v = t.data()[t.row_major_offset(i)];
     if constexpr (std::is_arithmetic_v<V>)
       g.values[static_cast<std::size_t>(i)] = static_cast<double>(v);
     else

@@ -95,6 +95,25 @@ public:
     return data_[off];
   }
 
+  /// The offset from data() of the i-th element in row-major order (whatever the strides).
+  std::int64_t row_major_offset(std::int64_t i) const {
+    std::int64_t off = 0;
+    for (int a = rank_ - 1; a >= 0; --a) {
+      off += (i % shape_[a]) * strides_[a];
+      i /= shape_[a];
+    }
+    return off;
+  }
+
+  /// Whether u has this view's shape (any element type, any strides).
+  template <class U>
+  bool same_shape(tensor<U> const& u) const {
+    if (u.rank() != rank_) return false;
+    for (int a = 0; a < rank_; ++a)
+      if (u.size(a) != shape_[a]) return false;
+    return true;
+  }
+
   /// Offsets that address elements of this view lie in [0, span()).
   std::int64_t span() const {
     std::int64_t hi = 0;
