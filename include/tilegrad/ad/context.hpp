@@ -31,6 +31,12 @@ struct tensor_entry {
   void const* cotangent = nullptr;      // out / inout: indexed by the tensor's element offset
   std::uint64_t* stamp = nullptr;       // writable: (program + 1) << 32 | its last write there
   std::uint64_t* readers = nullptr;     // writable, once loaded: the first two readers + 1
+  /// Offsets from `base` (a view into this tensor, such as t[b][h]) plus this are offsets from
+  /// the tensor's own first element, which stamps, cotangents and gradients are indexed by.
+  template <class T>
+  std::int64_t shift(void const* base) const {
+    return (static_cast<std::byte const*>(base) - lo) / static_cast<std::ptrdiff_t>(sizeof(T));
+  }
   bool wants_grad() const { return r == role::in || r == role::inout; }
   bool has_cotangent() const { return r == role::out || r == role::inout; }
 };

@@ -84,9 +84,10 @@ T* record_load(void const* base, std::source_location const& loc, Each&& each) {
   tape& tp = st->t;
   if (!e->writable) { // an input: every lane reads the tensor's own value
     if (!e->wants_grad()) return nullptr;
+    std::int64_t const shift = e->shift<T>(base);
     run_builder b(st->scratch);
-    each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
-         [&](int pos, std::int64_t off) { b.add(pos, off); });
+    each([&](int pos, std::int64_t off, int n) { b.add(pos, off + shift, n); },
+         [&](int pos, std::int64_t off) { b.add(pos, off + shift); });
     T* adj = tp.alloc_zero<T>(S::size);
     tp.push<load_record<T>>(adj, e->index, copy_to_tape(tp, st->scratch),
                             static_cast<int>(st->scratch.size()), nullptr, 0);
@@ -112,9 +113,10 @@ T* record_load(void const* base, std::source_location const& loc, Each&& each) {
       init.add(pos, off);
     }
   };
+  std::int64_t const shift = e->shift<T>(base);
   each([&](int pos, std::int64_t off, int n) {
-    for (int l = 0; l < n; ++l) one(pos + l, off + l);
-  }, one);
+    for (int l = 0; l < n; ++l) one(pos + l, off + shift + l);
+  }, [&](int pos, std::int64_t off) { one(pos, off + shift); });
   for (run const& r : st->scratch) st->out->accesses.push_back({access_kind::load, e->index, r, nullptr, loc});
   if (routed.empty() && initial.empty()) return nullptr;
   T* adj = tp.alloc_zero<T>(S::size);
@@ -153,9 +155,10 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
   if (!st) return;
   tensor_entry const* e = st->find(base);
   if (!e || !e->stamp) return;
+  std::int64_t const shift = e->shift<T>(base);
   run_builder b(st->scratch);
-  each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
-       [&](int pos, std::int64_t off) { b.add(pos, off); });
+  each([&](int pos, std::int64_t off, int n) { b.add(pos, off + shift, n); },
+       [&](int pos, std::int64_t off) { b.add(pos, off + shift); });
   auto& acc = st->out->accesses;
   bool const atomic = kind == access_kind::atomic;
   for (run const& r : st->scratch) {

@@ -95,6 +95,27 @@ public:
     return data_[off];
   }
 
+  /// t[i]: the view of index i along the first axis, one rank lower and under the same name
+  /// (PyTorch's t[i]; a kernel takes q[b][h] for the (N, D) matrix of batch b, head h).
+  tensor operator[](std::int64_t i) const {
+    if (rank_ < 2)
+      throw std::invalid_argument("tilegrad::tensor: t[i] needs rank 2 or more (tensor " +
+                                  std::string(*name_ ? name_ : "unnamed") + ")");
+    if (i < 0 || i >= shape_[0])
+      throw std::out_of_range("tilegrad::tensor: index " + std::to_string(i) +
+                              " out of range for axis 0 of size " + std::to_string(shape_[0]) +
+                              " (tensor " + std::string(*name_ ? name_ : "unnamed") + ")");
+    tensor t;
+    t.data_ = data_ + i * strides_[0];
+    t.rank_ = rank_ - 1;
+    t.name_ = name_;
+    for (int a = 1; a < rank_; ++a) {
+      t.shape_[a - 1] = shape_[a];
+      t.strides_[a - 1] = strides_[a];
+    }
+    return t;
+  }
+
   /// The offset from data() of the i-th element in row-major order (whatever the strides).
   std::int64_t row_major_offset(std::int64_t i) const {
     std::int64_t off = 0;

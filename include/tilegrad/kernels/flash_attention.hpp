@@ -1,0 +1,383 @@
+// FlashAttention-2 (the CS336 assignment 2 kernels, Algorithms 1 and 2 of the FlashAttention-2
+// paper): the forward walks key tiles with an online softmax and never forms the N x N scores,
+// saving the output O and the row logsumexp L; the backward recomputes the probabilities from L.
+// Two backwards: one program per key tile adding dQ by atomic_add, or a key-tile pass for
+// dK/dV and a query-tile pass for dQ (no atomics). Tensors are (batch, heads, rows, head dim);
+// batch and heads are grid axes 2 and 1. bf16 storage computes in fp32.
+#pragma once
+
+#include "tilegrad/core/types.hpp"
+#include "tilegrad/grid/launch.hpp"
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/block_ptr.hpp"
+#include "tilegrad/memory/pointer.hpp"
+#include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/tile/creation.hpp"
+#include "tilegrad/tile/dot.hpp"
+#include "tilegrad/tile/elementwise.hpp"
+#include "tilegrad/tile/reduce.hpp"
+#include "tilegrad/tile/shape_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace tilegrad::kernels {
+
+namespace detail {
+
+inline constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+
+/// Whether the (query tile at q0) x (key tile at k0) block needs a mask: it crosses the end of
+/// the keys, or (causal) the diagonal. Every other block is used whole.
+template <int BQ, int BK, bool Causal>
+constexpr bool block_needs_mask(int q0, int k0, int n_k) {
+  return k0 + BK > n_k || (Causal && k0 + BK - 1 > q0);
+}
+
+/// The scores' mask of the block: keys that exist and, causal, keys at or before the query
+/// (queries and keys aligned at their first rows).
+template <int BQ, int BK, bool Causal>
+auto block_mask(int q0, int k0, int n_k) {
+  auto const offs_q = q0 + arange<0, BQ>();
+  auto const offs_k = k0 + arange<0, BK>();
+  if constexpr (Causal)
+    return (row(offs_k) < n_k) & (col(offs_q) >= row(offs_k));
+  else
+    return (row(offs_k) < n_k) & (col(offs_q) >= 0);
+}
+
+/// The first key past the ones the query tile at q0 attends to (causal tile skipping).
+template <int BQ, bool Causal>
+constexpr int key_end(int q0, int n_k) {
+  return Causal ? std::min(n_k, q0 + BQ) : n_k;
+}
+
+/// The first query tile that attends to the key tile at k0 (causal: none before the diagonal).
+template <int BQ, bool Causal>
+constexpr int query_begin(int k0) {
+  return Causal ? k0 / BQ * BQ : 0;
+}
+
+/// P = exp(scale * Q Kᵀ - L) for one block, masked lanes 0; and dS = P * (dP - D) * scale with
+/// dP = dO Vᵀ: what every backward recomputes from the saved logsumexp.
+template <int BQ, int BK, bool Causal, class F, int D, class L, class Dl>
+auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, BK, D> const& kj,
+                          tile<F, BK, D> const& vj, tile<F, BQ, D> const& doi, L const& li,
+                          Dl const& di, float scale, int q0, int k0, int n_k) {
+  tile<F, BQ, BK> pt = exp(dot(qi, trans(kj)) * scale - col(li));
+  if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
+    pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
+  tile<F, BQ, BK> ds = pt * (dot(doi, trans(vj)) - col(di)) * scale;
+  return std::pair<tile<F, BQ, BK>, tile<F, BQ, BK>>(std::move(pt), std::move(ds));
+}
+
+} // namespace detail
+
+/// Forward: o = softmax(scale * q kᵀ [causal mask]) v and lse = the rows' logsumexp, for
+/// q, o (B, H, N, D), k, v (B, H, Nk, D), lse (B, H, N). Grid: (cdiv(N, BQ), H, B).
+template <int D, int BQ, int BK, bool Causal>
+inline constexpr auto flash_attention_fwd =
+    []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
+                tensor<T> o, tensor<fp32<T>> lse, float scale) {
+      using F = fp32<T>;
+      int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
+      auto const kh = k[b][h], vh = v[b][h];
+      int const n_k = static_cast<int>(kh.size(0));
+      // Rows past the end read zeros; their results are not stored.
+      tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>));
+      auto kb = make_block_ptr<BK, D>(kh, {0, 0});
+      auto vb = make_block_ptr<BK, D>(vh, {0, 0});
+      auto m = full<F, BQ>(F(detail::neg_inf)); // running row maximum of the scores
+      auto l = zeros<F, BQ>();                  // running row sum of exp(score - m)
+      auto acc = zeros<F, BQ, D>();
+      for (int k0 = 0; k0 < detail::key_end<BQ, Causal>(q0, n_k); k0 += BK) {
+        tile<F, BK, D> const kj = to<F>(load(kb, bounds<0>));
+        tile<F, BK, D> const vj = to<F>(load(vb, bounds<0>));
+        tile<F, BQ, BK> s = dot(qi, trans(kj)) * scale;
+        if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
+          s = where(detail::block_mask<BQ, BK, Causal>(q0, k0, n_k), s, detail::neg_inf);
+        tile<F, BQ> const m_new = maximum(m, max<1>(s));
+        tile<F, BQ, BK> const pt = exp(s - col(m_new));
+        tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
+        l = l * alpha + sum<1>(pt);
+        acc *= col(alpha);
+        acc = dot(pt, vj, std::move(acc));
+        m = m_new;
+        kb = kb.advance(BK, 0);
+        vb = vb.advance(BK, 0);
+      }
+      store(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), acc / col(l), bounds<0>);
+      store(make_block_ptr<BQ>(lse[b][h], {q0}), m + log(l), bounds<0>);
+    };
+
+/// delta = rowsum(do * o), the D of Algorithm 2, for o, do (B, H, N, D) and delta (B, H, N).
+/// Grid: (cdiv(N, BQ), H, B).
+template <int D, int BQ>
+inline constexpr auto flash_attention_bwd_delta =
+    []<class T>(program const& p, tensor<T const> o, tensor<T const> d_o, tensor<fp32<T>> delta) {
+      using F = fp32<T>;
+      int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
+      tile<F, BQ, D> const oi = to<F>(load(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), bounds<0>));
+      tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(d_o[b][h], {q0, 0}), bounds<0>));
+      store(make_block_ptr<BQ>(delta[b][h], {q0}), sum<1>(oi * doi), bounds<0>);
+    };
+
+namespace detail {
+
+/// The key-tile program of the backward: dK and dV of its keys over every query tile that sees
+/// them; with AtomicDq, also each query tile's share of dQ, added to dq (which must start at 0).
+template <int D, int BQ, int BK, bool Causal, bool AtomicDq>
+inline constexpr auto flash_attention_bwd_keys =
+    []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
+                tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
+                tensor<fp32<T>> dq, tensor<T> dk, tensor<T> dv, float scale) {
+      using F = fp32<T>;
+      int const k0 = p.program_id(0) * BK, h = p.program_id(1), b = p.program_id(2);
+      auto const qh = q[b][h], doh = d_o[b][h];
+      auto const lh = lse[b][h], dh = delta[b][h];
+      int const n_q = static_cast<int>(qh.size(0)), n_k = static_cast<int>(k.size(2));
+      tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(k[b][h], {k0, 0}), bounds<0>));
+      tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(v[b][h], {k0, 0}), bounds<0>));
+      auto dk_acc = zeros<F, BK, D>();
+      auto dv_acc = zeros<F, BK, D>();
+      for (int q0 = query_begin<BQ, Causal>(k0); q0 < n_q; q0 += BQ) {
+        tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(qh, {q0, 0}), bounds<0>));
+        tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
+        auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
+        auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
+        auto const [pt, ds] =
+            probabilities_and_ds<BQ, BK, Causal>(qi, kj, vj, doi, li, di, scale, q0, k0, n_k);
+        dv_acc = dot(trans(pt), doi, std::move(dv_acc));
+        dk_acc = dot(trans(ds), qi, std::move(dk_acc));
+        if constexpr (AtomicDq) {
+          auto const rows = q0 + arange<0, BQ>();
+          auto const dqh = dq[b][h];
+          atomic_add(dqh + (col(rows) * dqh.stride(0) + row(arange<0, D>()) * dqh.stride(1)),
+                     dot(ds, kj), col(rows) < n_q);
+        }
+      }
+      store(make_block_ptr<BK, D>(dk[b][h], {k0, 0}), dk_acc, bounds<0>);
+      store(make_block_ptr<BK, D>(dv[b][h], {k0, 0}), dv_acc, bounds<0>);
+    };
+
+} // namespace detail
+
+/// Backward, key-tile programs adding dQ atomically: dk, dv (B, H, Nk, D) and dq (B, H, N, D)
+/// in fp32 of the mode, zeroed before the launch. Needs lse from the forward and delta from
+/// flash_attention_bwd_delta. Grid: (cdiv(Nk, BK), H, B).
+template <int D, int BQ, int BK, bool Causal>
+inline constexpr auto flash_attention_bwd =
+    detail::flash_attention_bwd_keys<D, BQ, BK, Causal, true>;
+
+/// Backward without atomics, first pass: dk and dv only. Grid: (cdiv(Nk, BK), H, B); the dq
+/// argument is not touched.
+template <int D, int BQ, int BK, bool Causal>
+inline constexpr auto flash_attention_bwd_dkdv =
+    detail::flash_attention_bwd_keys<D, BQ, BK, Causal, false>;
+
+/// Backward without atomics, second pass: dq (B, H, N, D) by query tiles, each walking the key
+/// tiles it attends to. Grid: (cdiv(N, BQ), H, B).
+template <int D, int BQ, int BK, bool Causal>
+inline constexpr auto flash_attention_bwd_dq =
+    []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
+                tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
+                tensor<T> dq, float scale) {
+      using F = fp32<T>;
+      int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
+      auto const kh = k[b][h], vh = v[b][h];
+      int const n_k = static_cast<int>(kh.size(0));
+      tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>));
+      tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(d_o[b][h], {q0, 0}), bounds<0>));
+      auto const li = load(make_block_ptr<BQ>(lse[b][h], {q0}), bounds<0>);
+      auto const di = load(make_block_ptr<BQ>(delta[b][h], {q0}), bounds<0>);
+      auto acc = zeros<F, BQ, D>();
+      for (int k0 = 0; k0 < detail::key_end<BQ, Causal>(q0, n_k); k0 += BK) {
+        tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
+        tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
+        auto const [pt, ds] = detail::probabilities_and_ds<BQ, BK, Causal>(qi, kj, vj, doi, li, di,
+                                                                           scale, q0, k0, n_k);
+        acc = dot(ds, kj, std::move(acc));
+      }
+      store(make_block_ptr<BQ, D>(dq[b][h], {q0, 0}), acc, bounds<0>);
+    };
+
+// ---------------------------------------------------------------------------------------------
+// Host entry points: shapes checked before any program runs, tiles picked per head dim.
+// ---------------------------------------------------------------------------------------------
+
+struct attention_options {
+  bool causal = false;
+  float scale = 0; // 0: 1 / sqrt(head dim)
+  launch_options launch = default_options();
+};
+
+enum class attention_backward { atomic_dq, two_pass };
+
+namespace detail {
+
+template <class A, class B>
+void expect_dims(char const* what, tensor<A> const& t, tensor<B> const& ref, int axis_t,
+                 int axis_ref, char const* axis_name) {
+  if (t.size(axis_t) != ref.size(axis_ref))
+    throw std::invalid_argument(std::string("tilegrad::flash_attention: ") + what + " '" +
+                                t.name() + "' has " + axis_name + " " +
+                                std::to_string(t.size(axis_t)) + " but '" + ref.name() + "' has " +
+                                std::to_string(ref.size(axis_ref)) + " (shapes " +
+                                t.shape_string() + " and " + ref.shape_string() + ")");
+}
+
+template <class A>
+void expect_rank(tensor<A> const& t, int rank, char const* layout) {
+  if (t.rank() != rank)
+    throw std::invalid_argument(std::string("tilegrad::flash_attention: '") + t.name() +
+                                "' must have rank " + std::to_string(rank) + " " + layout +
+                                ", not shape " + t.shape_string());
+}
+
+/// q (B, H, N, D), k and v (B, H, Nk, D), every (B, H, N) and (B, H, N, D) tensor given.
+template <class Q, class K, class V>
+void check_qkv(tensor<Q> const& q, tensor<K> const& k, tensor<V> const& v) {
+  expect_rank(q, 4, "(batch, heads, rows, head dim)");
+  expect_rank(k, 4, "(batch, heads, rows, head dim)");
+  expect_rank(v, 4, "(batch, heads, rows, head dim)");
+  for (auto [axis, name] : {std::pair{0, "batch"}, {1, "heads"}, {3, "head dim"}}) {
+    expect_dims("key", k, q, axis, axis, name);
+    expect_dims("value", v, q, axis, axis, name);
+  }
+  expect_dims("value", v, k, 2, 2, "rows");
+  if (q.size(2) < 1 || k.size(2) < 1)
+    throw std::invalid_argument("tilegrad::flash_attention: no query or no key rows");
+  int const d = static_cast<int>(q.size(3));
+  if (d != 16 && d != 32 && d != 64 && d != 128)
+    throw std::invalid_argument("tilegrad::flash_attention: head dim " + std::to_string(d) +
+                                " of '" + q.name() + "' is not one of 16, 32, 64, 128");
+}
+
+template <class A, class B>
+void check_same_shape(char const* what, tensor<A> const& t, tensor<B> const& ref) {
+  if (!t.same_shape(ref))
+    throw std::invalid_argument(std::string("tilegrad::flash_attention: ") + what + " '" +
+                                t.name() + "' has shape " + t.shape_string() + ", expected " +
+                                ref.shape_string() + " as '" + ref.name() + "'");
+}
+
+template <class A, class Q>
+void check_rows(char const* what, tensor<A> const& t, tensor<Q> const& q) {
+  expect_rank(t, 3, "(batch, heads, rows)");
+  for (auto [axis, name] : {std::pair{0, "batch"}, {1, "heads"}, {2, "rows"}})
+    expect_dims(what, t, q, axis, axis, name);
+}
+
+/// Calls f(std::integral_constant<int, D>{}) for the head dim d.
+template <class F>
+void with_head_dim(int d, F&& f) {
+  switch (d) {
+  case 16:
+    return f(std::integral_constant<int, 16>{});
+  case 32:
+    return f(std::integral_constant<int, 32>{});
+  case 64:
+    return f(std::integral_constant<int, 64>{});
+  default:
+    return f(std::integral_constant<int, 128>{});
+  }
+}
+
+/// Tile sizes per head dim: 64 x 64 score blocks; 32 query rows at d = 128 keep the working set
+/// (q, o accumulator, k, v tiles) in L2.
+template <int D>
+inline constexpr int block_q = D >= 128 ? 32 : 64;
+template <int D>
+inline constexpr int block_k = 64;
+
+inline float default_scale(float s, std::int64_t d) {
+  return s != 0 ? s : 1.0f / std::sqrt(static_cast<float>(d));
+}
+
+template <class A>
+grid attention_grid(tensor<A> const& t, int block) {
+  return grid(static_cast<int>(cdiv<std::int64_t>(t.size(2), block)), static_cast<int>(t.size(1)),
+              static_cast<int>(t.size(0)));
+}
+
+} // namespace detail
+
+/// o = attention(q, k, v) and its logsumexp lse, shapes checked first (errors name the tensor
+/// and the axis). T is float or bf16 (lse is float), or double.
+template <class T>
+void flash_attention_forward(tensor<T const> q, tensor<T const> k, tensor<T const> v, tensor<T> o,
+                             tensor<fp32<T>> lse, attention_options const& opt = {}) {
+  detail::check_qkv(q, k, v);
+  detail::check_same_shape("output", o, q);
+  detail::check_rows("logsumexp", lse, q);
+  float const scale = detail::default_scale(opt.scale, q.size(3));
+  detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
+    constexpr int D = decltype(dc)::value, BQ = detail::block_q<D>, BK = detail::block_k<D>;
+    auto const g = detail::attention_grid(q, BQ);
+    if (opt.causal)
+      launch(opt.launch, g, flash_attention_fwd<D, BQ, BK, true>, q, k, v, o, lse, scale);
+    else
+      launch(opt.launch, g, flash_attention_fwd<D, BQ, BK, false>, q, k, v, o, lse, scale);
+  });
+}
+
+/// dq, dk, dv from d_o, with o and lse from the forward. atomic_dq: one launch over key tiles
+/// adding dq atomically into an fp32 buffer; two_pass: a key-tile launch for dk, dv and a
+/// query-tile launch for dq. Both start with the delta launch.
+template <class T>
+void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T const> v,
+                              tensor<T const> o, tensor<T const> d_o, tensor<fp32<T> const> lse,
+                              tensor<T> dq, tensor<T> dk, tensor<T> dv,
+                              attention_options const& opt = {},
+                              attention_backward variant = attention_backward::atomic_dq) {
+  using F = fp32<T>;
+  detail::check_qkv(q, k, v);
+  detail::check_same_shape("output", o, q);
+  detail::check_same_shape("output gradient", d_o, q);
+  detail::check_rows("logsumexp", lse, q);
+  detail::check_same_shape("query gradient", dq, q);
+  detail::check_same_shape("key gradient", dk, k);
+  detail::check_same_shape("value gradient", dv, v);
+  float const scale = detail::default_scale(opt.scale, q.size(3));
+  owned_tensor<F> delta({q.size(0), q.size(1), q.size(2)}, "delta");
+  detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
+    constexpr int D = decltype(dc)::value, BQ = detail::block_q<D>, BK = detail::block_k<D>;
+    launch(opt.launch, detail::attention_grid(q, BQ), flash_attention_bwd_delta<D, BQ>, o, d_o,
+           delta.view());
+    auto const keys = detail::attention_grid(k, BK);
+    auto run = [&]<bool Causal>() {
+      if (variant == attention_backward::two_pass) {
+        tensor<F> none = delta.view(); // the dq argument the dk/dv pass does not touch
+        launch(opt.launch, keys, flash_attention_bwd_dkdv<D, BQ, BK, Causal>, q, k, v, d_o, lse,
+               delta.cview(), none, dk, dv, scale);
+        launch(opt.launch, detail::attention_grid(q, BQ), flash_attention_bwd_dq<D, BQ, BK, Causal>,
+               q, k, v, d_o, lse, delta.cview(), dq, scale);
+        return;
+      }
+      // dq accumulates in fp32: dq itself when T is fp32, else a buffer converted afterwards.
+      if constexpr (std::is_same_v<T, F>) {
+        for (std::int64_t i = 0; i < dq.numel(); ++i)
+          dq.data()[dq.row_major_offset(i)] = F(0);
+        launch(opt.launch, keys, flash_attention_bwd<D, BQ, BK, Causal>, q, k, v, d_o, lse,
+               delta.cview(), dq, dk, dv, scale);
+      } else {
+        owned_tensor<F> acc({q.size(0), q.size(1), q.size(2), q.size(3)}, "dq (fp32)");
+        launch(opt.launch, keys, flash_attention_bwd<D, BQ, BK, Causal>, q, k, v, d_o, lse,
+               delta.cview(), acc.view(), dk, dv, scale);
+        for (std::int64_t i = 0; i < acc.numel(); ++i)
+          dq.data()[dq.row_major_offset(i)] = static_cast<T>(acc.data()[i]);
+      }
+    };
+    if (opt.causal)
+      run.template operator()<true>();
+    else
+      run.template operator()<false>();
+  });
+}
+
+} // namespace tilegrad::kernels
