@@ -38,13 +38,15 @@ TYPED_TEST(Vjp, WeightedSumMatchesClosedForm) {
         ASSERT_NEAR(g["x"](i, j), double(dy(i)) * w(j), tol<T>()) << "dx(" << i << ", " << j << ")";
     for (int j = 0; j < d; ++j) {
       double r = 0;
-      for (int i = 0; i < n; ++i) r += double(dy(i)) * x(i, j);
+      for (int i = 0; i < n; ++i)
+        r += double(dy(i)) * x(i, j);
       ASSERT_NEAR(g["w"](j), r, tol<T>() * n) << "dw(" << j << ") n=" << n << " d=" << d;
     }
     // The forward ran too: y holds x @ w.
     for (int i = 0; i < n; ++i) {
       double r = 0;
-      for (int j = 0; j < d; ++j) r += double(x(i, j)) * w(j);
+      for (int j = 0; j < d; ++j)
+        r += double(x(i, j)) * w(j);
       ASSERT_NEAR(y(i), r, tol<T>() * d);
     }
   }
@@ -59,7 +61,8 @@ TYPED_TEST(Vjp, SoftmaxMatchesClosedForm) {
     auto g = tg::vjp(n, tg::kernels::softmax_fwd<128>, tg::in("x", x), tg::out("y", y, dy));
     for (int i = 0; i < n; ++i) {
       double s = 0;
-      for (int j = 0; j < d; ++j) s += double(dy(i, j)) * y(i, j);
+      for (int j = 0; j < d; ++j)
+        s += double(dy(i, j)) * y(i, j);
       for (int j = 0; j < d; ++j)
         ASSERT_NEAR(g["x"](i, j), y(i, j) * (dy(i, j) - s), tol<T>())
             << "dx(" << i << ", " << j << ") n=" << n << " d=" << d;
@@ -82,13 +85,15 @@ TYPED_TEST(Vjp, MatmulMatchesClosedForm) {
     for (int i = 0; i < M; ++i)
       for (int k = 0; k < K; ++k) {
         double r = 0;
-        for (int j = 0; j < N; ++j) r += double(dc(i, j)) * b(k, j);
+        for (int j = 0; j < N; ++j)
+          r += double(dc(i, j)) * b(k, j);
         ASSERT_NEAR(g["a"](i, k), r, tol<T>() * N) << "da(" << i << ", " << k << ")";
       }
     for (int k = 0; k < K; ++k)
       for (int j = 0; j < N; ++j) {
         double r = 0;
-        for (int i = 0; i < M; ++i) r += double(a(i, k)) * dc(i, j);
+        for (int i = 0; i < M; ++i)
+          r += double(a(i, k)) * dc(i, j);
         ASSERT_NEAR(g["b"](k, j), r, tol<T>() * M) << "db(" << k << ", " << j << ")";
       }
   }
@@ -109,8 +114,10 @@ TEST(VjpDeterminism, BitwiseIdenticalForAnyThreadCount) {
   auto const ref = run(tg::executor::sequential, 1);
   std::vector<std::pair<tg::executor, int>> configs{{tg::executor::sequential, 1}};
   if (tg::executor_available(tg::executor::tbb))
-    configs.insert(configs.end(), {{tg::executor::tbb, 1}, {tg::executor::tbb, 2}, {tg::executor::tbb, 0}});
-  if (tg::executor_available(tg::executor::openmp)) configs.push_back({tg::executor::openmp, 2});
+    configs.insert(configs.end(),
+                   {{tg::executor::tbb, 1}, {tg::executor::tbb, 2}, {tg::executor::tbb, 0}});
+  if (tg::executor_available(tg::executor::openmp))
+    configs.push_back({tg::executor::openmp, 2});
   for (auto [e, t] : configs)
     for (int rep = 0; rep < 2; ++rep) {
       auto const got = run(e, t);
@@ -130,9 +137,11 @@ TEST(VjpMemory, MaskedLanesAndOtherGetNoGradient) {
   };
   tg::owned_tensor<float> x({8}, "x"), y({8}, "y"), dy({8}, "dy");
   fill(x, 1);
-  for (int i = 0; i < 8; ++i) dy(i) = 1.0f + i;
+  for (int i = 0; i < 8; ++i)
+    dy(i) = 1.0f + i;
   auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(g["x"](i), i < 5 ? 2.0f * (1 + i) : 0.0f) << i;
+  for (int i = 0; i < 8; ++i)
+    EXPECT_EQ(g["x"](i), i < 5 ? 2.0f * (1 + i) : 0.0f) << i;
   EXPECT_EQ(y(6), 14.0f);
 }
 
@@ -142,10 +151,13 @@ TEST(VjpMemory, PaddingOfBlockLoadsGetsNoGradient) {
     tg::store(tg::make_block_ptr<8>(y, {0}), v * v, tg::bounds<0>);
   };
   tg::owned_tensor<float> x({5}, "x"), y({8}, "y"), dy({8}, "dy");
-  for (int i = 0; i < 5; ++i) x(i) = 1.0f + i;
-  for (int i = 0; i < 8; ++i) dy(i) = 1.0f;
+  for (int i = 0; i < 5; ++i)
+    x(i) = 1.0f + i;
+  for (int i = 0; i < 8; ++i)
+    dy(i) = 1.0f;
   auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(g["x"](i), 2.0f * x(i)) << i; // y[i + 2] = x[i]^2
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(g["x"](i), 2.0f * x(i)) << i; // y[i + 2] = x[i]^2
 }
 
 TEST(VjpMemory, LoadSeesTheValueThisProgramStoredAndItsGradientFlowsBack) {
@@ -163,7 +175,8 @@ TEST(VjpMemory, LoadSeesTheValueThisProgramStoredAndItsGradientFlowsBack) {
     dz(i) = 1.0f;
   }
   auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), tg::out("z", z, dz));
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(g["x"](i), 18.0f * x(i), 1e-5) << i;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NEAR(g["x"](i), 18.0f * x(i), 1e-5) << i;
 }
 
 TEST(VjpMemory, OnlyTheLastOfSeveralStoresReceivesTheCotangent) {
@@ -175,9 +188,11 @@ TEST(VjpMemory, OnlyTheLastOfSeveralStoresReceivesTheCotangent) {
   };
   tg::owned_tensor<float> x({4}, "x"), y({4}, "y"), dy({4}, "dy");
   fill(x, 2);
-  for (int i = 0; i < 4; ++i) dy(i) = 1.0f;
+  for (int i = 0; i < 4; ++i)
+    dy(i) = 1.0f;
   auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(g["x"](i), 2.0f) << i;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(g["x"](i), 2.0f) << i;
 }
 
 TEST(VjpControlFlow, LoopBoundsFromProgramIdAndFromAnIntegerTensor) {
@@ -190,9 +205,11 @@ TEST(VjpControlFlow, LoopBoundsFromProgramIdAndFromAnIntegerTensor) {
     auto acc = tg::zeros<tg::fp32<T>, 4>();
     int const n = tg::load(lens + pid).item();
     for (int b = 0;; ++b) {
-      if (b >= n) break;
+      if (b >= n)
+        break;
       auto v = tg::load(x + b * 4 + i);
-      if (tg::sum(v).item() > T(1000)) continue; // never true: data-dependent branch
+      if (tg::sum(v).item() > T(1000))
+        continue; // never true: data-dependent branch
       acc = acc + v * static_cast<float>(pid + 1);
     }
     tg::store(y + pid * 4 + i, acc);
@@ -202,9 +219,11 @@ TEST(VjpControlFlow, LoopBoundsFromProgramIdAndFromAnIntegerTensor) {
   lens(0) = 1;
   lens(1) = 3;
   fill(x, 3);
-  for (int i = 0; i < 8; ++i) dy(i) = 1.0f;
+  for (int i = 0; i < 8; ++i)
+    dy(i) = 1.0f;
   auto g = tg::vjp(2, k, tg::in("x", x), lens, tg::out("y", y, dy));
-  for (int e = 0; e < 12; ++e) EXPECT_EQ(g["x"](e), e < 4 ? 3.0f : 2.0f) << e;
+  for (int e = 0; e < 12; ++e)
+    EXPECT_EQ(g["x"](e), e < 4 ? 3.0f : 2.0f) << e;
 }
 
 // --- bad input ---------------------------------------------------------------------------
@@ -236,4 +255,26 @@ TEST(VjpMemoryBound, TapeDoesNotGrowWithTheGrid) {
         .peak_tape_bytes();
   };
   EXPECT_EQ(peak(64), peak(64 * 50));
+}
+
+TEST(VjpMemory, ViewsIntoATensorAddressItsOwnElements) {
+  // y[b] = 2 * x[b] * x[b] through the per-batch views x[b], y[b]: gradients and the cotangent
+  // land on the elements of the whole tensors (program b writes row b only).
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    int const b = p.program_id(0);
+    auto const xb = x[b];
+    auto const yb = y[b];
+    auto const i = tg::arange<0, 8>();
+    auto const v = tg::load(xb + i, i < xb.size(0), 0.0f);
+    tg::store(tg::make_block_ptr<8>(yb, {0}), v * v * 2.0f, tg::bounds<0>);
+  };
+  tg::owned_tensor<float> x({3, 5}, "x"), y({3, 5}, "y"), dy({3, 5}, "dy");
+  fill(x, 4);
+  fill(dy, 5);
+  auto g = tg::vjp(3, k, tg::in("x", x), tg::out("y", y, dy));
+  for (int b = 0; b < 3; ++b)
+    for (int j = 0; j < 5; ++j) {
+      EXPECT_FLOAT_EQ(y(b, j), 2 * x(b, j) * x(b, j));
+      EXPECT_NEAR(g["x"](b, j), 4 * x(b, j) * dy(b, j), 1e-5) << b << ", " << j;
+    }
 }

@@ -31,14 +31,18 @@ template <class T>
 std::set<std::int64_t> addressed(tensor<T> const& t) {
   std::set<std::int64_t> out;
   std::int64_t idx[4] = {0, 0, 0, 0};
-  if (t.numel() == 0) return out;
+  if (t.numel() == 0)
+    return out;
   for (;;) {
     std::int64_t off = 0;
-    for (int a = 0; a < t.rank(); ++a) off += idx[a] * t.stride(a);
+    for (int a = 0; a < t.rank(); ++a)
+      off += idx[a] * t.stride(a);
     out.insert(off);
     int a = t.rank() - 1;
-    while (a >= 0 && ++idx[a] == t.size(a)) idx[a--] = 0;
-    if (a < 0) return out;
+    while (a >= 0 && ++idx[a] == t.size(a))
+      idx[a--] = 0;
+    if (a < 0)
+      return out;
   }
 }
 
@@ -54,7 +58,8 @@ void check_contains(tensor<T> const& t, std::int64_t lo, std::int64_t hi) {
 TYPED_TEST(Tensor, ContiguousViewQueries) {
   using T = TypeParam;
   std::vector<T> buf(37 * 70);
-  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = value_at<T>(static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    buf[i] = value_at<T>(static_cast<std::int64_t>(i));
   tensor<T> x(buf.data(), {37, 70}, "x");
   EXPECT_EQ(x.data(), buf.data());
   EXPECT_EQ(x.rank(), 2);
@@ -74,8 +79,7 @@ TYPED_TEST(Tensor, ContiguousViewQueries) {
   for (int i = 0; i < 37; ++i)
     for (int j = 0; j < 70; ++j) {
       ASSERT_EQ(&x(i, j), &buf[static_cast<std::size_t>(i * 70 + j)]) << at(i, j);
-      ASSERT_EQ(x.coordinates(i * 70 + j), tg_mem::coord(i, j))
-          << at(i, j);
+      ASSERT_EQ(x.coordinates(i * 70 + j), tg_mem::coord(i, j)) << at(i, j);
     }
   check_contains(x, -75, 37 * 70 + 75);
   // Offsets outside still get coordinates (past the extent), which is what messages need.
@@ -141,8 +145,7 @@ TYPED_TEST(Tensor, StridedViewWithGaps) {
   EXPECT_EQ(x.coordinates(36), "(3, 6)");
   for (int i = 0; i < 5; ++i)
     for (int j = 0; j < 7; ++j)
-      EXPECT_EQ(x.coordinates(i * 10 + j), tg_mem::coord(i, j))
-          << at(i, j);
+      EXPECT_EQ(x.coordinates(i * 10 + j), tg_mem::coord(i, j)) << at(i, j);
 
   // Every other column of a 37 x 70 buffer.
   std::vector<T> big(37 * 70);
@@ -162,7 +165,8 @@ TYPED_TEST(Tensor, StridedViewWithGaps) {
 TYPED_TEST(Tensor, TransposedViewByStrides) {
   using T = TypeParam;
   std::vector<T> buf(37 * 70);
-  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = value_at<T>(static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    buf[i] = value_at<T>(static_cast<std::int64_t>(i));
   // The (70, 37) transpose of a contiguous (37, 70) buffer.
   tensor<T> t(buf.data(), {70, 37}, {1, 70});
   EXPECT_FALSE(t.is_contiguous());
@@ -171,8 +175,7 @@ TYPED_TEST(Tensor, TransposedViewByStrides) {
   for (int i = 0; i < 70; ++i)
     for (int j = 0; j < 37; ++j) {
       ASSERT_EQ(t(i, j), buf[static_cast<std::size_t>(j * 70 + i)]) << at(i, j);
-      ASSERT_EQ(t.coordinates(j * 70 + i), tg_mem::coord(i, j))
-          << at(i, j);
+      ASSERT_EQ(t.coordinates(j * 70 + i), tg_mem::coord(i, j)) << at(i, j);
     }
   check_contains(t, -3, 37 * 70 + 3);
 }
@@ -218,7 +221,8 @@ TYPED_TEST(Tensor, ConvertsToConstView) {
   static_assert(std::is_same_v<typename tensor<T const>::value_type, T>);
   static_assert(std::is_same_v<typename tensor<T const>::element_type, T const>);
   std::vector<T> buf(37 * 70);
-  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = value_at<T>(static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    buf[i] = value_at<T>(static_cast<std::int64_t>(i));
   tensor<T> x(buf.data(), {37, 35}, {70, 2}, "x");
   tensor<T const> c = x;
   EXPECT_EQ(c.data(), x.data());
@@ -227,13 +231,15 @@ TYPED_TEST(Tensor, ConvertsToConstView) {
   EXPECT_EQ(c.strides(), x.strides());
   EXPECT_EQ(std::string(c.name()), "x");
   for (int i = 0; i < 37; ++i)
-    for (int j = 0; j < 35; ++j) ASSERT_EQ(c(i, j), buf[static_cast<std::size_t>(i * 70 + 2 * j)]) << at(i, j);
+    for (int j = 0; j < 35; ++j)
+      ASSERT_EQ(c(i, j), buf[static_cast<std::size_t>(i * 70 + 2 * j)]) << at(i, j);
   static_assert(std::is_same_v<decltype(c(0, 0)), T const&>);
 }
 
 template <class T>
 void expect_aligned(T const* p) {
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u) << "storage at " << static_cast<void const*>(p);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u)
+      << "storage at " << static_cast<void const*>(p);
 }
 
 TYPED_TEST(Tensor, OwnedTensorStorage) {
@@ -254,7 +260,8 @@ TYPED_TEST(Tensor, OwnedTensorStorage) {
   owned_tensor<T> x({37, 70}, "x");
   expect_aligned(x.data());
   EXPECT_EQ(x.numel(), 37 * 70);
-  for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.data()[i], T(0)) << at(i);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(x.data()[i], T(0)) << at(i);
   tensor<T> v = x; // converts to a view of its storage
   EXPECT_EQ(v.data(), x.data());
   EXPECT_TRUE(v.is_contiguous());
@@ -290,7 +297,8 @@ TYPED_TEST(Tensor, OwnedTensorCopyAndMove) {
   EXPECT_EQ(y.size(0), 37);
   EXPECT_EQ(y.size(1), 70);
   EXPECT_EQ(std::string(y.name()), "x");
-  for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(y.data()[i], x.data()[i]) << at(i);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(y.data()[i], x.data()[i]) << at(i);
   y(0, 0) = T(1);
   x(0, 1) = T(2);
   EXPECT_EQ(x(0, 0), value_at<T>(0)) << "the copy shares no storage";
@@ -303,7 +311,8 @@ TYPED_TEST(Tensor, OwnedTensorCopyAndMove) {
   EXPECT_EQ(z.numel(), 37 * 70);
   EXPECT_NE(z.data(), x.data());
   EXPECT_EQ(z.view().data(), z.data());
-  for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(z.data()[i], x.data()[i]) << at(i);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(z.data()[i], x.data()[i]) << at(i);
   auto const* before = z.data();
   z = static_cast<owned_tensor<T> const&>(z); // self-assignment keeps everything
   EXPECT_EQ(z.data(), before);
@@ -323,9 +332,11 @@ TEST(Tensor, RowMajorOffsetWalksAnyStridesInRowMajorOrder) {
   // (i / 5, i % 5), stored at (i % 5) * 3 + i / 5.
   std::vector<float> buf(15);
   tensor<float> t(buf.data(), {3, 5}, {1, 3});
-  for (std::int64_t i = 0; i < 15; ++i) EXPECT_EQ(t.row_major_offset(i), (i % 5) * 3 + i / 5) << i;
+  for (std::int64_t i = 0; i < 15; ++i)
+    EXPECT_EQ(t.row_major_offset(i), (i % 5) * 3 + i / 5) << i;
   tensor<float> c(buf.data(), {3, 5});
-  for (std::int64_t i = 0; i < 15; ++i) EXPECT_EQ(c.row_major_offset(i), i);
+  for (std::int64_t i = 0; i < 15; ++i)
+    EXPECT_EQ(c.row_major_offset(i), i);
 }
 
 TEST(Tensor, SameShapeComparesRankAndExtentsOnly) {
@@ -336,4 +347,28 @@ TEST(Tensor, SameShapeComparesRankAndExtentsOnly) {
   EXPECT_FALSE(a.same_shape(tensor<std::int32_t>(n.data(), {5, 3})));
   EXPECT_FALSE(a.same_shape(tensor<std::int32_t>(n.data(), {15})));
   EXPECT_FALSE(a.same_shape(tensor<std::int32_t>(n.data(), {3, 5, 1})));
+}
+
+TEST(Tensor, IndexingTheFirstAxisGivesTheSubViewOneRankLower) {
+  // t[b][h] of a (2, 3, 4, 5) tensor is the (4, 5) matrix at (b, h, 0, 0), strides kept.
+  std::vector<float> buf(120);
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    buf[i] = static_cast<float>(i);
+  tensor<float> t(buf.data(), {2, 3, 4, 5}, "t");
+  auto const m = t[1][2];
+  ASSERT_EQ(m.rank(), 2);
+  EXPECT_EQ(m.size(0), 4);
+  EXPECT_EQ(m.size(1), 5);
+  EXPECT_EQ(m.stride(0), 5);
+  EXPECT_EQ(m.stride(1), 1);
+  EXPECT_STREQ(m.name(), "t");
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 5; ++j)
+      EXPECT_EQ(m(i, j), t(1, 2, i, j));
+  // A strided view keeps its strides: the columns of a transposed 3 x 5 view.
+  tensor<float> tr(buf.data(), {3, 5}, {1, 3});
+  EXPECT_EQ(tr[2](4), tr(2, 4));
+  EXPECT_THROW((void)t[2], std::out_of_range);
+  EXPECT_THROW((void)t[-1], std::out_of_range);
+  EXPECT_THROW((void)t[0][0][0][0], std::invalid_argument); // rank 1 has no sub-view
 }
