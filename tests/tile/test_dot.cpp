@@ -75,6 +75,19 @@ void check_dot() {
                                        [&](int i, int j) { return 0.5 * double(acc(i, j)); }),
                    "dot(a * 2, trans(bt), acc * 0.5)");
 
+  // The left operand transposed: read in place from a tile (lvalue) or a temporary tile.
+  tile<T, K, M> at;
+  tg_test::fill_dyadic(at, rng);
+  auto const AT = [&](int i, int k) { return double(at(k, i)); };
+  expect_matrix_eq(tile<T, M, N>(dot(trans(at), b)), matmul_ref<M, K, N>(AT, B, zero),
+                   "dot(trans(at), b)");
+  expect_matrix_eq(tile<T, M, N>(dot(trans(tile<T, K, M>(at)), b, acc)),
+                   matmul_ref<M, K, N>(AT, B, [&](int i, int j) { return double(acc(i, j)); }),
+                   "dot(trans(tile(at)), b, acc)");
+  expect_matrix_eq(tile<T, M, N>(dot(trans(at), trans(bt))),
+                   matmul_ref<M, K, N>(AT, [&](int k, int j) { return double(bt(j, k)); }, zero),
+                   "dot(trans(at), trans(bt))");
+
   // The accumulator passed as a temporary, as a K loop writes it.
   tile<T, M, N> run = acc;
   run = dot(a, b, std::move(run));

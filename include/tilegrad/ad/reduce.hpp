@@ -133,12 +133,8 @@ struct dot_record final : record {
         for (int j = 0; j < N; ++j) bt[j * K + k] = bv[k * N + j];
       detail::gemm<T, M, K, N>(aa, ca, bt);
     }
-    if (ba) { // dB += A^T @ dC
-      T* at = tp.alloc<T>(K * M);
-      for (int i = 0; i < M; ++i)
-        for (int k = 0; k < K; ++k) at[k * M + i] = av[i * K + k];
-      detail::gemm<T, K, N, M>(ba, at, ca);
-    }
+    if (ba) // dB += A^T @ dC, reading A in place
+      detail::gemm<T, K, N, M, true>(ba, av, ca);
     if (acca)
       for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
   }

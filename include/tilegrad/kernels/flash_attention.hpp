@@ -40,15 +40,23 @@ constexpr bool block_needs_mask(int q0, int k0, int n_k) {
 }
 
 /// The scores' mask of the block: keys that exist and, causal, keys at or before the query
-/// (queries and keys aligned at their first rows).
-template <int BQ, int BK, bool Causal>
+/// (queries and keys aligned at their first rows). Queries run down the rows, keys along them;
+/// transposed (KeysDown), the other way round.
+template <int BQ, int BK, bool Causal, bool KeysDown = false>
 auto block_mask(int q0, int k0, int n_k) {
   auto const offs_q = q0 + arange<0, BQ>();
   auto const offs_k = k0 + arange<0, BK>();
-  if constexpr (Causal)
-    return (row(offs_k) < n_k) & (col(offs_q) >= row(offs_k));
-  else
-    return (row(offs_k) < n_k) & (col(offs_q) >= 0);
+  if constexpr (KeysDown) {
+    if constexpr (Causal)
+      return (col(offs_k) < n_k) & (row(offs_q) >= col(offs_k));
+    else
+      return (col(offs_k) < n_k) & (row(offs_q) >= 0);
+  } else {
+    if constexpr (Causal)
+      return (row(offs_k) < n_k) & (col(offs_q) >= row(offs_k));
+    else
+      return (row(offs_k) < n_k) & (col(offs_q) >= 0);
+  }
 }
 
 /// The first key past the ones the query tile at q0 attends to (causal tile skipping).
@@ -63,19 +71,6 @@ constexpr int query_begin(int k0) {
   return Causal ? k0 / BQ * BQ : 0;
 }
 
-/// P = exp(scale * Q Kᵀ - L) for one block, masked lanes 0; and dS = P * (dP - D) * scale with
-/// dP = dO Vᵀ: what every backward recomputes from the saved logsumexp.
-template <int BQ, int BK, bool Causal, class F, int D, class L, class Dl>
-auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, BK, D> const& kj,
-                          tile<F, BK, D> const& vj, tile<F, BQ, D> const& doi, L const& li,
-                          Dl const& di, float scale, int q0, int k0, int n_k) {
-  tile<F, BQ, BK> pt = exp(dot(qi, trans(kj)) * scale - col(li));
-  if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
-    pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
-  tile<F, BQ, BK> ds = pt * (dot(doi, trans(vj)) - col(di)) * scale;
-  return std::pair<tile<F, BQ, BK>, tile<F, BQ, BK>>(std::move(pt), std::move(ds));
-}
-
 } // namespace detail
 
 /// Forward: o = softmax(scale * q kᵀ [causal mask]) v and lse = the rows' logsumexp, for
@@ -88,25 +83,29 @@ inline constexpr auto flash_attention_fwd =
       int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const kh = k[b][h], vh = v[b][h];
       int const n_k = static_cast<int>(kh.size(0));
-      // Rows past the end read zeros; their results are not stored.
-      tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>));
+      // The scores are computed transposed, keys down the rows: S^T = K (scale Q)^T needs Q^T,
+      // transposed once here rather than K^T in every step, and P V = (P^T)^T V reads P^T in
+      // place. The softmax statistics then reduce along axis 0. Rows of q past the end read
+      // zeros; their results are not stored.
+      tile<F, D, BQ> const qt =
+          trans(to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))) * scale;
       auto kb = make_block_ptr<BK, D>(kh, {0, 0});
       auto vb = make_block_ptr<BK, D>(vh, {0, 0});
-      auto m = full<F, BQ>(F(detail::neg_inf)); // running row maximum of the scores
-      auto l = zeros<F, BQ>();                  // running row sum of exp(score - m)
+      auto m = full<F, BQ>(F(detail::neg_inf)); // running maximum of each query's scores
+      auto l = zeros<F, BQ>();                  // running sum of exp(score - m)
       auto acc = zeros<F, BQ, D>();
       for (int k0 = 0; k0 < detail::key_end<BQ, Causal>(q0, n_k); k0 += BK) {
         tile<F, BK, D> const kj = to<F>(load(kb, bounds<0>));
         tile<F, BK, D> const vj = to<F>(load(vb, bounds<0>));
-        tile<F, BQ, BK> s = dot(qi, trans(kj)) * scale;
+        tile<F, BK, BQ> st = dot(kj, qt);
         if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
-          s = where(detail::block_mask<BQ, BK, Causal>(q0, k0, n_k), s, detail::neg_inf);
-        tile<F, BQ> const m_new = maximum(m, max<1>(s));
-        tile<F, BQ, BK> const pt = exp(s - col(m_new));
+          st = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), st, detail::neg_inf);
+        tile<F, BQ> const m_new = maximum(m, max<0>(st));
+        tile<F, BK, BQ> const pt = exp(st - row(m_new));
         tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
-        l = l * alpha + sum<1>(pt);
+        l = l * alpha + sum<0>(pt);
         acc *= col(alpha);
-        acc = dot(pt, vj, std::move(acc));
+        acc = dot(trans(pt), vj, std::move(acc));
         m = m_new;
         kb = kb.advance(BK, 0);
         vb = vb.advance(BK, 0);
@@ -132,38 +131,47 @@ namespace detail {
 /// The key-tile program of the backward: dK and dV of its keys over every query tile that sees
 /// them; with AtomicDq, also each query tile's share of dQ, added to dq (which must start at 0).
 template <int D, int BQ, int BK, bool Causal, bool AtomicDq>
-inline constexpr auto flash_attention_bwd_keys =
-    []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
-                tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
-                tensor<fp32<T>> dq, tensor<T> dk, tensor<T> dv, float scale) {
-      using F = fp32<T>;
-      int const k0 = p.program_id(0) * BK, h = p.program_id(1), b = p.program_id(2);
-      auto const qh = q[b][h], doh = d_o[b][h];
-      auto const lh = lse[b][h], dh = delta[b][h];
-      int const n_q = static_cast<int>(qh.size(0)), n_k = static_cast<int>(k.size(2));
-      tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(k[b][h], {k0, 0}), bounds<0>));
-      tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(v[b][h], {k0, 0}), bounds<0>));
-      auto dk_acc = zeros<F, BK, D>();
-      auto dv_acc = zeros<F, BK, D>();
-      for (int q0 = query_begin<BQ, Causal>(k0); q0 < n_q; q0 += BQ) {
-        tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(qh, {q0, 0}), bounds<0>));
-        tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
-        auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
-        auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
-        auto const [pt, ds] =
-            probabilities_and_ds<BQ, BK, Causal>(qi, kj, vj, doi, li, di, scale, q0, k0, n_k);
-        dv_acc = dot(trans(pt), doi, std::move(dv_acc));
-        dk_acc = dot(trans(ds), qi, std::move(dk_acc));
-        if constexpr (AtomicDq) {
-          auto const rows = q0 + arange<0, BQ>();
-          auto const dqh = dq[b][h];
-          atomic_add(dqh + (col(rows) * dqh.stride(0) + row(arange<0, D>()) * dqh.stride(1)),
-                     dot(ds, kj), col(rows) < n_q);
-        }
-      }
-      store(make_block_ptr<BK, D>(dk[b][h], {k0, 0}), dk_acc, bounds<0>);
-      store(make_block_ptr<BK, D>(dv[b][h], {k0, 0}), dv_acc, bounds<0>);
-    };
+inline constexpr auto flash_attention_bwd_keys = []<class T>(program const& p, tensor<T const> q,
+                                                             tensor<T const> k, tensor<T const> v,
+                                                             tensor<T const> d_o,
+                                                             tensor<fp32<T> const> lse,
+                                                             tensor<fp32<T> const> delta,
+                                                             tensor<fp32<T>> dq, tensor<T> dk,
+                                                             tensor<T> dv, float scale) {
+  using F = fp32<T>;
+  int const k0 = p.program_id(0) * BK, h = p.program_id(1), b = p.program_id(2);
+  auto const qh = q[b][h], doh = d_o[b][h];
+  auto const lh = lse[b][h], dh = delta[b][h];
+  int const n_q = static_cast<int>(qh.size(0)), n_k = static_cast<int>(k.size(2));
+  // K and V stay for the whole walk: their transposes are taken once, and every product
+  // of the walk reads its operands in place (dot(trans(x), y) reads x transposed).
+  tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(k[b][h], {k0, 0}), bounds<0>));
+  tile<F, D, BK> const kt = trans(kj) * scale;
+  tile<F, D, BK> const vt = trans(to<F>(load(make_block_ptr<BK, D>(v[b][h], {k0, 0}), bounds<0>)));
+  auto dk_acc = zeros<F, BK, D>();
+  auto dv_acc = zeros<F, BK, D>();
+  for (int q0 = query_begin<BQ, Causal>(k0); q0 < n_q; q0 += BQ) {
+    tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(qh, {q0, 0}), bounds<0>));
+    tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
+    auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
+    auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
+    // P = exp(scale Q K^T - L), masked lanes 0; dS = P (dO V^T - D) scale.
+    tile<F, BQ, BK> pt = exp(dot(qi, kt) - col(li));
+    if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
+      pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
+    tile<F, BQ, BK> const ds = pt * (dot(doi, vt) - col(di)) * scale;
+    dv_acc = dot(trans(pt), doi, std::move(dv_acc));
+    dk_acc = dot(trans(ds), qi, std::move(dk_acc));
+    if constexpr (AtomicDq) {
+      auto const rows = q0 + arange<0, BQ>();
+      auto const dqh = dq[b][h];
+      atomic_add(dqh + (col(rows) * dqh.stride(0) + row(arange<0, D>()) * dqh.stride(1)),
+                 dot(ds, kj), col(rows) < n_q);
+    }
+  }
+  store(make_block_ptr<BK, D>(dk[b][h], {k0, 0}), dk_acc, bounds<0>);
+  store(make_block_ptr<BK, D>(dv[b][h], {k0, 0}), dv_acc, bounds<0>);
+};
 
 } // namespace detail
 
@@ -191,19 +199,25 @@ inline constexpr auto flash_attention_bwd_dq =
       int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const kh = k[b][h], vh = v[b][h];
       int const n_k = static_cast<int>(kh.size(0));
-      tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>));
-      tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(d_o[b][h], {q0, 0}), bounds<0>));
+      // Transposed, keys down the rows, as in the forward: Q^T and dO^T are taken once, and
+      // dS K = (dS^T)^T K reads dS^T in place.
+      tile<F, D, BQ> const qt =
+          trans(to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))) * scale;
+      tile<F, D, BQ> const do_t =
+          trans(to<F>(load(make_block_ptr<BQ, D>(d_o[b][h], {q0, 0}), bounds<0>)));
       auto const li = load(make_block_ptr<BQ>(lse[b][h], {q0}), bounds<0>);
       auto const di = load(make_block_ptr<BQ>(delta[b][h], {q0}), bounds<0>);
       auto acc = zeros<F, BQ, D>();
       for (int k0 = 0; k0 < detail::key_end<BQ, Causal>(q0, n_k); k0 += BK) {
         tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
         tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
-        auto const [pt, ds] = detail::probabilities_and_ds<BQ, BK, Causal>(qi, kj, vj, doi, li, di,
-                                                                           scale, q0, k0, n_k);
-        acc = dot(ds, kj, std::move(acc));
+        tile<F, BK, BQ> pt = exp(dot(kj, qt) - row(li));
+        if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
+          pt = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), pt, 0.0f);
+        tile<F, BK, BQ> const dst = pt * (dot(vj, do_t) - row(di));
+        acc = dot(trans(dst), kj, std::move(acc));
       }
-      store(make_block_ptr<BQ, D>(dq[b][h], {q0, 0}), acc, bounds<0>);
+      store(make_block_ptr<BQ, D>(dq[b][h], {q0, 0}), acc * scale, bounds<0>);
     };
 
 // ---------------------------------------------------------------------------------------------

@@ -25,8 +25,18 @@ auto dot(A&& a, B&& b, C&& acc);
 
 namespace detail {
 
+// A's element (i, k): A is stored row-major as (M, K), or with TransA as its transpose (K, M),
+// which is how dot(trans(x), y) reads x without copying it.
+template <class T, int M, int K, bool TransA>
+TILEGRAD_INLINE T a_at(T const* a, int i, int k) {
+  if constexpr (TransA)
+    return a[k * M + i];
+  else
+    return a[i * K + k];
+}
+
 // C[i0:i0+MR, j0:j0+NB*W] += A[i0:i0+MR, :] @ B[:, j0:j0+NB*W]
-template <class T, int W, int MR, int NB, int N, int K>
+template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA>
 TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
   using V = simd::vec_t<T, W>;
   V acc[MR][NB];
@@ -40,7 +50,7 @@ TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
     for (int q = 0; q < NB; ++q) bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      V const av = simd::splat<T, W>(a[(i0 + r) * K + k]);
+      V const av = simd::splat<T, W>(a_at<T, M, K, TransA>(a, i0 + r, k));
 #pragma GCC unroll 8
       for (int q = 0; q < NB; ++q) acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
     }
@@ -52,21 +62,22 @@ TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
 }
 
 // All row blocks of one column block of NB vectors starting at j0.
-template <class T, int W, int MR, int NB, int M, int N, int K>
+template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA>
 TILEGRAD_INLINE void gemm_columns(T* c, T const* a, T const* b, int j0) {
   constexpr int full = M / MR * MR;
-  for (int i0 = 0; i0 < full; i0 += MR) gemm_block<T, W, MR, NB, N, K>(c, a, b, i0, j0);
-  if constexpr (M % MR != 0) gemm_block<T, W, M % MR, NB, N, K>(c, a, b, full, j0);
+  for (int i0 = 0; i0 < full; i0 += MR) gemm_block<T, W, MR, NB, M, N, K, TransA>(c, a, b, i0, j0);
+  if constexpr (M % MR != 0) gemm_block<T, W, M % MR, NB, M, N, K, TransA>(c, a, b, full, j0);
 }
 
-/// C (M x N) += A (M x K) @ B (K x N), all row-major and contiguous.
-template <class T, int M, int N, int K>
+/// C (M x N) += A (M x K) @ B (K x N), all row-major and contiguous; with TransA, `a` holds
+/// A's transpose (K x M).
+template <class T, int M, int N, int K, bool TransA = false>
 void gemm(T* c, T const* a, T const* b) {
   constexpr int W = simd::native_width<T>;
   if constexpr (W == 1) {
     for (int i = 0; i < M; ++i)
       for (int k = 0; k < K; ++k) {
-        T const aik = a[i * K + k];
+        T const aik = a_at<T, M, K, TransA>(a, i, k);
         for (int j = 0; j < N; ++j) c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
       }
   } else {
@@ -77,19 +88,32 @@ void gemm(T* c, T const* a, T const* b) {
     constexpr int MR = 6;
     constexpr int NV = N / W; // whole vectors per row
     constexpr int jfull = NV / NB * NB * W;
-    for (int j0 = 0; j0 < jfull; j0 += NB * W) gemm_columns<T, W, MR, NB, M, N, K>(c, a, b, j0);
-    if constexpr (NV % NB != 0) gemm_columns<T, W, MR, NV % NB, M, N, K>(c, a, b, jfull);
+    for (int j0 = 0; j0 < jfull; j0 += NB * W)
+      gemm_columns<T, W, MR, NB, M, N, K, TransA>(c, a, b, j0);
+    if constexpr (NV % NB != 0) gemm_columns<T, W, MR, NV % NB, M, N, K, TransA>(c, a, b, jfull);
     // Columns past the last whole vector.
     if constexpr (N % W != 0) {
       constexpr int j1 = NV * W;
       for (int i = 0; i < M; ++i)
         for (int k = 0; k < K; ++k) {
-          T const aik = a[i * K + k];
+          T const aik = a_at<T, M, K, TransA>(a, i, k);
           for (int j = j1; j < N; ++j) c[i * N + j] += aik * b[k * N + j];
         }
     }
   }
 }
+
+// trans(x) of a tile already in memory, as dot's left operand: read in place, not copied.
+template <class T, class E>
+struct stored_transpose : std::false_type {};
+template <class T, class S>
+struct stored_transpose<T, permute_node<tile_ref<T, S>, 1, 0>> : std::true_type {
+  static T const* data(permute_node<tile_ref<T, S>, 1, 0> const& n) { return n.e.p; }
+};
+template <class T, int... Ns>
+struct stored_transpose<T, permute_node<tile<T, Ns...>, 1, 0>> : std::true_type {
+  static T const* data(permute_node<tile<T, Ns...>, 1, 0> const& n) { return n.e.data(); }
+};
 
 template <class T, class E>
 TILEGRAD_INLINE decltype(auto) materialize(E&& e) {
@@ -132,9 +156,14 @@ auto dot(A&& a, B&& b, C&& acc) {
     else
       return tile<T, M, N>(acc);
   }();
-  auto&& ta = detail::materialize<T>(std::forward<A>(a));
   auto&& tb = detail::materialize<T>(std::forward<B>(b));
-  detail::gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
+  if constexpr (detail::stored_transpose<T, std::remove_cvref_t<A>>::value) {
+    detail::gemm<T, M, N, K, true>(
+        out.data(), detail::stored_transpose<T, std::remove_cvref_t<A>>::data(a), tb.data());
+  } else {
+    auto&& ta = detail::materialize<T>(std::forward<A>(a));
+    detail::gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
+  }
   return out;
   }
 }
