@@ -375,8 +375,11 @@ void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T con
       }
       // dq accumulates in fp32: dq itself when T is fp32, else a buffer converted afterwards.
       if constexpr (std::is_same_v<T, F>) {
-        for (std::int64_t i = 0; i < dq.numel(); ++i)
-          dq.data()[dq.row_major_offset(i)] = F(0);
+        if (dq.is_contiguous())
+          std::fill_n(dq.data(), dq.numel(), F(0));
+        else
+          for (std::int64_t i = 0; i < dq.numel(); ++i)
+            dq.data()[dq.row_major_offset(i)] = F(0);
         launch(opt.launch, keys, flash_attention_bwd<D, BQ, BK, Causal>, q, k, v, d_o, lse,
                delta.cview(), dq, dk, dv, scale);
       } else {
