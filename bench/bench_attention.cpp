@@ -475,6 +475,8 @@ void bm_vjp_memory(benchmark::State& state, std::int64_t n, int threads) {
     benchmark::ClobberMemory();
   }
   double const hwm = status_bytes("VmHWM");
+  // What stays resident once vjp has returned and its gradients are freed.
+  state.counters["rss_held_after_bytes"] = status_bytes("VmRSS") - rss0;
   state.counters["peak_rss_growth_bytes"] = hwm - rss0;
   state.counters["peak_beyond_io_bytes"] = hwm - rss0 - grad_bytes;
   state.counters["tape_bytes"] = double(tape);
