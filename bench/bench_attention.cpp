@@ -19,7 +19,6 @@
 #if TILEGRAD_HAVE_CBLAS
 #include <cblas.h>
 extern "C" void openblas_set_num_threads(int);
-extern "C" int openblas_get_num_threads(void);
 extern "C" char* openblas_get_config(void);
 #endif
 
