@@ -12,7 +12,8 @@
 // Ht the number of heads or 1: an axis of size 1 is shared by every batch (head). Entries past
 // the count are neither read nor checked; a key block listed twice is an error; the order of
 // the listed blocks does not matter. A query block that lists no key block has o = 0 and
-// lse = -inf (no keys: the empty sum), and gradient 0 for its queries.
+// lse = -inf (no keys: the empty sum), and gradient 0 for its queries. The host entry points
+// check the table (check_block_table) before any program runs; the kernels trust it.
 //
 // Backward without atomics (deterministic): the host transposes the table into q_count and
 // q_index (for each key block, the query blocks that list it, in increasing order); one launch
@@ -213,7 +214,7 @@ block_table make_block_table(std::int64_t batch, std::int64_t heads, std::int64_
 
 /// The transposed table: for each of the `cols` column blocks, the rows that list it, in
 /// increasing order (q_count and q_index of the backward from kv_count and kv_index).
-/// @pre the table passed check_block_table (indices in [0, cols), counts in range)
+/// @pre check_block_table accepts the table (counts in range, indices in [0, cols))
 inline block_table block_sparse_transpose(tensor<std::int32_t const> count,
                                           tensor<std::int32_t const> index, std::int64_t cols) {
   std::int64_t const bt = count.size(0), ht = count.size(1), rows = count.size(2);
@@ -276,9 +277,12 @@ void as_block_sparse(F&& f) {
   }
 }
 
+} // namespace detail
+
 /// The block table of a launch with q (B, H, N, D), k (B, H, Nk, D) and blocks BQ x BK: shapes
 /// as at the top of this header, every count in [0, max_blocks], every listed index in
 /// [0, cdiv(Nk, BK)) and listed once. Errors name the tensor, the position and the value.
+/// @pre q and k have rank 4 (the entry points check them first)
 template <class Q, class K>
 void check_block_table(tensor<std::int32_t const> count, tensor<std::int32_t const> index,
                        tensor<Q> const& q, tensor<K> const& k, int bq, int bk) {
@@ -288,25 +292,25 @@ void check_block_table(tensor<std::int32_t const> count, tensor<std::int32_t con
   auto const c = std::string("kv_count '") + count.name() + "'";
   auto const x = std::string("kv_index '") + index.name() + "'";
   if (count.rank() != 3)
-    bad_table(c + " must have rank 3 (batch or 1, heads or 1, query blocks), not shape " +
-              count.shape_string());
+    detail::bad_table(c + " must have rank 3 (batch or 1, heads or 1, query blocks), not shape " +
+                      count.shape_string());
   if (index.rank() != 4)
-    bad_table(x +
-              " must have rank 4 (batch or 1, heads or 1, query blocks, max blocks), not "
-              "shape " +
-              index.shape_string());
+    detail::bad_table(x +
+                      " must have rank 4 (batch or 1, heads or 1, query blocks, max blocks), not "
+                      "shape " +
+                      index.shape_string());
   auto const expected = "(" + std::to_string(batch) + " or 1, " + std::to_string(heads) +
                         " or 1, " + std::to_string(rows) + ")";
   if ((count.size(0) != batch && count.size(0) != 1) ||
       (count.size(1) != heads && count.size(1) != 1) || count.size(2) != rows)
-    bad_table(c + " has shape " + count.shape_string() + ", expected " + expected + " for '" +
-              q.name() + "' of shape " + q.shape_string() + " in query blocks of " +
-              std::to_string(bq));
+    detail::bad_table(c + " has shape " + count.shape_string() + ", expected " + expected +
+                      " for '" + q.name() + "' of shape " + q.shape_string() +
+                      " in query blocks of " + std::to_string(bq));
   for (int a = 0; a < 3; ++a)
     if (index.size(a) != count.size(a))
-      bad_table(x + " has shape " + index.shape_string() + ", expected " +
-                count.shape_string().substr(0, count.shape_string().size() - 1) +
-                ", max blocks) as " + c);
+      detail::bad_table(x + " has shape " + index.shape_string() + ", expected " +
+                        count.shape_string().substr(0, count.shape_string().size() - 1) +
+                        ", max blocks) as " + c);
   std::int64_t const max_blocks = index.size(3);
   std::vector<std::int64_t> seen(static_cast<std::size_t>(cols), -1);
   for (std::int64_t b = 0; b < count.size(0); ++b)
@@ -314,28 +318,27 @@ void check_block_table(tensor<std::int32_t const> count, tensor<std::int32_t con
       for (std::int64_t r = 0; r < rows; ++r) {
         std::int64_t const n = count(b, h, r);
         if (n < 0 || n > max_blocks)
-          bad_table(c + " at " + position({b, h, r}) + " is " + std::to_string(n) +
-                    (n < 0 ? ", negative"
-                           : ", more than the " + std::to_string(max_blocks) + " blocks " + x +
-                                 " holds per query block"));
+          detail::bad_table(c + " at " + detail::position({b, h, r}) + " is " + std::to_string(n) +
+                            (n < 0 ? ", negative"
+                                   : ", more than the " + std::to_string(max_blocks) + " blocks " +
+                                         x + " holds per query block"));
         std::fill(seen.begin(), seen.end(), -1);
         for (std::int64_t j = 0; j < n; ++j) {
           std::int64_t const kb = index(b, h, r, j);
           if (kb < 0 || kb >= cols)
-            bad_table(x + " at " + position({b, h, r, j}) + " is " + std::to_string(kb) +
-                      ", not a key block in [0, " + std::to_string(cols) + ") ('" + k.name() +
-                      "' has " + std::to_string(k.size(2)) + " rows, key blocks of " +
-                      std::to_string(bk) + ")");
+            detail::bad_table(
+                x + " at " + detail::position({b, h, r, j}) + " is " + std::to_string(kb) +
+                ", not a key block in [0, " + std::to_string(cols) + ") ('" + k.name() + "' has " +
+                std::to_string(k.size(2)) + " rows, key blocks of " + std::to_string(bk) + ")");
           auto& first = seen[static_cast<std::size_t>(kb)];
           if (first >= 0)
-            bad_table(x + " at " + position({b, h, r, j}) + " is " + std::to_string(kb) +
-                      ", listed before at " + position({b, h, r, first}));
+            detail::bad_table(x + " at " + detail::position({b, h, r, j}) + " is " +
+                              std::to_string(kb) + ", listed before at " +
+                              detail::position({b, h, r, first}));
           first = j;
         }
       }
 }
-
-} // namespace detail
 
 /// o = block-sparse attention of q, k, v under the block table kv_count, kv_index (query blocks
 /// of BQ rows, key blocks of BK rows) and its logsumexp lse; shapes and the table checked first.
@@ -350,7 +353,7 @@ void block_sparse_attention_forward(tensor<T const> q, tensor<T const> k, tensor
     detail::check_same_shape("output", o, q);
     detail::check_rows("logsumexp", lse, q);
   });
-  detail::check_block_table(kv_count, kv_index, q, k, BQ, BK);
+  check_block_table(kv_count, kv_index, q, k, BQ, BK);
   float const scale = detail::default_scale(opt.scale, q.size(3));
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
@@ -379,7 +382,7 @@ void block_sparse_attention_backward(tensor<T const> q, tensor<T const> k, tenso
     detail::check_same_shape("key gradient", dk, k);
     detail::check_same_shape("value gradient", dv, v);
   });
-  detail::check_block_table(kv_count, kv_index, q, k, BQ, BK);
+  check_block_table(kv_count, kv_index, q, k, BQ, BK);
   float const scale = detail::default_scale(opt.scale, q.size(3));
   auto const by_key = block_sparse_transpose(kv_count, kv_index, cdiv<std::int64_t>(k.size(2), BK));
   owned_tensor<F> delta({q.size(0), q.size(1), q.size(2)}, "delta");
