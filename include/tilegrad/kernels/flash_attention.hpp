@@ -71,6 +71,19 @@ constexpr int query_begin(int k0) {
   return Causal ? k0 / BQ * BQ : 0;
 }
 
+/// P = exp(scale Q Kᵀ - L) for one block, masked lanes 0, and dS = P (dP - D) scale with
+/// dP = dO Vᵀ: what a backward recomputes from the saved logsumexp, queries down the rows.
+template <int BQ, int BK, bool Causal, class F, int D, class L, class Dl>
+auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, BK, D> const& kj,
+                          tile<F, BK, D> const& vj, tile<F, BQ, D> const& doi, L const& li,
+                          Dl const& di, float scale, int q0, int k0, int n_k) {
+  tile<F, BQ, BK> pt = exp(dot(qi, trans(kj)) * scale - col(li));
+  if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
+    pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
+  tile<F, BQ, BK> ds = pt * (dot(doi, trans(vj)) - col(di)) * scale;
+  return std::pair<tile<F, BQ, BK>, tile<F, BQ, BK>>(std::move(pt), std::move(ds));
+}
+
 } // namespace detail
 
 /// Forward: o = softmax(scale * q kᵀ [causal mask]) v and lse = the rows' logsumexp, for
