@@ -11,6 +11,7 @@
 #include "tilegrad/ad/races.hpp"
 #include "tilegrad/ad/reduce.hpp"
 #include "tilegrad/ad/tile.hpp"
+#include "tilegrad/core/bf16.hpp"
 #include "tilegrad/grid/launch.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
@@ -27,6 +28,12 @@
 
 namespace tilegrad {
 
+namespace detail {
+/// Element types of the float tensors a launch marks: float, double and bf16 storage.
+template <class T>
+inline constexpr bool float_storage_v = std::is_floating_point_v<T> || std::is_same_v<T, bf16>;
+} // namespace detail
+
 /// A float tensor of a vjp launch, marked by name: in (gradient wanted), out (with its
 /// cotangent), or inout.
 template <class T, ad::role R>
@@ -40,7 +47,7 @@ struct marked_tensor {
 /// in("x", x): the kernel reads x (as a const view); its gradient is wanted.
 template <class T>
 marked_tensor<T, ad::role::in> in(char const* name, tensor<T const> t) {
-  static_assert(std::is_floating_point_v<T>,
+  static_assert(detail::float_storage_v<T>,
                 "tilegrad::in: only float tensors have gradients (pass integer tensors as they "
                 "are)");
   return {name, tensor<T>(const_cast<T*>(t.data()), t.rank(), t.shape(), t.strides(), name), {}};
@@ -56,7 +63,7 @@ marked_tensor<T, ad::role::in> in(char const* name, owned_tensor<T> const& t) {
 /// out("y", y, dy): the kernel writes y; dy (same shape) is the cotangent of y.
 template <class T>
 marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t, tensor<T const> cotangent) {
-  static_assert(std::is_floating_point_v<T>, "tilegrad::out: only float tensors");
+  static_assert(detail::float_storage_v<T>, "tilegrad::out: only float tensors");
   return {name, t, cotangent};
 }
 template <class T>
