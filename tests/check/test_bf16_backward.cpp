@@ -2,6 +2,7 @@
 // normwise rule over several seeds on rows that do not fill the block; backwards off by one
 // column, missing a term, a few percent off or skipping a row fail where the bug sits; the report
 // names bfloat16 and its rule; a float kernel's check keeps the baseline rule and its report.
+// vjp of a bf16 launch is vjp of the float launch on the same values.
 #include <tilegrad/check/gtest.hpp>
 #include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/tilegrad.hpp>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace tg = tilegrad;
 
@@ -271,4 +273,28 @@ TEST(CheckBf16, ForwardAndOutputsAreBf16) {
       {.seeds = 1, .check_linearity = false, .check_determinism = false});
   EXPECT_TRUE(ran);
   EXPECT_BACKWARD_OK(r);
+}
+
+TEST(VjpBf16, RunsOnFloatCopiesAndReturnsFloatGradients) {
+  // vjp of the bf16 softmax is vjp of the float softmax on the same (rounded) values; the
+  // output receives the float forward's values rounded to bf16.
+  tg::owned_tensor<tg::bf16> x({n, d}), y({n, d}), dy({n, d});
+  tg::owned_tensor<float> xf({n, d}), yf({n, d}), dyf({n, d});
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < d; ++j) {
+      x(i, j) = tg::bf16(std::sin(0.37 * static_cast<double>(i * d + j)) * 3);
+      dy(i, j) = tg::bf16(std::cos(0.11 * static_cast<double>(i * d + j)));
+      xf(i, j) = static_cast<float>(x(i, j));
+      dyf(i, j) = static_cast<float>(dy(i, j));
+    }
+  auto const g = tg::vjp(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, tg::in("x", x),
+                         tg::out("y", y, dy));
+  auto const gf = tg::vjp(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, tg::in("x", xf),
+                          tg::out("y", yf, dyf));
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(g["x"])>, tg::owned_tensor<float>>);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < d; ++j) {
+      ASSERT_EQ(g["x"](i, j), gf["x"](i, j)) << i << ", " << j;
+      ASSERT_EQ(y(i, j).bits, tg::bf16(yf(i, j)).bits) << i << ", " << j;
+    }
 }
