@@ -11,12 +11,14 @@
 #include "tilegrad/ad/races.hpp"
 #include "tilegrad/ad/reduce.hpp"
 #include "tilegrad/ad/tile.hpp"
+#include "tilegrad/core/bf16.hpp"
 #include "tilegrad/grid/launch.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -26,6 +28,12 @@
 #include <vector>
 
 namespace tilegrad {
+
+namespace detail {
+/// Element types of the float tensors a launch marks: float, double and bf16 storage.
+template <class T>
+inline constexpr bool float_storage_v = std::is_floating_point_v<T> || std::is_same_v<T, bf16>;
+} // namespace detail
 
 /// A float tensor of a vjp launch, marked by name: in (gradient wanted), out (with its
 /// cotangent), or inout.
@@ -40,7 +48,7 @@ struct marked_tensor {
 /// in("x", x): the kernel reads x (as a const view); its gradient is wanted.
 template <class T>
 marked_tensor<T, ad::role::in> in(char const* name, tensor<T const> t) {
-  static_assert(std::is_floating_point_v<T>,
+  static_assert(detail::float_storage_v<T>,
                 "tilegrad::in: only float tensors have gradients (pass integer tensors as they "
                 "are)");
   return {name, tensor<T>(const_cast<T*>(t.data()), t.rank(), t.shape(), t.strides(), name), {}};
@@ -56,7 +64,7 @@ marked_tensor<T, ad::role::in> in(char const* name, owned_tensor<T> const& t) {
 /// out("y", y, dy): the kernel writes y; dy (same shape) is the cotangent of y.
 template <class T>
 marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t, tensor<T const> cotangent) {
-  static_assert(std::is_floating_point_v<T>, "tilegrad::out: only float tensors");
+  static_assert(detail::float_storage_v<T>, "tilegrad::out: only float tensors");
   return {name, t, cotangent};
 }
 template <class T>
@@ -70,7 +78,7 @@ marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
 /// stores passes its cotangent to its initial value.
 template <class T>
 marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t, tensor<T const> cotangent) {
-  static_assert(std::is_floating_point_v<T>, "tilegrad::inout: only float tensors");
+  static_assert(detail::float_storage_v<T>, "tilegrad::inout: only float tensors");
   return {name, t, cotangent};
 }
 template <class T>
@@ -112,12 +120,12 @@ struct float_of<marked_tensor<T, R>> {
   using type = T;
 };
 template <class T>
-  requires std::is_floating_point_v<std::remove_const_t<T>>
+  requires detail::float_storage_v<std::remove_const_t<T>>
 struct float_of<tensor<T>> {
   using type = std::remove_const_t<T>;
 };
 template <class T>
-  requires std::is_floating_point_v<T>
+  requires detail::float_storage_v<T>
 struct float_of<owned_tensor<T>> {
   using type = T;
 };
@@ -385,6 +393,59 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   for (auto const& e : entries)
     if (e.wants_grad() && !(reads & (std::uint64_t{1} << e.index))) result.unread_.emplace_back(e.name);
   result.peak_tape_ = peak;
+  return result;
+}
+
+namespace ad {
+// A bf16 tensor of a vjp launch copied to float, and where to round the result back to.
+template <class X>
+auto widen_arg(X const& x, std::deque<owned_tensor<float>>& keep,
+               std::vector<std::pair<tensor<bf16>, owned_tensor<float> const*>>& back) {
+  auto copy = [&](auto const& t, char const* name) -> owned_tensor<float>& {
+    auto& c = keep.emplace_back(t.shape().data(), static_cast<std::size_t>(t.rank()), name);
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      c.data()[i] = static_cast<float>(t.data()[t.row_major_offset(i)]);
+    return c;
+  };
+  if constexpr (!std::is_same_v<typename float_of<X>::type, bf16>) {
+    return x; // integer tensors, numbers
+  } else if constexpr (requires { x.cotangent; }) {
+    auto& c = copy(x.t, x.name);
+    if constexpr (X::r == role::in)
+      return marked_tensor<float, X::r>{x.name, c.view(), {}};
+    else {
+      back.emplace_back(x.t, &c);
+      return marked_tensor<float, X::r>{x.name, c.view(), copy(x.cotangent, x.name).cview()};
+    }
+  } else if constexpr (requires { x.view(); }) {
+    return widen_arg(x.view(), keep, back); // an owning tensor: as its view
+  } else {
+    auto& c = copy(x, x.name());
+    if constexpr (std::is_const_v<typename X::element_type>)
+      return c.cview();
+    else {
+      back.emplace_back(x, &c);
+      return c.view();
+    }
+  }
+}
+} // namespace ad
+
+/// vjp of a launch whose float tensors are bf16: the kernel runs on float copies (as
+/// adjoint<float>), so bf16 rounding is differentiated as identity, and the gradients are float.
+/// The tensors the kernel writes receive its float results rounded to bf16.
+template <class Kernel, class... Args>
+  requires std::is_same_v<typename ad::first_float<std::remove_cvref_t<Args>...>::type, bf16>
+auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
+  std::deque<owned_tensor<float>> keep;
+  std::vector<std::pair<tensor<bf16>, owned_tensor<float> const*>> back;
+  std::tuple<decltype(ad::widen_arg(args, keep, back))...> wide{
+      ad::widen_arg(args, keep, back)...}; // braces: left to right
+  auto result = std::apply(
+      [&](auto const&... a) { return vjp(opts, g, std::forward<Kernel>(kernel), a...); }, wide);
+  for (auto const& [t, c] : back)
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t.data()[t.row_major_offset(i)] = bf16(c->data()[i]);
   return result;
 }
 

@@ -71,13 +71,18 @@ std::vector<double> values_of(owned_tensor<T> const& t) {
 /// Checks `backward` against the reference gradients of the forward launch `fwd` (see
 /// forward()). `backward(ctx)` gets a backward_context<T> and either returns a gradient_set or
 /// fills ctx.set_gradient(name, g); it must hand back one gradient per tensor marked in, of the
-/// working dtype and the input's shape. The checker overwrites the inputs (in and passive) with
-/// seeded random values and the outputs with the forward's results.
+/// working dtype (for bf16 tensors: bf16, float or double) and the input's shape. The checker
+/// overwrites the inputs (in and passive) with seeded random values and the outputs with the
+/// forward's results.
+///
+/// With bf16 tensors the kernel runs as it will in use (bf16 storage, float compute); the inputs
+/// and cotangents are drawn and rounded to bf16, and the references run the same kernel on
+/// float and double copies of them: bf16 rounding is differentiated as identity.
 template <class Kernel, class... Args, class Backward>
 check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward&& backward,
                             check_options const& o = {}) {
   using T = typename detail::working_float<Args...>::type;
-  static_assert(std::is_floating_point_v<T>,
+  static_assert(detail::float_storage_v<T>,
                 "tilegrad::check_backward: mark the float tensors of the forward with in / out");
   static_assert(((std::is_void_v<typename detail::arg_kind<Args>::type> ||
                   std::is_same_v<typename detail::arg_kind<Args>::type, T>)&&...),
@@ -87,7 +92,10 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
   static_assert(std::is_void_v<result_t> || std::is_convertible_v<result_t, gradient_set>,
                 "tilegrad::check_backward: the backward returns a tilegrad::gradient_set or "
                 "nothing (and fills ctx.set_gradient)");
-  double const eps = std::numeric_limits<T>::epsilon();
+  constexpr dtype_rules dtype = rules_for<T>();
+  constexpr bool storage = std::is_same_v<T, bf16>; // the references compute in wider types
+  using W = fp32<T>;                                // the working precision of the compute
+  pass_rule const rule = o.rule.value_or(dtype.rule);
 
   check_report rep;
   std::vector<detail::named_tensor<T>> ins, passives, outs;
@@ -126,16 +134,33 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     rep.launch = os.str();
     os.str("");
     os.precision(3);
-    if (o.rule == pass_rule::baseline)
+    auto const refs = storage ? " on copies of the bfloat16 inputs and cotangents (the same "
+                                "kernel; bf16 rounding differentiated as identity)"
+                              : "";
+    if (rule == pass_rule::baseline) {
       os << "max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor, k = " << o.k
-         << ", floor = " << o.floor_ulps << " * eps(" << dtype_name<T>() << ") * max|g_ref64|"
+         << ", floor = " << o.floor_ulps << " * eps(" << dtype.name << ") * max|g_ref64|"
          << (o.floor_abs ? " + " + std::to_string(o.floor_abs) : std::string())
-         << "; g_ref64, g_ref32: vjp of the forward in float64 and " << dtype_name<T>()
+         << "; g_ref64, g_ref32: vjp of the forward in float64 and " << dtype_name<W>() << refs
          << "; max|g_ref32 - g_ref64| at least the seeds' largest relative one * max|g_ref64|";
-    else {
-      auto t = make_tolerance(o, {}, {}, eps);
+      if (storage)
+        rep.warnings.push_back(
+            "the baseline rule with bfloat16 tensors: g_ref32 rounds nothing to bfloat16, so "
+            "k * max|g_ref32 - g_ref64| is float32 round-off and the floor alone bounds the "
+            "kernel's bf16 roundings (the normwise rule is bfloat16's default)");
+    } else if (rule == pass_rule::normwise) {
+      auto t = make_tolerance(o, dtype, {}, {});
+      os << "max|g - g_ref64| <= rtol * max|g_ref64| + atol, rtol = ";
+      if (o.rtol)
+        os << t.rtol;
+      else
+        os << dtype_rules::normwise_units << " * 2^" << std::ilogb(dtype.eps) - 1 << " = " << t.rtol
+           << " (2^" << std::ilogb(dtype.eps) - 1 << ": the unit roundoff of " << dtype.name << ")";
+      os << ", atol = " << t.atol << "; g_ref64: vjp of the forward in float64" << refs;
+    } else {
+      auto t = make_tolerance(o, dtype, {}, {});
       os << "|g - g_ref64| <= atol + rtol * |g_ref64| elementwise, atol = " << t.atol
-         << ", rtol = " << t.rtol << "; g_ref64: vjp of the forward in float64";
+         << ", rtol = " << t.rtol << "; g_ref64: vjp of the forward in float64" << refs;
     }
     rep.rule = os.str();
   }
@@ -256,7 +281,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
 
     // The references, on copies, with the same cotangents.
     std::optional<gradients<double>> g64;
-    std::optional<gradients<T>> g32;
+    std::optional<gradients<W>> g32; // only the baseline rule reads it
     try {
       auto reference = [&]<class U>(std::deque<owned_tensor<U>>& keep) {
         std::deque<owned_tensor<U>> cot_copies;
@@ -276,8 +301,10 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       };
       std::deque<owned_tensor<double>> keep64;
       g64.emplace(reference(keep64));
-      std::deque<owned_tensor<T>> keep32;
-      g32.emplace(reference(keep32));
+      if (rule == pass_rule::baseline) {
+        std::deque<owned_tensor<W>> keep32;
+        g32.emplace(reference(keep32));
+      }
     } catch (std::exception const& e) {
       sr.problems.push_back(std::string("the reference (vjp of the forward) threw: ") + e.what());
       continue;
@@ -296,19 +323,19 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     pd.got = *got;
     for (auto const& n : ins) {
       pd.ref64.push_back(detail::values_of((*g64)[n.name]));
-      pd.ref32.push_back(detail::values_of((*g32)[n.name]));
+      pd.ref32.push_back(g32 ? detail::values_of((*g32)[n.name]) : std::vector<double>{});
     }
 
     if (si != 0)
       continue;
     // Structural checks on the first seed: a second run must give the same bits; zero
     // cotangents must give zero gradients and doubled ones doubled gradients.
-    auto scaled = [&](T f) {
+    auto scaled = [&](double f) { // exact for 0 and 2, in every dtype
       std::vector<owned_tensor<T>> c;
       for (auto const& t : cots) {
         auto& s = c.emplace_back(t);
         for (T& v : s)
-          v *= f;
+          v = static_cast<T>(static_cast<double>(v) * f);
       }
       return c;
     };
@@ -339,8 +366,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       }
     }
     if (o.check_linearity) {
-      pd.zero = run_backward(scaled(T(0)), error);
-      pd.twice = pd.zero ? run_backward(scaled(T(2)), error) : std::nullopt;
+      pd.zero = run_backward(scaled(0), error);
+      pd.twice = pd.zero ? run_backward(scaled(2), error) : std::nullopt;
       if (!pd.zero || !pd.twice)
         sr.problems.push_back("the backward threw on scaled cotangents: " + error);
     }
@@ -392,10 +419,13 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         sr.gradients.push_back(std::move(r));
         continue;
       }
-      auto const tol = make_tolerance(o, ref64, ref32, eps, pooled[q]);
+      auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q]);
       tols.emplace_back(n.name, tol);
       auto r = compare_gradient(*e, ref64, tol, o);
-      if (e->dtype != dtype_name<T>()) {
+      // A bf16 input's gradient may be handed back wider (kept in float, say).
+      bool const dtype_ok = e->dtype == dtype_name<T>() ||
+                            (storage && (e->dtype == "float32" || e->dtype == "float64"));
+      if (!dtype_ok) {
         r.ok = false;
         r.notes.push_back("dtype " + e->dtype + ", the input's is " + dtype_name<T>());
       }

@@ -58,12 +58,22 @@ struct element_error {
 /// The bound the errors of one gradient are held to, with the numbers it came from.
 struct tolerance {
   pass_rule rule = pass_rule::baseline;
-  double k = 0, ref32_err = 0, floor = 0, scale = 0; // baseline
+  double k = 0, ref32_err = 0, floor = 0; // baseline
   double ref32_err_seed = 0; ///< this seed's own max|g_ref32 - g_ref64| (ref32_err may pool)
-  double atol = 0, rtol = 0; // atol_rtol
+  double scale = 0;          ///< max|g_ref64| (baseline, normwise)
+  double atol = 0, rtol = 0; // atol_rtol, normwise
 
+  /// The largest error allowed where the reference is `want`; one bound for the whole tensor
+  /// under the baseline and normwise rules.
   double bound(double want) const {
-    return rule == pass_rule::baseline ? k * ref32_err + floor : atol + rtol * std::abs(want);
+    switch (rule) {
+    case pass_rule::baseline:
+      return k * ref32_err + floor;
+    case pass_rule::normwise:
+      return rtol * scale + atol;
+    default:
+      return atol + rtol * std::abs(want);
+    }
   }
   std::string describe() const {
     std::ostringstream os;
@@ -73,6 +83,9 @@ struct tolerance {
       if (ref32_err > 1.01 * ref32_err_seed)
         os << " (pooled over the seeds; this seed " << ref32_err_seed << ")";
       os << " + floor " << floor << " (max|g_ref64| " << scale << ")";
+    } else if (rule == pass_rule::normwise) {
+      os << "tol " << bound(0) << " = rtol " << rtol << " * max|g_ref64| " << scale << " + atol "
+         << atol;
     } else
       os << "|err| <= atol " << atol << " + rtol " << rtol << " * |g_ref64|";
     return os.str();
@@ -97,24 +110,28 @@ struct gradient_report {
 };
 
 /// The tolerance of the pass rule for one gradient, from its two references.
-/// @param eps the machine epsilon of the working dtype (that of the forward's float tensors)
+/// @param dtype the pass rules' constants of the working dtype (that of the forward's float
+///   tensors)
+/// @param ref32 the reference at the working precision; read by the baseline rule only
 /// @param pooled_rel the largest max|g_ref32 - g_ref64| / max|g_ref64| over all seeds, which
 ///   stands in for this seed's when larger
-inline tolerance make_tolerance(check_options const& o, std::vector<double> const& ref64,
-                                std::vector<double> const& ref32, double eps,
+inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
+                                std::vector<double> const& ref64, std::vector<double> const& ref32,
                                 double pooled_rel = 0) {
   tolerance t;
-  t.rule = o.rule;
-  if (o.rule == pass_rule::baseline) {
+  t.rule = o.rule.value_or(dtype.rule);
+  t.scale = detail::max_abs(ref64);
+  if (t.rule == pass_rule::baseline) {
     t.k = o.k;
-    t.scale = detail::max_abs(ref64);
     t.ref32_err_seed = detail::max_abs_diff(ref32, ref64);
     t.ref32_err = std::max(t.ref32_err_seed, pooled_rel * t.scale);
-    t.floor = o.floor_ulps * eps * t.scale + o.floor_abs;
+    t.floor = o.floor_ulps * dtype.eps * t.scale + o.floor_abs;
+  } else if (t.rule == pass_rule::normwise) {
+    t.atol = o.atol.value_or(0);
+    t.rtol = o.rtol.value_or(dtype.normwise_rtol);
   } else {
-    bool const single = eps > 1e-10;
-    t.atol = o.atol.value_or(single ? 1e-5 : 1e-7);
-    t.rtol = o.rtol.value_or(single ? 1.3e-6 : 1e-7);
+    t.atol = o.atol.value_or(dtype.atol);
+    t.rtol = o.rtol.value_or(dtype.rtol);
   }
   return t;
 }

@@ -18,7 +18,7 @@ namespace tilegrad {
 /// out("y", y): an output whose cotangent the checker draws (vjp takes it as a third argument).
 template <class T>
 marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t) {
-  static_assert(std::is_floating_point_v<T>, "tilegrad::out: only float tensors");
+  static_assert(detail::float_storage_v<T>, "tilegrad::out: only float tensors");
   return {name, t, {}};
 }
 template <class T>
@@ -36,7 +36,7 @@ struct passive_tensor {
 };
 template <class T>
 passive_tensor<T> passive(char const* name, tensor<T const> t) {
-  static_assert(std::is_floating_point_v<T>, "tilegrad::passive: only float tensors");
+  static_assert(detail::float_storage_v<T>, "tilegrad::passive: only float tensors");
   return {name, t.named(name)};
 }
 template <class T>
@@ -79,7 +79,7 @@ struct arg_kind<passive_tensor<T>> : arg_kind<void> {
   using type = T;
 };
 template <class E>
-requires std::is_floating_point_v<std::remove_const_t<E>>
+requires float_storage_v<std::remove_const_t<E>>
 struct arg_kind<tensor<E>> : arg_kind<void> {
   static constexpr bool float_tensor = true;
   using type = std::remove_const_t<E>;

@@ -1,6 +1,7 @@
 // Row softmax, the classic Triton tutorial kernel: one row per program, the whole row in one
 // block of next_power_of_2(n_cols) lanes, masked past the row's end; and its hand-written
-// backward, one row per program as well.
+// backward, one row per program as well. Both take float, double or bf16 tensors: loads convert
+// to fp32<T> (a no-op but for bf16), stores round back to the tensor's type.
 #pragma once
 
 #include "tilegrad/core/types.hpp"
@@ -23,8 +24,8 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
   int const row_idx = p.program_id(0);
   auto const cols = arange<0, Block>();
   auto const mask = cols < x.size(1);
-  auto const row = load(x + row_idx * x.stride(0) + cols * x.stride(1), mask,
-                        -std::numeric_limits<float>::infinity());
+  auto const row = to<fp32<T>>(load(x + row_idx * x.stride(0) + cols * x.stride(1), mask,
+                                    -std::numeric_limits<float>::infinity()));
   // Subtract the maximum for stability; masked lanes are -inf and vanish in exp.
   auto const num = exp(row - max(row));
   tile<fp32<T>, Block> const out = num / sum(num);
@@ -42,8 +43,8 @@ inline constexpr auto softmax_bwd = []<class T>(program const& p, tensor<T const
   auto const cols = arange<0, Block>();
   auto const mask = cols < y.size(1);
   // Masked lanes read 0 in both, so they add nothing to the row's dot product.
-  auto const yr = load(y + row_idx * y.stride(0) + cols * y.stride(1), mask, 0.0f);
-  auto const gr = load(dy + row_idx * dy.stride(0) + cols * dy.stride(1), mask, 0.0f);
+  auto const yr = to<fp32<T>>(load(y + row_idx * y.stride(0) + cols * y.stride(1), mask, 0.0f));
+  auto const gr = to<fp32<T>>(load(dy + row_idx * dy.stride(0) + cols * dy.stride(1), mask, 0.0f));
   tile<fp32<T>, Block> const out = yr * (gr - sum(gr * yr));
   store(dx + row_idx * dx.stride(0) + cols * dx.stride(1), out, mask);
 };

@@ -1,0 +1,300 @@
+// check_backward on kernels with bf16 storage: the bf16 row softmax's backward passes the
+// normwise rule over several seeds on rows that do not fill the block; backwards off by one
+// column, missing a term, a few percent off or skipping a row fail where the bug sits; the report
+// names bfloat16 and its rule; a float kernel's check keeps the baseline rule and its report.
+// vjp of a bf16 launch is vjp of the float launch on the same values.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/mismatch_region.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int Block = 128;
+std::int64_t const n = 33, d = 100; // 100 columns in a block of 128
+
+enum class bug { none, last_column_unstored, no_subtraction, three_percent_off, last_row_skipped };
+
+// The backward of the bf16 softmax; the broken variants are the library kernel with one change.
+template <bug B>
+void softmax_backward(tg::backward_context<tg::bf16>& ctx) {
+  auto const y = ctx.output("y");
+  auto const dy = ctx.cotangent("y");
+  tg::owned_tensor<tg::bf16> dx({y.size(0), y.size(1)});
+  if constexpr (B == bug::none) {
+    tg::launch(ctx.options(), static_cast<int>(y.size(0)), tg::kernels::softmax_bwd<Block>, y, dy,
+               dx.view());
+  } else {
+    auto kernel = []<class T>(tg::program const& p, tg::tensor<T const> y, tg::tensor<T const> dy,
+                              tg::tensor<T> dx) {
+      int const r = p.program_id(0);
+      auto const cols = tg::arange<0, Block>();
+      auto const mask = cols < y.size(1);
+      auto const yr =
+          tg::to<tg::fp32<T>>(tg::load(y + r * y.stride(0) + cols * y.stride(1), mask, 0.0f));
+      auto const gr =
+          tg::to<tg::fp32<T>>(tg::load(dy + r * dy.stride(0) + cols * dy.stride(1), mask, 0.0f));
+      tg::tile<tg::fp32<T>, Block> out;
+      if constexpr (B == bug::no_subtraction)
+        out = yr * gr;
+      else if constexpr (B == bug::three_percent_off)
+        out = 1.03f * yr * (gr - tg::sum(gr * yr));
+      else
+        out = yr * (gr - tg::sum(gr * yr));
+      auto const store_mask = B == bug::last_column_unstored ? cols < y.size(1) - 1 : mask;
+      tg::store(dx + r * dx.stride(0) + cols * dx.stride(1), out, store_mask);
+    };
+    auto const rows = y.size(0) - (B == bug::last_row_skipped ? 1 : 0);
+    tg::launch(ctx.options(), static_cast<int>(rows), kernel, y, dy, dx.view());
+  }
+  ctx.set_gradient("x", dx);
+}
+
+template <bug B>
+tg::check_report check(int seeds = 3, tg::check_options o = {}) {
+  tg::owned_tensor<tg::bf16> x({n, d}), y({n, d});
+  o.seeds = seeds;
+  if (!o.inputs)
+    o.inputs = tg::uniform(-3, 3); // rows far from uniform
+  return tg::check_backward(tg::forward(static_cast<int>(n), tg::kernels::softmax_fwd<Block>,
+                                        tg::in("x", x), tg::out("y", y)),
+                            softmax_backward<B>, o);
+}
+
+bool contains(std::string const& s, std::string const& part) {
+  return s.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST(CheckBf16, SoftmaxBackwardPassesOverSeeds) {
+  auto const r = check<bug::none>(10);
+  ASSERT_BACKWARD_OK(r);
+  ASSERT_EQ(r.seeds.size(), 10u);
+  for (std::size_t s = 0; s < r.seeds.size(); ++s) {
+    auto const* g = r.gradient("x", s);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->dtype, "bfloat16");
+    EXPECT_EQ(g->tol.rule, tg::pass_rule::normwise);
+    EXPECT_EQ(g->tol.rtol, 4 * 0x1p-8);
+    EXPECT_EQ(g->tol.atol, 0);
+    // A correct kernel loses about one bf16 rounding: well inside the bound, but not nothing.
+    EXPECT_GT(g->max_abs_err, 0.1 * 0x1p-8 * g->tol.scale);
+    EXPECT_LE(g->max_abs_err, 0.5 * g->tol.bound(0));
+  }
+}
+
+TEST(CheckBf16, SoftmaxBackwardPassesOnOtherShapesAndInputs) {
+  tg::owned_tensor<tg::bf16> x({9, 37}), y({9, 37});
+  for (double range : {1.0, 8.0}) {
+    auto const r = tg::check_backward(
+        tg::forward(9, tg::kernels::softmax_fwd<64>, tg::in("x", x), tg::out("y", y)),
+        [](tg::backward_context<tg::bf16>& ctx) -> tg::gradient_set {
+          auto const yv = ctx.output("y");
+          tg::owned_tensor<tg::bf16> dx({9, 37});
+          tg::launch(ctx.options(), 9, tg::kernels::softmax_bwd<64>, yv, ctx.cotangent("y"),
+                     dx.view());
+          return {{"x", dx}};
+        },
+        {.seeds = 10, .first_seed = 100, .inputs = tg::uniform(-range, range)});
+    EXPECT_BACKWARD_OK(r);
+  }
+}
+
+TEST(CheckBf16, ReportNamesTheDtypeAndTheRule) {
+  auto const r = check<bug::none>(1);
+  EXPECT_EQ(r.launch, "grid (33); in x bfloat16 (33, 100); out y bfloat16 (33, 100)");
+  EXPECT_TRUE(contains(r.rule, "max|g - g_ref64| <= rtol * max|g_ref64| + atol, rtol = 4 * 2^-8 = "
+                               "0.0156 (2^-8: the unit roundoff of bfloat16), atol = 0"))
+      << r;
+  EXPECT_TRUE(contains(r.rule, "bf16 rounding differentiated as identity")) << r;
+  EXPECT_TRUE(contains(r.str(), "x bfloat16 (33, 100): ok; max abs err ")) << r;
+  EXPECT_TRUE(contains(r.str(), " = rtol 0.0156 * max|g_ref64| ")) << r;
+  EXPECT_TRUE(r.warnings.empty()) << r;
+}
+
+TEST(CheckBf16, OffByOneStoreMaskShowsInTheLastColumnOnly) {
+  auto const r = check<bug::last_column_unstored>();
+  ASSERT_FALSE(r);
+  auto const* g = r.gradient("x");
+  ASSERT_NE(g, nullptr);
+  // Every mismatch sits in column d - 1; rows whose last gradient is within the bound pass.
+  EXPECT_GT(g->mismatches, 0);
+  EXPECT_LE(g->mismatches, n);
+  EXPECT_EQ(g->bad_col_lo, d - 1);
+  EXPECT_EQ(g->bad_col_hi, d - 1);
+  EXPECT_EQ(g->worst.front().at[1], d - 1);
+  EXPECT_EQ(g->worst.front().got, 0); // never stored
+  EXPECT_TRUE(contains(r.str(), "block map")) << r;
+}
+
+TEST(CheckBf16, MissingTermFailsEverywhere) {
+  auto const r = check<bug::no_subtraction>();
+  ASSERT_FALSE(r);
+  auto const* g = r.gradient("x");
+  ASSERT_NE(g, nullptr);
+  EXPECT_GT(g->mismatches, n * d / 10);
+  EXPECT_LE(g->bad_row_lo, 1);
+  EXPECT_GE(g->bad_row_hi, n - 2);
+  EXPECT_GT(g->max_abs_err, 4 * g->tol.bound(0));
+}
+
+TEST(CheckBf16, AFewPercentOffFails) {
+  auto const r = check<bug::three_percent_off>(5);
+  ASSERT_FALSE(r);
+  for (std::size_t s = 0; s < r.seeds.size(); ++s)
+    EXPECT_FALSE(r.seeds[s].ok()) << "seed " << r.seeds[s].seed;
+}
+
+TEST(CheckBf16, SkippedLastRowShowsInTheLastRowOnly) {
+  auto const r = check<bug::last_row_skipped>();
+  ASSERT_FALSE(r);
+  auto const* g = r.gradient("x");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->bad_row_lo, n - 1);
+  EXPECT_EQ(g->bad_row_hi, n - 1);
+  EXPECT_GT(g->mismatches, 0);
+}
+
+TEST(CheckBf16, GradientsMayBeHandedBackInFloat) {
+  // A float gradient for a bf16 input (kept wide, say for an optimizer) is compared as it is;
+  // here from a host loop on the bf16 outputs and cotangents.
+  auto host_backward = [](tg::backward_context<tg::bf16>& ctx) -> tg::gradient_set {
+    auto const y = ctx.output("y");
+    auto const dy = ctx.cotangent("y");
+    tg::owned_tensor<float> dx({n, d});
+    for (std::int64_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (std::int64_t j = 0; j < d; ++j)
+        s += static_cast<double>(y(i, j)) * static_cast<double>(dy(i, j));
+      for (std::int64_t j = 0; j < d; ++j)
+        dx(i, j) =
+            static_cast<float>(static_cast<double>(y(i, j)) * (static_cast<double>(dy(i, j)) - s));
+    }
+    return {{"x", dx}};
+  };
+  tg::owned_tensor<tg::bf16> x({n, d}), y({n, d});
+  auto const r =
+      tg::check_backward(tg::forward(static_cast<int>(n), tg::kernels::softmax_fwd<Block>,
+                                     tg::in("x", x), tg::out("y", y)),
+                         host_backward);
+  ASSERT_BACKWARD_OK(r);
+  EXPECT_EQ(r.gradient("x")->dtype, "float32");
+}
+
+TEST(CheckBf16, RuleAndConstantsCanBeOverridden) {
+  auto const loose = check<bug::three_percent_off>(3, {.rtol = 0.05});
+  EXPECT_BACKWARD_OK(loose);
+  EXPECT_TRUE(contains(loose.rule, "rtol = 0.05, atol = 0;")) << loose;
+
+  auto const elementwise = check<bug::none>(1, {.rule = tg::pass_rule::atol_rtol});
+  EXPECT_TRUE(contains(elementwise.rule, "atol = 1e-05, rtol = 0.016")) << elementwise;
+
+  // The baseline rule compares with a float32 reference that rounds nothing to bf16: its
+  // k * max|g_ref32 - g_ref64| is float32 round-off, the floor (in eps(bfloat16)) is the whole
+  // bound, and the report says so.
+  auto const baseline = check<bug::none>(1, {.rule = tg::pass_rule::baseline});
+  EXPECT_BACKWARD_OK(baseline);
+  EXPECT_TRUE(baseline.mentions("g_ref32 rounds nothing to bfloat16")) << baseline;
+  EXPECT_TRUE(contains(baseline.rule, "vjp of the forward in float64 and float32")) << baseline;
+  auto const* g = baseline.gradient("x");
+  ASSERT_NE(g, nullptr);
+  EXPECT_DOUBLE_EQ(g->tol.floor, 4 * 0x1p-7 * g->tol.scale);
+  EXPECT_LT(g->tol.k * g->tol.ref32_err, 1e-3 * g->tol.floor);
+}
+
+TEST(CheckBf16, FloatKernelKeepsTheBaselineRuleAndItsReport) {
+  tg::owned_tensor<float> x({n, d}), y({n, d});
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, tg::in("x", x),
+                  tg::out("y", y)),
+      [](tg::backward_context<float>& ctx) -> tg::gradient_set {
+        tg::owned_tensor<float> dx({n, d});
+        tg::launch(ctx.options(), static_cast<int>(n), tg::kernels::softmax_bwd<Block>,
+                   ctx.output("y"), ctx.cotangent("y"), dx.view());
+        return {{"x", dx}};
+      },
+      {.inputs = tg::uniform(-3, 3)});
+  ASSERT_BACKWARD_OK(r);
+  EXPECT_EQ(r.launch, "grid (33); in x float32 (33, 100); out y float32 (33, 100)");
+  EXPECT_EQ(r.rule, "max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor, k = 3, floor = 4 * "
+                    "eps(float32) * max|g_ref64|; g_ref64, g_ref32: vjp of the forward in float64 "
+                    "and float32; max|g_ref32 - g_ref64| at least the seeds' largest relative one "
+                    "* max|g_ref64|");
+  auto const* g = r.gradient("x");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->tol.rule, tg::pass_rule::baseline);
+  EXPECT_EQ(g->tol.k, 3);
+  EXPECT_DOUBLE_EQ(g->tol.floor, 4 * 0x1p-23 * g->tol.scale);
+  EXPECT_GT(g->tol.ref32_err, 0);
+  EXPECT_TRUE(contains(r.str(), "x float32 (33, 100): ok; max abs err ")) << r;
+  EXPECT_TRUE(contains(r.str(), " = k 3 * max|g_ref32 - g_ref64| ")) << r;
+  // And the bf16 bound would be far looser: the float check is not weakened.
+  EXPECT_LT(g->tol.bound(0), 0.01 * 4 * 0x1p-8 * g->tol.scale);
+}
+
+TEST(CheckBf16, ForwardAndOutputsAreBf16) {
+  // The backward sees the forward's bf16 outputs: the float softmax of the same (rounded)
+  // inputs, rounded once to bf16.
+  bool ran = false;
+  tg::owned_tensor<tg::bf16> x({n, d}), y({n, d});
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, tg::in("x", x),
+                  tg::out("y", y)),
+      [&](tg::backward_context<tg::bf16>& ctx) -> tg::gradient_set {
+        auto const xv = ctx.input("x");
+        auto const yv = ctx.output("y");
+        tg::owned_tensor<float> xf({n, d}), yf({n, d});
+        for (std::int64_t i = 0; i < n; ++i)
+          for (std::int64_t j = 0; j < d; ++j)
+            xf(i, j) = static_cast<float>(xv(i, j));
+        tg::launch(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, xf.cview(), yf.view());
+        for (std::int64_t i = 0; i < n; ++i)
+          for (std::int64_t j = 0; j < d; ++j)
+            EXPECT_LE(std::abs(static_cast<float>(yv(i, j)) - yf(i, j)), 0x1p-8 * yf(i, j))
+                << i << ", " << j;
+        auto const dy = ctx.cotangent("y");
+        ran = true;
+        tg::owned_tensor<tg::bf16> dx({n, d});
+        tg::launch(ctx.options(), static_cast<int>(n), tg::kernels::softmax_bwd<Block>, yv, dy,
+                   dx.view());
+        return {{"x", dx}};
+      },
+      {.seeds = 1, .check_linearity = false, .check_determinism = false});
+  EXPECT_TRUE(ran);
+  EXPECT_BACKWARD_OK(r);
+}
+
+TEST(VjpBf16, RunsOnFloatCopiesAndReturnsFloatGradients) {
+  // vjp of the bf16 softmax is vjp of the float softmax on the same (rounded) values; the
+  // output receives the float forward's values rounded to bf16.
+  tg::owned_tensor<tg::bf16> x({n, d}), y({n, d}), dy({n, d});
+  tg::owned_tensor<float> xf({n, d}), yf({n, d}), dyf({n, d});
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < d; ++j) {
+      x(i, j) = tg::bf16(std::sin(0.37 * static_cast<double>(i * d + j)) * 3);
+      dy(i, j) = tg::bf16(std::cos(0.11 * static_cast<double>(i * d + j)));
+      xf(i, j) = static_cast<float>(x(i, j));
+      dyf(i, j) = static_cast<float>(dy(i, j));
+    }
+  auto const g = tg::vjp(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, tg::in("x", x),
+                         tg::out("y", y, dy));
+  auto const gf = tg::vjp(static_cast<int>(n), tg::kernels::softmax_fwd<Block>, tg::in("x", xf),
+                          tg::out("y", yf, dyf));
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(g["x"])>, tg::owned_tensor<float>>);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < d; ++j) {
+      ASSERT_EQ(g["x"](i, j), gf["x"](i, j)) << i << ", " << j;
+      ASSERT_EQ(y(i, j).bits, tg::bf16(yf(i, j)).bits) << i << ", " << j;
+    }
+}
