@@ -31,7 +31,7 @@ inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T co
   std::int64_t const n = x.size(1);
   int const col_tiles = static_cast<int>(cdiv<std::int64_t>(n, BlockN));
   // The row is walked as a (1, BlockN) block; columns past N read 0. (The tutorial's pointer
-  // tiles with a column mask compute the same; block loads measured 25-30 % faster on one core.)
+  // tiles with a column mask compute the same; block loads measured about 25 % faster on one core.)
   // Loaded blocks are named tiles where an expression reads them: an expression holding a
   // loaded tile by value copies it when it is evaluated.
   auto const row_block = make_block_ptr<1, BlockN>(x, {row_idx, 0});
