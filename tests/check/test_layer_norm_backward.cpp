@@ -31,8 +31,8 @@ enum class bug {
   last_group_dropped,      // the reduction skips the last group's partial row
 };
 
-// layer_norm_bwd with one mistake, chosen at run time so that every variant shares one
-// instantiation of the kernel (and of check_backward): compile time.
+// layer_norm_bwd with one mistake, chosen at run time: every variant shares one instantiation
+// of the kernel and of check_backward, which keeps the compile time down.
 constexpr auto broken_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
                                         tg::tensor<T const> w, tg::tensor<T const> mean,
                                         tg::tensor<T const> rstd, tg::tensor<T const> dy,
