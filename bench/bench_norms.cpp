@@ -1,0 +1,240 @@
+// Memory-bound kernels: layer norm (forward; backward = dx with per-group partial dw, db, then
+// their reduction) and row softmax (forward, backward) on M = 4096 rows, GB/s of logical
+// traffic (each input read once, each output written once), each beside a STREAM-like triad
+// moving as many bytes on the same threads: vs_triad is the kernel's GB/s over the triad's.
+#include "kernel_bench.hpp"
+
+#include <tilegrad/kernels/layer_norm.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr std::int64_t M = 4096;
+constexpr float eps = 1e-5f;
+// Layer-norm tiles: the forward walks a row in blocks of LnBlock columns; the backward takes
+// tiles of BwdRows x BwdBlock (one group of rows per program), the reduction RedGroups x RedBlock.
+constexpr int LnBlock = 1024, BwdBlock = 256, BwdRows = 8, RedGroups = 8, RedBlock = 256;
+
+using wall = std::chrono::steady_clock;
+
+double seconds_since(wall::time_point t0) {
+  return std::chrono::duration<double>(wall::now() - t0).count();
+}
+
+tg::launch_options on(int threads) {
+  return {.exec = tg::executor::tbb, .num_threads = threads};
+}
+
+/// Times `run` in the benchmark loop, then as many triads over `bytes` on the same threads,
+/// right after on the same clock (wall time: the launches are parallel), so that both see the
+/// same machine conditions.
+template <class Run>
+void timed(benchmark::State& state, std::int64_t bytes, Run&& run) {
+  int const threads = static_cast<int>(state.range(1));
+  run(); // first touch of the outputs, TBB workers up
+  auto const t0 = wall::now();
+  for (auto _ : state) {
+    run();
+    benchmark::ClobberMemory();
+  }
+  double const kernel_s = seconds_since(t0);
+  bench::triad triad(bytes / 12); // three float arrays, `bytes` together
+  triad.run(threads);
+  auto const t1 = wall::now();
+  for (benchmark::IterationCount i = 0; i < state.iterations(); ++i)
+    triad.run(threads);
+  double const triad_s = seconds_since(t1);
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["threads"] = threads;
+  state.counters["triad_GBps"] = double(state.iterations()) * double(bytes) / triad_s / 1e9;
+  state.counters["vs_triad"] = triad_s / kernel_s;
+}
+
+bool near(double got, double want, double tol = 1e-4) {
+  return std::abs(got - want) <= tol * (1 + std::abs(want));
+}
+
+void BM_layer_norm_fwd(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  tg::owned_tensor<float> x({M, n}, "x"), w({n}, "w"), b({n}, "b"), y({M, n}, "y");
+  tg::owned_tensor<float> mean({M}, "mean"), rstd({M}, "rstd");
+  bench::fill(x, 1);
+  bench::fill(w, 2);
+  bench::fill(b, 3);
+  auto const opts = on(static_cast<int>(state.range(1)));
+  auto run = [&] {
+    tg::launch(opts, static_cast<int>(M), tg::kernels::layer_norm_fwd<LnBlock>, x.cview(),
+               w.cview(), b.cview(), y.view(), mean.view(), rstd.view(), eps);
+  };
+  run();
+  double mu = 0, var = 0; // row 0 against a plain loop
+  for (std::int64_t j = 0; j < n; ++j)
+    mu += x(0, j) / double(n);
+  for (std::int64_t j = 0; j < n; ++j)
+    var += (x(0, j) - mu) * (x(0, j) - mu) / double(n);
+  if (!near(mean(0), mu) ||
+      !near(y(0, n - 1), (x(0, n - 1) - mu) / std::sqrt(var + eps) * w(n - 1) + b(n - 1))) {
+    state.SkipWithError("result differs from the plain loop");
+    return;
+  }
+  // x, w, b in; y, mean, rstd out.
+  timed(state, (2 * M * n + 2 * n + 2 * M) * 4, run);
+}
+
+/// The same forward as a plain loop per row (rows split over the same TBB threads), with its
+/// three row loops vectorised by `omp simd` (the reductions included): what the access pattern
+/// costs without tiles.
+void BM_layer_norm_fwd_loop(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  int const threads = static_cast<int>(state.range(1));
+  tg::owned_tensor<float> x({M, n}, "x"), w({n}, "w"), b({n}, "b"), y({M, n}, "y");
+  tg::owned_tensor<float> mean({M}, "mean"), rstd({M}, "rstd");
+  bench::fill(x, 1);
+  bench::fill(w, 2);
+  bench::fill(b, 3);
+  auto run = [&] {
+    tbb::task_arena arena(threads);
+    arena.execute([&] {
+      tbb::parallel_for(std::int64_t{0}, M, [&](std::int64_t i) {
+        float const* xr = x.data() + i * n;
+        float const* wr = w.data();
+        float const* br = b.data();
+        float* yr = y.data() + i * n;
+        float s = 0, v = 0;
+#pragma omp simd reduction(+ : s)
+        for (std::int64_t j = 0; j < n; ++j)
+          s += xr[j];
+        float const mu = s / static_cast<float>(n);
+#pragma omp simd reduction(+ : v)
+        for (std::int64_t j = 0; j < n; ++j)
+          v += (xr[j] - mu) * (xr[j] - mu);
+        float const r = 1 / std::sqrt(v / static_cast<float>(n) + eps);
+        mean.data()[i] = mu;
+        rstd.data()[i] = r;
+#pragma omp simd
+        for (std::int64_t j = 0; j < n; ++j)
+          yr[j] = (xr[j] - mu) * r * wr[j] + br[j];
+      });
+    });
+  };
+  timed(state, (2 * M * n + 2 * n + 2 * M) * 4, run);
+}
+
+void BM_layer_norm_bwd(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  int const groups = static_cast<int>(tg::cdiv<std::int64_t>(M, BwdRows));
+  tg::owned_tensor<float> x({M, n}, "x"), w({n}, "w"), b({n}, "b"), y({M, n}, "y");
+  tg::owned_tensor<float> mean({M}, "mean"), rstd({M}, "rstd"), dy({M, n}, "dy"), dx({M, n}, "dx");
+  tg::owned_tensor<float> pdw({groups, n}, "partial_dw"), pdb({groups, n}, "partial_db");
+  tg::owned_tensor<float> dw({n}, "dw"), db({n}, "db");
+  bench::fill(x, 1);
+  bench::fill(w, 2);
+  bench::fill(b, 3);
+  bench::fill(dy, 4);
+  auto const opts = on(static_cast<int>(state.range(1)));
+  tg::launch(opts, static_cast<int>(M), tg::kernels::layer_norm_fwd<LnBlock>, x.cview(), w.cview(),
+             b.cview(), y.view(), mean.view(), rstd.view(), eps);
+  auto run = [&] {
+    tg::launch(opts, groups, tg::kernels::layer_norm_bwd<BwdBlock, BwdRows>, x.cview(), w.cview(),
+               mean.cview(), rstd.cview(), dy.cview(), dx.view(), pdw.view(), pdb.view());
+    tg::launch(opts, tg::cdiv<int>(static_cast<int>(n), RedBlock),
+               tg::kernels::layer_norm_reduce_dwdb<RedGroups, RedBlock>, pdw.cview(), pdb.cview(),
+               dw.view(), db.view());
+  };
+  run();
+  double db0 = 0; // db[0] against a plain loop
+  for (std::int64_t i = 0; i < M; ++i)
+    db0 += dy(i, 0);
+  if (!near(db(0), db0)) {
+    state.SkipWithError("result differs from the plain loop");
+    return;
+  }
+  // x, dy, w, mean, rstd in; dx, dw, db out (the partial sums are not counted).
+  timed(state, (3 * M * n + 3 * n + 2 * M) * 4, run);
+}
+
+template <int Block>
+void softmax_fwd(tg::launch_options const& opts, tg::owned_tensor<float> const& x,
+                 tg::owned_tensor<float>& y) {
+  tg::launch(opts, static_cast<int>(M), tg::kernels::softmax_fwd<Block>, x.cview(), y.view());
+}
+
+template <int Block>
+void softmax_bwd(tg::launch_options const& opts, tg::owned_tensor<float> const& y,
+                 tg::owned_tensor<float> const& dy, tg::owned_tensor<float>& dx) {
+  tg::launch(opts, static_cast<int>(M), tg::kernels::softmax_bwd<Block>, y.cview(), dy.cview(),
+             dx.view());
+}
+
+void BM_softmax_fwd(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  tg::owned_tensor<float> x({M, n}, "x"), y({M, n}, "y");
+  bench::fill(x, 1);
+  auto const opts = on(static_cast<int>(state.range(1)));
+  auto run = [&] { n == 1024 ? softmax_fwd<1024>(opts, x, y) : softmax_fwd<4096>(opts, x, y); };
+  run();
+  double s = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    s += y(0, j);
+  if (!near(s, 1)) {
+    state.SkipWithError("a row of the softmax does not sum to 1");
+    return;
+  }
+  timed(state, 2 * M * n * 4, run); // x in, y out
+}
+
+void BM_softmax_bwd(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  tg::owned_tensor<float> x({M, n}, "x"), y({M, n}, "y"), dy({M, n}, "dy"), dx({M, n}, "dx");
+  bench::fill(x, 1);
+  bench::fill(dy, 2);
+  auto const opts = on(static_cast<int>(state.range(1)));
+  n == 1024 ? softmax_fwd<1024>(opts, x, y) : softmax_fwd<4096>(opts, x, y);
+  auto run = [&] {
+    n == 1024 ? softmax_bwd<1024>(opts, y, dy, dx) : softmax_bwd<4096>(opts, y, dy, dx);
+  };
+  run();
+  double dot = 0; // dx[0, 0] = y (dy - <dy, y>) against a plain loop
+  for (std::int64_t j = 0; j < n; ++j)
+    dot += double(dy(0, j)) * y(0, j);
+  if (!near(dx(0, 0), y(0, 0) * (dy(0, 0) - dot))) {
+    state.SkipWithError("result differs from the plain loop");
+    return;
+  }
+  timed(state, 3 * M * n * 4, run); // y, dy in, dx out
+}
+
+/// The triad alone over three M x N arrays, as a plain baseline row in the table.
+void BM_triad(benchmark::State& state) {
+  int const threads = static_cast<int>(state.range(1));
+  bench::triad t(M * state.range(0));
+  for (auto _ : state)
+    t.run(threads);
+  state.SetBytesProcessed(state.iterations() * t.bytes());
+  state.counters["threads"] = threads;
+}
+
+void sizes_and_threads(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"N", "threads"});
+  for (std::int64_t n : {1024, 4096})
+    for (std::int64_t t : {1, 2})
+      b->Args({n, t});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+} // namespace
+
+BENCHMARK(BM_layer_norm_fwd)->Apply(sizes_and_threads);
+BENCHMARK(BM_layer_norm_fwd_loop)->Apply(sizes_and_threads);
+BENCHMARK(BM_layer_norm_bwd)->Apply(sizes_and_threads);
+BENCHMARK(BM_softmax_fwd)->Apply(sizes_and_threads);
+BENCHMARK(BM_softmax_bwd)->Apply(sizes_and_threads);
+BENCHMARK(BM_triad)->Apply(sizes_and_threads);
+BENCHMARK_MAIN();

@@ -1,0 +1,132 @@
+// The layer-norm kernels against plain loops, in float and double, on shapes where BlockN does
+// not divide N nor Rows divide M: the forward (y, mean, rstd) on every executor, and the
+// backward's two launches (dx, then dw and db from the per-group partial sums).
+#include <tilegrad/kernels/layer_norm.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/tensors.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace tg = tilegrad;
+using test_support::fill;
+using test_support::tol;
+
+namespace {
+
+constexpr int BlockN = 64, Rows = 8, BG = 4;
+constexpr float eps = 1e-5f;
+
+std::vector<tg::executor> executors() {
+  std::vector<tg::executor> e{tg::executor::sequential};
+  if (tg::executor_available(tg::executor::tbb))
+    e.push_back(tg::executor::tbb);
+  if (tg::executor_available(tg::executor::openmp))
+    e.push_back(tg::executor::openmp);
+  return e;
+}
+
+// Row statistics in double, two passes as the kernel does.
+template <class T>
+std::pair<double, double> mean_rstd(tg::owned_tensor<T> const& x, std::int64_t i) {
+  std::int64_t const n = x.size(1);
+  double m = 0, v = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    m += double(x(i, j));
+  m /= double(n);
+  for (std::int64_t j = 0; j < n; ++j)
+    v += (double(x(i, j)) - m) * (double(x(i, j)) - m);
+  return {m, 1 / std::sqrt(v / double(n) + double(eps))};
+}
+
+// Shapes: one element; one partial block; several blocks, the last partial; whole blocks.
+std::vector<std::pair<int, int>> const shapes{{1, 1}, {5, 37}, {37, 100}, {3, 700}, {16, 128}};
+
+} // namespace
+
+template <class T>
+class LayerNorm : public ::testing::Test {};
+using Types = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(LayerNorm, Types);
+
+TYPED_TEST(LayerNorm, ForwardMatchesLoop) {
+  using T = TypeParam;
+  for (auto [m, n] : shapes) {
+    tg::owned_tensor<T> x({m, n}, "x"), w({n}, "w"), b({n}, "b"), y({m, n}, "y");
+    tg::owned_tensor<T> mean({m}, "mean"), rstd({m}, "rstd");
+    fill(x, 1);
+    for (T& v : x)
+      v = v * T(3) + T(2); // a mean far from 0
+    fill(w, 2);
+    fill(b, 3);
+    for (auto e : executors()) {
+      for (T& v : y)
+        v = T(123);
+      tg::launch({e, 2}, m, tg::kernels::layer_norm_fwd<BlockN>, x.cview(), w.cview(), b.cview(),
+                 y.view(), mean.view(), rstd.view(), eps);
+      for (int i = 0; i < m; ++i) {
+        auto const [mu, rs] = mean_rstd(x, i);
+        ASSERT_NEAR(mean(i), mu, tol<T>(1e-5) * 3) << "row " << i << " n=" << n;
+        ASSERT_NEAR(rstd(i), rs, tol<T>(1e-5) * rs) << "row " << i << " n=" << n;
+        for (int j = 0; j < n; ++j) {
+          double const r = (double(x(i, j)) - mu) * rs * double(w(j)) + double(b(j));
+          ASSERT_NEAR(y(i, j), r, tol<T>(2e-5) * (1 + std::abs(r)))
+              << "(" << i << ", " << j << ") m=" << m << " n=" << n << " executor "
+              << tg::to_string(e);
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(LayerNorm, BackwardMatchesLoop) {
+  using T = TypeParam;
+  for (auto [m, n] : shapes) {
+    int const groups = tg::cdiv(m, Rows);
+    tg::owned_tensor<T> x({m, n}, "x"), w({n}, "w"), b({n}, "b"), y({m, n}, "y");
+    tg::owned_tensor<T> mean({m}, "mean"), rstd({m}, "rstd"), dy({m, n}, "dy"), dx({m, n}, "dx");
+    tg::owned_tensor<T> pdw({groups, n}, "partial_dw"), pdb({groups, n}, "partial_db");
+    tg::owned_tensor<T> dw({n}, "dw"), db({n}, "db");
+    fill(x, 4);
+    fill(w, 5);
+    fill(b, 6);
+    fill(dy, 7);
+    tg::launch(m, tg::kernels::layer_norm_fwd<BlockN>, x.cview(), w.cview(), b.cview(), y.view(),
+               mean.view(), rstd.view(), eps);
+    tg::launch({tg::executor::sequential, 1}, groups, tg::kernels::layer_norm_bwd<BlockN, Rows>,
+               x.cview(), w.cview(), mean.cview(), rstd.cview(), dy.cview(), dx.view(), pdw.view(),
+               pdb.view());
+    tg::launch({tg::executor::sequential, 1}, tg::cdiv(n, BlockN),
+               tg::kernels::layer_norm_reduce_dwdb<BG, BlockN>, pdw.cview(), pdb.cview(), dw.view(),
+               db.view());
+
+    std::vector<double> rdw(n), rdb(n);
+    for (int i = 0; i < m; ++i) {
+      auto const [mu, rs] = mean_rstd(x, i);
+      std::vector<double> xhat(n), wdy(n);
+      double c1 = 0, c2 = 0;
+      for (int j = 0; j < n; ++j) {
+        xhat[j] = (double(x(i, j)) - mu) * rs;
+        wdy[j] = double(w(j)) * double(dy(i, j));
+        c1 += xhat[j] * wdy[j] / n;
+        c2 += wdy[j] / n;
+        rdw[j] += double(dy(i, j)) * xhat[j];
+        rdb[j] += double(dy(i, j));
+      }
+      for (int j = 0; j < n; ++j) {
+        double const r = rs * (wdy[j] - (xhat[j] * c1 + c2));
+        ASSERT_NEAR(dx(i, j), r, tol<T>(1e-4) * (1 + rs))
+            << "dx (" << i << ", " << j << ") m=" << m << " n=" << n;
+      }
+    }
+    for (int j = 0; j < n; ++j) {
+      ASSERT_NEAR(dw(j), rdw[j], tol<T>(1e-5) * (1 + m)) << "dw (" << j << ") m=" << m;
+      ASSERT_NEAR(db(j), rdb[j], tol<T>(1e-5) * (1 + m)) << "db (" << j << ") m=" << m;
+    }
+  }
+}
