@@ -183,7 +183,7 @@ std::string bad_query_blocks(tg::gradient_report const* g) {
   std::string out;
   std::int64_t last = -1;
   for (int i = 0; i < g->map.cell_rows(); ++i) {
-    std::int64_t const block = i * g->map.rows_per_cell() / BQ;
+    std::int64_t const block = g->map.first_row(i) / BQ;
     bool marked = false;
     for (int j = 0; j < g->map.cell_cols(); ++j)
       marked = marked || g->map.mismatches(i, j) > 0;

@@ -281,6 +281,29 @@ TEST(CheckReport, BlockMapShowsADiagonal) {
   EXPECT_NE(s.find("cell = 4 x 2"), std::string::npos) << s;
 }
 
+TEST(CheckReport, BlockMapGivesEachMatrixOfARank4GradientItsOwnBand) {
+  // A (2, 3, 100, 8) gradient: six matrices of 100 rows. Marks on the last row of every matrix
+  // land in the last cell row of every band, labelled with the matrix's leading coordinates.
+  tg::block_map m(600, 8, {2, 3}, 16, 32);
+  EXPECT_EQ(m.rows_per_cell(), 64); // 16 cell rows / 6 matrices: 2 per band, of 64 rows
+  EXPECT_EQ(m.cell_rows(), 12);
+  for (int k = 0; k < 6; ++k)
+    for (int c = 0; c < 8; ++c) m.mark(k * 100 + 99, c);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(m.first_row(i), i / 2 * 100 + i % 2 * 64) << i;
+    EXPECT_EQ(m.last_row(i), i / 2 * 100 + (i % 2 ? 99 : 63)) << i;
+    EXPECT_EQ(m.row_string(i), i % 2 ? "11111111" : "........") << i; // 1 of 36 per cell
+  }
+  auto const s = (std::ostringstream() << m).str();
+  EXPECT_NE(s.find("6 matrices of 100 rows"), std::string::npos) << s;
+  EXPECT_NE(s.find("(1, 2) rows 64-99 11111111"), std::string::npos) << s;
+  EXPECT_NE(s.find("(0, 0) rows  0-63 ........"), std::string::npos) << s;
+  // Too many matrices for bands: the rows fold as one, as for rank 2.
+  tg::block_map folded(4000, 8, {1, 40}, 16, 32);
+  EXPECT_EQ(folded.cell_rows(), 16);
+  EXPECT_EQ(folded.last_row(15), 3999);
+}
+
 TEST(CheckReport, GtestAssertionPrintsTheReport) {
   EXPECT_NONFATAL_FAILURE(
       {

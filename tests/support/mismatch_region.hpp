@@ -25,7 +25,7 @@ inline ::testing::AssertionResult mismatches_in(tilegrad::gradient_report const*
   auto const& m = g->map;
   for (int i = 0; i < m.cell_rows(); ++i)
     for (int j = 0; j < m.cell_cols(); ++j) {
-      bool const meets = i * m.rows_per_cell() <= r1 && (i + 1) * m.rows_per_cell() > r0 &&
+      bool const meets = m.first_row(i) <= r1 && m.last_row(i) >= r0 &&
                          j * m.cols_per_cell() <= c1 && (j + 1) * m.cols_per_cell() > c0;
       if (meets != (m.symbol(i, j) != '.'))
         return ::testing::AssertionFailure() << g->name << ": block map cell (" << i << ", " << j

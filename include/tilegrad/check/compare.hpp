@@ -149,7 +149,8 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   r.tol = tol;
   std::int64_t const cols = got.shape[got.rank - 1];
   std::int64_t const rows = cols == 0 ? 0 : r.numel / cols;
-  r.map = block_map(rows, cols, o.map_rows, o.map_cols);
+  std::vector<std::int64_t> lead(got.shape.begin(), got.shape.begin() + std::max(0, got.rank - 2));
+  r.map = block_map(rows, cols, std::move(lead), o.map_rows, o.map_cols);
 
   double sum = 0;
   std::int64_t i_abs = 0, i_rel = -1;
