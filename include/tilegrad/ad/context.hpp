@@ -46,42 +46,54 @@ struct run {
 };
 
 /// Appends lanes to a list of runs, merging a lane into the last run where it continues it.
+/// The last run is kept aside until finish() (or the builder's end), so that the common case,
+/// a lane continuing it, touches no vector.
 class run_builder {
 public:
   explicit run_builder(std::vector<run>& out) : out_(out) { out_.clear(); }
+  run_builder(run_builder const&) = delete;
+  run_builder& operator=(run_builder const&) = delete;
+  ~run_builder() { finish(); }
   /// Lanes pos..pos+n-1 at elements off..off+n-1.
   void add(int pos, std::int64_t off, int n) {
-    if (!out_.empty()) {
-      run& b = out_.back();
-      if (b.pos + b.count == pos && (b.count == 1 || b.step == 1) && b.offset + b.count == off) {
-        b.step = 1;
-        b.count += n;
-        return;
-      }
+    run& b = last_;
+    if (b.count != 0 && b.pos + b.count == pos && (b.count == 1 || b.step == 1) &&
+        b.offset + b.count == off) {
+      b.step = 1;
+      b.count += n;
+      return;
     }
-    out_.push_back({pos, n, off, 1});
+    start({pos, n, off, 1});
   }
   /// Lane pos at element off.
   void add(int pos, std::int64_t off) {
-    if (!out_.empty()) {
-      run& b = out_.back();
-      if (b.pos + b.count == pos) {
-        if (b.count == 1) {
-          b.step = off - b.offset;
-          b.count = 2;
-          return;
-        }
-        if (b.element(b.count) == off) {
-          ++b.count;
-          return;
-        }
+    run& b = last_;
+    if (b.count != 0 && b.pos + b.count == pos) {
+      if (b.count == 1) {
+        b.step = off - b.offset;
+        b.count = 2;
+        return;
+      }
+      if (b.element(b.count) == off) {
+        ++b.count;
+        return;
       }
     }
-    out_.push_back({pos, 1, off, 1});
+    start({pos, 1, off, 1});
+  }
+  /// Moves the last run to the list; the list is complete.
+  void finish() {
+    if (last_.count != 0) out_.push_back(last_);
+    last_.count = 0;
   }
 
 private:
+  void start(run const& r) {
+    if (last_.count != 0) out_.push_back(last_);
+    last_ = r;
+  }
   std::vector<run>& out_;
+  run last_{0, 0, 0, 1};
 };
 
 enum class access_kind : std::uint8_t { load, store, atomic };

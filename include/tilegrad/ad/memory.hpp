@@ -17,6 +17,7 @@
 #include "tilegrad/memory/pointer.hpp"
 
 #include <cstring>
+#include <optional>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -71,54 +72,56 @@ X const* copy_to_tape(tape& tp, std::vector<X> const& v) {
   return p;
 }
 
-/// Records a load of shape S from the tensor holding `base`. `each(vec, one)` lists the lanes
-/// read: vec(pos, offset, n) for n contiguous lanes, one(pos, offset) for a single lane.
-/// Returns the load's adjoint buffer, or null when no gradient can flow through it.
-template <class T, class S, class Each>
-T* record_load(void const* base, std::source_location const& loc, Each&& each) {
-  program_state* st = current_state();
+/// The entry of the tensor a load reads, when the load must be recorded (the tensor is one of
+/// the launch's and wants a gradient or may be written); marks the tensor as read.
+inline tensor_entry const* tracked_load(program_state* st, void const* base) {
   if (!st) return nullptr;
   tensor_entry const* e = st->find(base);
   if (!e) return nullptr;
   st->out->reads |= std::uint64_t{1} << e->index;
-  tape& tp = st->t;
-  if (!e->writable) { // an input: every lane reads the tensor's own value
-    if (!e->wants_grad()) return nullptr;
-    run_builder b(st->scratch);
-    each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
-         [&](int pos, std::int64_t off) { b.add(pos, off); });
+  return e->writable || e->wants_grad() ? e : nullptr;
+}
+
+/// Records a load of shape S whose lanes are the runs in st.scratch (filled while the values
+/// were read). Returns the load's adjoint buffer, or null when no gradient can flow through it.
+template <class T, class S>
+T* record_load(program_state& st, tensor_entry const& e, std::source_location const& loc) {
+  tape& tp = st.t;
+  std::vector<run> const& lanes = st.scratch;
+  if (!e.writable) { // an input: every lane reads the tensor's own value
     T* adj = tp.alloc_zero<T>(S::size);
-    tp.push<load_record<T>>(adj, e->index, copy_to_tape(tp, st->scratch),
-                            static_cast<int>(st->scratch.size()), nullptr, 0);
+    tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, lanes), static_cast<int>(lanes.size()),
+                            nullptr, 0);
     return adj;
   }
   // A tensor the kernel may write: lane by lane, a value this program stored or the initial one.
   thread_local std::vector<run> initial;
   thread_local std::vector<routed_lane<T>> routed;
   routed.clear();
-  run_builder reads(st->scratch), init(initial);
-  auto const me = static_cast<std::uint32_t>(st->me >> 32);
-  auto one = [&](int pos, std::int64_t off) {
-    reads.add(pos, off);
-    std::uint64_t const s = std::atomic_ref<std::uint64_t>(e->stamp[off]).load(std::memory_order_relaxed);
-    if (st->earlier(stamp_program(s)))
-      race(*e, off, me, stamp_program(s), "loads",
-           s & atomic_stamp ? "updates it atomically" : "stores it", loc, launch_dims());
-    bool stored = false;
-    T* slot = st->stored_slot<T>(s, off, stored);
-    if (stored) {
-      if (slot) routed.push_back({pos, slot});
-    } else if (e->wants_grad()) {
-      init.add(pos, off);
+  run_builder init(initial);
+  auto const me = static_cast<std::uint32_t>(st.me >> 32);
+  for (run const& r : lanes) {
+    st.out->accesses.push_back({access_kind::load, e.index, r, nullptr, loc});
+    for (int k = 0; k < r.count; ++k) {
+      int const pos = r.pos + k;
+      std::int64_t const off = r.element(k);
+      std::uint64_t const s = std::atomic_ref<std::uint64_t>(e.stamp[off]).load(std::memory_order_relaxed);
+      if (st.earlier(stamp_program(s)))
+        race(e, off, me, stamp_program(s), "loads",
+             s & atomic_stamp ? "updates it atomically" : "stores it", loc, launch_dims());
+      bool stored = false;
+      T* slot = st.stored_slot<T>(s, off, stored);
+      if (stored) {
+        if (slot) routed.push_back({pos, slot});
+      } else if (e.wants_grad()) {
+        init.add(pos, off);
+      }
     }
-  };
-  each([&](int pos, std::int64_t off, int n) {
-    for (int l = 0; l < n; ++l) one(pos + l, off + l);
-  }, one);
-  for (run const& r : st->scratch) st->out->accesses.push_back({access_kind::load, e->index, r, nullptr, loc});
+  }
+  init.finish();
   if (routed.empty() && initial.empty()) return nullptr;
   T* adj = tp.alloc_zero<T>(S::size);
-  tp.push<load_record<T>>(adj, e->index, copy_to_tape(tp, initial), static_cast<int>(initial.size()),
+  tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, initial), static_cast<int>(initial.size()),
                           copy_to_tape(tp, routed), static_cast<int>(routed.size()));
   return adj;
 }
@@ -156,6 +159,7 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
   run_builder b(st->scratch);
   each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
        [&](int pos, std::int64_t off) { b.add(pos, off); });
+  b.finish();
   auto& acc = st->out->accesses;
   bool const atomic = kind == access_kind::atomic;
   for (run const& r : st->scratch) {
@@ -191,31 +195,31 @@ auto pointer_lanes(ptr_tile<T, Off> const& fp, Mask const& mask) {
   };
 }
 
-template <class S, class Mask>
-auto broadcast_mask(Mask const& mask) {
-  if constexpr (std::is_same_v<Mask, detail::no_mask>)
-    return detail::no_mask{};
-  else
-    return detail::bcast<S>(mask);
-}
-
 template <class A, class Off, class Mask, class Other>
 auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
               std::source_location const& loc) {
   using T = primal_of_t<A>;
   using S = detail::access_shape_t<Off, Mask>;
   ptr_tile<T const, Off> fp(primal_view(p.base), p.offsets, p.shift);
-  auto const values = [&] {
-    if constexpr (std::is_same_v<Other, detail::no_mask>)
-      return detail::load_impl(fp, mask, other, loc);
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_load(st, p.base.data());
+  // The values go straight to the tape; the lanes read are gathered as runs on the way.
+  T* v = current_tape().alloc<T>(S::size);
+  std::optional<run_builder> lanes;
+  if (e) lanes.emplace(st->scratch);
+  auto const lane = [&](int pos, std::int64_t off, int n) {
+    if (!lanes) return;
+    if (n == 1)
+      lanes->add(pos, off);
     else
-      return detail::load_impl(fp, mask, to_primal(other), loc);
-  }();
-  tape& tp = current_tape();
-  T* v = tp.alloc<T>(S::size);
-  std::memcpy(v, values.data(), sizeof(T) * S::size);
-  auto const maskb = broadcast_mask<S>(mask);
-  T* a = record_load<T, S>(p.base.data(), loc, pointer_lanes<S>(fp, maskb));
+      lanes->add(pos, off, n);
+  };
+  if constexpr (std::is_same_v<Other, detail::no_mask>)
+    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), other, loc, lane);
+  else
+    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), to_primal(other), loc, lane);
+  if (lanes) lanes->finish();
+  T* a = e ? record_load<T, S>(*st, *e, loc) : nullptr;
   return detail::tile_t<adjoint<T>, S>::from_buffers(v, a);
 }
 
@@ -227,7 +231,7 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
   detail::store_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, loc);
-  auto const maskb = broadcast_mask<S>(mask);
+  auto const maskb = detail::broadcast_mask<S>(mask);
   record_write<T>(access_kind::store, p.base.data(), v.adjoints(), loc, pointer_lanes<S>(fp, maskb));
 }
 
@@ -250,7 +254,7 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
   auto const old = detail::atomic_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, f, what, loc);
-  auto const maskb = broadcast_mask<S>(mask);
+  auto const maskb = detail::broadcast_mask<S>(mask);
   record_write<T>(access_kind::atomic, p.base.data(), additive ? v.adjoints() : nullptr, loc,
                   pointer_lanes<S>(fp, maskb));
   T* ov = current_tape().alloc<T>(S::size);
@@ -283,16 +287,29 @@ auto block_lanes(FB const& fbp, char const* what, std::source_location const& lo
 }
 
 template <class A, int... Bs, int... Axes>
-auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...> check, padding pad,
+auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding pad,
                 std::source_location const& loc) {
   using T = primal_of_t<A>;
   using S = shape<Bs...>;
+  constexpr int L = S::inner;
   auto const fbp = primal_block(bp);
-  auto const values = tilegrad::load(fbp, check, pad, loc);
-  tape& tp = current_tape();
-  T* v = tp.alloc<T>(S::size);
-  std::memcpy(v, values.data(), sizeof(T) * S::size);
-  T* a = record_load<T, S>(bp.base().data(), loc, block_lanes<boundary_check<Axes...>>(fbp, "load", loc));
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_load(st, bp.base().data());
+  // The values go straight to the tape; the lanes read are gathered as runs on the way.
+  T* v = current_tape().alloc<T>(S::size);
+  std::optional<run_builder> lanes;
+  if (e) lanes.emplace(st->scratch);
+  std::int64_t const sc = fbp.strides()[S::rank - 1];
+  detail::load_block_into<boundary_check<Axes...>>(
+      v, fbp, pad, loc, [&](int r, std::int64_t mem, int lo, int hi) {
+        if (!lanes || lo >= hi) return;
+        if (sc == 1)
+          lanes->add(r * L + lo, mem + lo, hi - lo);
+        else
+          for (int c = lo; c < hi; ++c) lanes->add(r * L + c, mem + c * sc);
+      });
+  if (lanes) lanes->finish();
+  T* a = e ? record_load<T, S>(*st, *e, loc) : nullptr;
   return tile<adjoint<T>, Bs...>::from_buffers(v, a);
 }
 
