@@ -95,26 +95,34 @@ T* record_load(program_state& st, tensor_entry const& e, std::source_location co
     return adj;
   }
   // A tensor the kernel may write: lane by lane, a value this program stored or the initial one.
+  // Most runs hold neither: no lane this program stored, none an earlier wave wrote.
   thread_local std::vector<run> initial;
   thread_local std::vector<routed_lane<T>> routed;
   routed.clear();
   run_builder init(initial);
-  auto const me = static_cast<std::uint32_t>(st.me >> 32);
+  std::uint32_t const mine = st.stamp();
   for (run const& r : lanes) {
     st.out->accesses.push_back({access_kind::load, e.index, r, nullptr, loc});
+    std::uint32_t* const stamps = e.stamp + r.offset;
+    bool plain = true;
     for (int k = 0; k < r.count; ++k) {
-      int const pos = r.pos + k;
+      std::uint32_t const s = std::atomic_ref<std::uint32_t>(stamps[r.step * k]).load(std::memory_order_relaxed);
+      plain &= s != mine && !st.earlier(stamp_program(s));
+    }
+    if (plain) {
+      if (e.wants_grad()) init.add(r);
+      continue;
+    }
+    for (int k = 0; k < r.count; ++k) {
       std::int64_t const off = r.element(k);
-      std::uint64_t const s = std::atomic_ref<std::uint64_t>(e.stamp[off]).load(std::memory_order_relaxed);
+      std::uint32_t const s = std::atomic_ref<std::uint32_t>(e.stamp[off]).load(std::memory_order_relaxed);
       if (st.earlier(stamp_program(s)))
-        race(e, off, me, stamp_program(s), "loads",
+        race(e, off, st.id, stamp_program(s), "loads",
              s & atomic_stamp ? "updates it atomically" : "stores it", loc, launch_dims());
-      bool stored = false;
-      T* slot = st.stored_slot<T>(s, off, stored);
-      if (stored) {
-        if (slot) routed.push_back({pos, slot});
+      if (s == mine) {
+        if (T* slot = st.stored_slot<T>(e.index, off)) routed.push_back({r.pos + k, slot});
       } else if (e.wants_grad()) {
-        init.add(pos, off);
+        init.add(r.pos + k, off);
       }
     }
   }
@@ -130,10 +138,10 @@ T* record_load(program_state& st, tensor_entry const& e, std::source_location co
 /// element and throws. (Programs of the same wave are checked after it, in program order.)
 inline void check_write(program_state const& st, tensor_entry const& e, run const& r, bool atomic,
                         std::source_location const& loc) {
-  auto const me = static_cast<std::uint32_t>(st.me >> 32);
+  std::uint32_t const me = st.id;
   for (int k = 0; k < r.count; ++k) {
     std::int64_t const el = r.element(k);
-    std::uint64_t const old = std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed);
+    std::uint32_t const old = std::atomic_ref<std::uint32_t>(e.stamp[el]).load(std::memory_order_relaxed);
     if (st.earlier(stamp_program(old))) {
       bool const old_atomic = (old & atomic_stamp) != 0;
       if (atomic && !old_atomic)
@@ -162,25 +170,39 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
   b.finish();
   auto& acc = st->out->accesses;
   bool const atomic = kind == access_kind::atomic;
+  std::uint32_t const mine = st->stamp();
+  std::uint32_t const stamp = atomic ? mine | atomic_stamp : mine;
+  std::size_t const first = acc.size();
+  bool own = false; // a store over this program's own: the last store to an element must be known
   for (run const& r : st->scratch) {
-    std::uint64_t const stamp = st->me | acc.size() | (atomic ? atomic_stamp : 0);
     acc.push_back({kind, e->index, r, adj ? static_cast<void*>(adj + r.pos) : nullptr, loc});
     // A store may overwrite only its own program's stores, an atomic only atomics; the slow
     // path reports a conflict with an earlier wave (the wave's own are checked after it).
-    std::uint64_t const allowed = atomic ? 0 : st->me >> 31;
-    std::uint64_t* const stamps = e->stamp + r.offset;
+    std::uint32_t* const stamps = e->stamp + r.offset;
     std::int64_t const step = r.step;
     int const n = r.count;
-    bool bad = false, own = false;
-    for (int k = 0; k < n; ++k) {
-      std::uint64_t const old = std::atomic_ref<std::uint64_t>(stamps[step * k]).load(std::memory_order_relaxed);
-      bad |= atomic ? old != 0 && !(old & atomic_stamp) : (old >> 31) != 0 && (old >> 31) != allowed;
-      own |= (old >> 31) == allowed;
+    // Usually no element was written before: one pass that only ORs the old stamps.
+    std::uint32_t written = 0;
+    for (int k = 0; k < n; ++k)
+      written |= std::atomic_ref<std::uint32_t>(stamps[step * k]).load(std::memory_order_relaxed);
+    bool bad = false, mine_seen = false;
+    if (written != 0) {
+      for (int k = 0; k < n; ++k) {
+        std::uint32_t const old = std::atomic_ref<std::uint32_t>(stamps[step * k]).load(std::memory_order_relaxed);
+        bad |= atomic ? old != 0 && !(old & atomic_stamp) : old != 0 && old != mine;
+        mine_seen |= old == mine;
+      }
     }
     if (bad || e->readers) check_write(*st, *e, r, atomic, loc);
-    st->overwrote |= own || step == 0;
+    own |= !atomic && (mine_seen || step == 0);
     for (int k = 0; k < n; ++k)
-      std::atomic_ref<std::uint64_t>(stamps[step * k]).store(stamp, std::memory_order_relaxed);
+      std::atomic_ref<std::uint32_t>(stamps[step * k]).store(stamp, std::memory_order_relaxed);
+  }
+  if (atomic) return;
+  if (st->own.active()) {
+    for (std::size_t i = first; i < acc.size(); ++i) st->own.add(static_cast<std::uint32_t>(i), acc[i]);
+  } else if (own) {
+    st->own.start(acc);
   }
 }
 

@@ -145,7 +145,7 @@ void check_cotangent(char const* name, tensor<T> const& t, tensor<T const> const
 /// tensor the kernel may write, and the cotangent laid out like the tensor where it is not.
 template <class T>
 struct tensor_shadow {
-  stamp_buffer stamp{0};
+  stamp_buffer<std::uint32_t> stamp{0};
   std::unique_ptr<T[]> cotangent;
 };
 
@@ -165,7 +165,7 @@ void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::
     e.layout = tensor<std::byte const>(e.lo, t.rank(), t.shape(), t.strides(), name);
     tensor_shadow<T> sh;
     if (writable) {
-      sh.stamp = stamp_buffer(static_cast<std::size_t>(span));
+      sh.stamp = stamp_buffer<std::uint32_t>(static_cast<std::size_t>(span));
       e.stamp = sh.stamp.p;
     }
     if (cot) {
@@ -231,16 +231,16 @@ void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entr
     if (!e.has_cotangent()) continue;
     T const* cot = static_cast<T const*>(e.cotangent);
     T* adj = static_cast<T*>(a.adj);
-    // Every atomic contribution is seeded; so is every store when none overwrote another.
-    if (a.kind == access_kind::atomic || !st.overwrote) {
+    // Every atomic contribution is seeded; so is every store, unless the program stored some
+    // element twice: then only the last store to each element.
+    if (a.kind == access_kind::atomic || !st.own.active()) {
       for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
       continue;
     }
-    std::uint64_t const stamp = st.me | i;
-    int const k0 = a.r.step == 0 ? a.r.count - 1 : 0; // one element n times: the last lane wins
-    for (int k = k0; k < a.r.count; ++k) {
+    for (int k = 0; k < a.r.count; ++k) {
       std::int64_t const el = a.r.element(k);
-      bool const last = std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed) == stamp;
+      own_stores::last l{};
+      bool const last = st.own.find(a.tensor, el, l) && l.access == i && l.lane == k;
       adj[k] += last ? cot[el] : T(0);
     }
   }
@@ -304,7 +304,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   if (pool.size() < static_cast<std::size_t>(std::min(wave, total)))
     pool.resize(static_cast<std::size_t>(std::min(wave, total)));
   std::vector<ad::program_result>& results = pool;
-  std::vector<ad::stamp_buffer> readers;
+  std::vector<ad::stamp_buffer<std::uint64_t>> readers;
   for (std::size_t i = 0; i < entries.size(); ++i) readers.emplace_back(0);
   std::size_t peak = 0;
   std::uint64_t reads = 0;
@@ -329,7 +329,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       state.reset();
       state.tensors = &entries;
       state.out = &res;
-      state.me = static_cast<std::uint64_t>(lin + 1) << 32;
+      state.id = static_cast<std::uint32_t>(lin + 1);
       state.earlier_waves = static_cast<std::uint32_t>(w0);
       ad::program_state* saved = ad::current_state();
       ad::current_state() = &state;
@@ -378,7 +378,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     T* gr = grad_of[static_cast<std::size_t>(e.index)];
     T const* cot = static_cast<T const*>(e.cotangent);
     for (std::int64_t el = 0; el < e.layout.numel(); ++el) {
-      std::uint64_t const s = e.stamp[el];
+      std::uint32_t const s = e.stamp[el];
       if (s == 0 || (s & ad::atomic_stamp)) gr[el] += cot[el];
     }
   }
