@@ -123,6 +123,65 @@ struct segment {
   std::size_t at;
 };
 
+/// The gradient of an input tensor, as the programs' contributions reach it in program order.
+/// Its memory starts uninitialised: the first contribution to an element is written, later ones
+/// added (`written`, one bit per element, says which is which), so the gradient is not zeroed
+/// first and then read back; elements no contribution reached are zeroed at the end (fill_unwritten).
+struct gradient_sink {
+  void* data = nullptr;
+  std::uint64_t* written = nullptr;
+
+  /// Adds the values v to the elements of run r (the first contribution to an element is
+  /// written: 0 + v is v, but for the sign of a zero).
+  template <class T>
+  void add(run const& r, T const* v) const {
+    T* const g = static_cast<T*>(data);
+    if (r.step != 1) {
+      for (int k = 0; k < r.count; ++k) {
+        std::int64_t const el = r.element(k);
+        std::uint64_t& w = written[el >> 6];
+        std::uint64_t const bit = std::uint64_t{1} << (el & 63);
+        g[el] = (w & bit) ? g[el] + v[k] : v[k];
+        w |= bit;
+      }
+      return;
+    }
+    // A word of bits at a time: all unwritten (copy), all written (add), or mixed.
+    for (int k = 0; k < r.count;) {
+      std::int64_t const el = r.offset + k;
+      int const lo = static_cast<int>(el & 63);
+      int const m = std::min(64 - lo, r.count - k);
+      std::uint64_t const mask = (m == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << m) - 1) << lo;
+      std::uint64_t& w = written[el >> 6];
+      std::uint64_t const have = w & mask;
+      T* const d = g + el;
+      T const* const s = v + k;
+      if (have == 0) {
+        for (int j = 0; j < m; ++j) d[j] = s[j];
+      } else if (have == mask) {
+        for (int j = 0; j < m; ++j) d[j] += s[j];
+      } else {
+        for (int j = 0; j < m; ++j) d[j] = (have >> (lo + j)) & 1 ? d[j] + s[j] : s[j];
+      }
+      w |= mask;
+      k += m;
+    }
+  }
+
+  /// Zeroes the elements of n no contribution reached.
+  template <class T>
+  void fill_unwritten(std::int64_t n) const {
+    T* const g = static_cast<T*>(data);
+    for (std::int64_t w0 = 0; w0 < n; w0 += 64) {
+      std::uint64_t const w = written[w0 >> 6];
+      if (w == ~std::uint64_t{0}) continue;
+      std::int64_t const m = std::min<std::int64_t>(64, n - w0);
+      for (std::int64_t j = 0; j < m; ++j)
+        if (!((w >> j) & 1)) g[w0 + j] = T(0);
+    }
+  }
+};
+
 /// Everything one program hands to the launch after it ran; reused from wave to wave.
 struct program_result {
   std::vector<access> accesses;
@@ -250,6 +309,19 @@ struct program_state {
   bool earlier(std::uint32_t pid) const { return pid - 1 < earlier_waves; } // pid 0: nobody
   std::vector<run> scratch;
   own_stores own; // active once the program stores an element twice or loads one it stored
+  // The gradients, by tensor; when `direct`, every earlier program's contributions are applied
+  // and this program's go straight to the gradients, else they are kept in `out` for later.
+  gradient_sink const* grads = nullptr;
+  bool direct = false;
+
+  /// This program's contribution v to the elements of run r of tensor t.
+  template <class T>
+  void contribute(int t, run const& r, T const* v) {
+    if (direct)
+      grads[t].add(r, v);
+    else
+      out->contribute(t, r, v);
+  }
 
   /// This program's stamp on the elements it stores.
   std::uint32_t stamp() const { return id << 1; }

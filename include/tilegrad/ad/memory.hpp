@@ -52,8 +52,8 @@ struct load_record final : record {
   void backward() override {
     for (int i = 0; i < nrouted; ++i) *routed[i].slot += adj[routed[i].pos];
     if (nruns == 0) return;
-    program_result* out = current_state()->out;
-    for (int i = 0; i < nruns; ++i) out->contribute(tensor, runs[i], adj + runs[i].pos);
+    program_state* st = current_state();
+    for (int i = 0; i < nruns; ++i) st->contribute(tensor, runs[i], adj + runs[i].pos);
   }
 };
 
