@@ -119,6 +119,52 @@ TEST(VjpDeterminism, BitwiseIdenticalForAnyThreadCount) {
     }
 }
 
+TEST(VjpDeterminism, OverlappingContributionsAreWrittenThenAddedInProgramOrder) {
+  // Program p reads a window of 13 elements at 5p (windows overlap, and straddle the 64-element
+  // words of the gradient's bookkeeping) and 4 elements 70 apart from p: every element's first
+  // contribution is written, the later ones added; elements no program reads are zero.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<T> z) {
+    auto const i = tg::arange<0, 16>();
+    auto const m = i < 13;
+    auto const v = tg::load(x + p.program_id(0) * 5 + i, m, 0.0f);
+    tg::store(y + p.program_id(0) * 16 + i, v * v, m);
+    auto const j = tg::arange<0, 4>();
+    tg::store(z + p.program_id(0), tg::sum(tg::load(x + p.program_id(0) + j * 70)));
+  };
+  int const progs = 150, n = 760; // more than one wave
+  tg::owned_tensor<float> x({n}, "x"), y({progs * 16}, "y"), dy({progs * 16}, "dy"), z({progs}, "z"),
+      dz({progs}, "dz");
+  fill(x, 4);
+  fill(dy, 5);
+  fill(dz, 6);
+  auto run = [&](tg::executor e, int threads) {
+    auto g = tg::vjp({e, threads}, progs, k, tg::in("x", x), tg::out("y", y, dy), tg::out("z", z, dz));
+    return tg::owned_tensor<float>(g["x"]);
+  };
+  auto const ref = run(tg::executor::sequential, 1);
+  for (int e = 0; e < n; ++e) {
+    double want = 0;
+    for (int p = 0; p < progs; ++p) {
+      if (e >= 5 * p && e < 5 * p + 13) want += 2.0 * x(e) * dy(p * 16 + e - 5 * p);
+      if (e >= p && (e - p) % 70 == 0 && (e - p) / 70 < 4) want += dz(p);
+    }
+    ASSERT_NEAR(ref(e), want, 1e-5) << e;
+  }
+  EXPECT_EQ(ref(758), 0.0f);
+  EXPECT_EQ(ref(759), 0.0f);
+  std::vector<std::pair<tg::executor, int>> configs{{tg::executor::sequential, 1}};
+  if (tg::executor_available(tg::executor::tbb))
+    configs.insert(configs.end(), {{tg::executor::tbb, 1}, {tg::executor::tbb, 2}, {tg::executor::tbb, 0}});
+  if (tg::executor_available(tg::executor::openmp)) configs.push_back({tg::executor::openmp, 2});
+  for (auto [e, t] : configs)
+    for (int rep = 0; rep < 3; ++rep) {
+      auto const got = run(e, t);
+      EXPECT_EQ(std::memcmp(got.data(), ref.data(), sizeof(float) * n), 0)
+          << tg::to_string(e) << " threads " << t;
+    }
+}
+
 // --- memory semantics, each with a kernel written for it ----------------------------------
 
 TEST(VjpMemory, MaskedLanesAndOtherGetNoGradient) {
