@@ -155,6 +155,37 @@ inline void check_write(program_state const& st, tensor_entry const& e, run cons
   }
 }
 
+// Stamps are read and written with relaxed atomics: programs of one wave may touch the same
+// stamps at once (atomic_add, or a racy kernel, which is reported). Atomics do not vectorise, so
+// the loops over a contiguous run are unrolled by hand.
+inline std::uint32_t or_stamps(std::uint32_t* s, std::int64_t step, int n) {
+  auto at = [s](std::int64_t i) { return std::atomic_ref<std::uint32_t>(s[i]).load(std::memory_order_relaxed); };
+  std::uint32_t a = 0, b = 0, c = 0, d = 0;
+  int k = 0;
+  if (step == 1)
+    for (; k + 4 <= n; k += 4) {
+      a |= at(k);
+      b |= at(k + 1);
+      c |= at(k + 2);
+      d |= at(k + 3);
+    }
+  for (; k < n; ++k) a |= at(step * k);
+  return a | b | c | d;
+}
+
+inline void set_stamps(std::uint32_t* s, std::int64_t step, int n, std::uint32_t v) {
+  auto set = [s, v](std::int64_t i) { std::atomic_ref<std::uint32_t>(s[i]).store(v, std::memory_order_relaxed); };
+  int k = 0;
+  if (step == 1)
+    for (; k + 4 <= n; k += 4) {
+      set(k);
+      set(k + 1);
+      set(k + 2);
+      set(k + 3);
+    }
+  for (; k < n; ++k) set(step * k);
+}
+
 /// Records a store (or an atomic update) of the lanes `each` lists, whose values' adjoints are
 /// `adj` (null: constants).
 template <class T, class Each>
@@ -182,9 +213,7 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
     std::int64_t const step = r.step;
     int const n = r.count;
     // Usually no element was written before: one pass that only ORs the old stamps.
-    std::uint32_t written = 0;
-    for (int k = 0; k < n; ++k)
-      written |= std::atomic_ref<std::uint32_t>(stamps[step * k]).load(std::memory_order_relaxed);
+    std::uint32_t const written = or_stamps(stamps, step, n);
     bool bad = false, mine_seen = false;
     if (written != 0) {
       for (int k = 0; k < n; ++k) {
@@ -195,8 +224,7 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
     }
     if (bad || e->readers) check_write(*st, *e, r, atomic, loc);
     own |= !atomic && (mine_seen || step == 0);
-    for (int k = 0; k < n; ++k)
-      std::atomic_ref<std::uint32_t>(stamps[step * k]).store(stamp, std::memory_order_relaxed);
+    set_stamps(stamps, step, n, stamp);
   }
   if (atomic) return;
   if (st->own.active()) {
