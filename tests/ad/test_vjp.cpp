@@ -165,6 +165,44 @@ TEST(VjpDeterminism, OverlappingContributionsAreWrittenThenAddedInProgramOrder) 
     }
 }
 
+TEST(VjpReduce, SumsOfExpressionsOverEachAxisOfARank3Tile) {
+  // y0 = sum over axis 0, y1 over axis 1 (keeping it), y2 over axis 2 of x * w + x, with w a
+  // broadcast (4, 8) tile: the sums of a cheap expression go through it without materialising it.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T const> w,
+                       tg::tensor<T> y0, tg::tensor<T> y1, tg::tensor<T> y2) {
+    auto const xv = tg::load(tg::make_block_ptr<2, 4, 8>(x, {0, 0, 0}));
+    auto const wv = tg::load(tg::make_block_ptr<4, 8>(w, {0, 0}));
+    auto const e = xv * tg::expand_dims<0>(wv) + xv;
+    tg::store(tg::make_block_ptr<4, 8>(y0, {0, 0}), tg::sum<0>(e));
+    tg::store(tg::make_block_ptr<2, 1, 8>(y1, {0, 0, 0}), tg::sum<1>(e, tg::keep_dims));
+    tg::store(tg::make_block_ptr<2, 4>(y2, {0, 0}), tg::sum<2>(e));
+  };
+  tg::owned_tensor<double> x({2, 4, 8}, "x"), w({4, 8}, "w"), y0({4, 8}, "y0"), y1({2, 1, 8}, "y1"),
+      y2({2, 4}, "y2"), d0({4, 8}, "d0"), d1({2, 1, 8}, "d1"), d2({2, 4}, "d2");
+  fill(x, 7);
+  fill(w, 8);
+  fill(d0, 9);
+  fill(d1, 10);
+  fill(d2, 11);
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::in("w", w), tg::out("y0", y0, d0), tg::out("y1", y1, d1),
+                   tg::out("y2", y2, d2));
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j)
+      for (int c = 0; c < 8; ++c) {
+        double const dy = d0(j, c) + d1(i, 0, c) + d2(i, j);
+        EXPECT_NEAR(g["x"](i, j, c), dy * (w(j, c) + 1), 1e-12) << i << j << c;
+      }
+  for (int j = 0; j < 4; ++j)
+    for (int c = 0; c < 8; ++c) {
+      double want = 0;
+      for (int i = 0; i < 2; ++i) want += (d0(j, c) + d1(i, 0, c) + d2(i, j)) * x(i, j, c);
+      EXPECT_NEAR(g["w"](j, c), want, 1e-12) << j << c;
+    }
+  for (int j = 0; j < 4; ++j)
+    for (int c = 0; c < 8; ++c)
+      EXPECT_NEAR(y0(j, c), x(0, j, c) * (w(j, c) + 1) + x(1, j, c) * (w(j, c) + 1), 1e-12);
+}
+
 // --- memory semantics, each with a kernel written for it ----------------------------------
 
 TEST(VjpMemory, MaskedLanesAndOtherGetNoGradient) {
