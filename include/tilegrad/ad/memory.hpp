@@ -186,30 +186,22 @@ inline void set_stamps(std::uint32_t* s, std::int64_t step, int n, std::uint32_t
   for (; k < n; ++k) set(step * k);
 }
 
-/// Records a store (or an atomic update) of the lanes `each` lists, whose values' adjoints are
-/// `adj` (null: constants).
-template <class T, class Each>
-void record_write(access_kind kind, void const* base, T* adj, std::source_location const& loc,
-                  Each&& each) {
-  program_state* st = current_state();
-  if (!st) return;
-  tensor_entry const* e = st->find(base);
-  if (!e || !e->stamp) return;
-  run_builder b(st->scratch);
-  each([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
-       [&](int pos, std::int64_t off) { b.add(pos, off); });
-  b.finish();
-  auto& acc = st->out->accesses;
+/// Records a store (or an atomic update) of the lanes in st.scratch (runs), whose values'
+/// adjoints are `adj` (null: constants), to tensor e, which the kernel may write.
+template <class T>
+void record_write(program_state& st, tensor_entry const& e, access_kind kind, T* adj,
+                  std::source_location const& loc) {
+  auto& acc = st.out->accesses;
   bool const atomic = kind == access_kind::atomic;
-  std::uint32_t const mine = st->stamp();
+  std::uint32_t const mine = st.stamp();
   std::uint32_t const stamp = atomic ? mine | atomic_stamp : mine;
   std::size_t const first = acc.size();
   bool own = false; // a store over this program's own: the last store to an element must be known
-  for (run const& r : st->scratch) {
-    acc.push_back({kind, e->index, r, adj ? static_cast<void*>(adj + r.pos) : nullptr, loc});
+  for (run const& r : st.scratch) {
+    acc.push_back({kind, e.index, r, adj ? static_cast<void*>(adj + r.pos) : nullptr, loc});
     // A store may overwrite only its own program's stores, an atomic only atomics; the slow
     // path reports a conflict with an earlier wave (the wave's own are checked after it).
-    std::uint32_t* const stamps = e->stamp + r.offset;
+    std::uint32_t* const stamps = e.stamp + r.offset;
     std::int64_t const step = r.step;
     int const n = r.count;
     // Usually no element was written before: one pass that only ORs the old stamps.
@@ -222,19 +214,27 @@ void record_write(access_kind kind, void const* base, T* adj, std::source_locati
         mine_seen |= old == mine;
       }
     }
-    if (bad || e->readers) check_write(*st, *e, r, atomic, loc);
+    if (bad || e.readers) check_write(st, e, r, atomic, loc);
     own |= !atomic && (mine_seen || step == 0);
     set_stamps(stamps, step, n, stamp);
   }
   if (atomic) return;
-  if (st->own.active()) {
-    for (std::size_t i = first; i < acc.size(); ++i) st->own.add(static_cast<std::uint32_t>(i), acc[i]);
+  if (st.own.active()) {
+    for (std::size_t i = first; i < acc.size(); ++i) st.own.add(static_cast<std::uint32_t>(i), acc[i]);
   } else if (own) {
-    st->own.start(acc);
+    st.own.start(acc);
   }
 }
 
-// The lanes of a pointer-tile access, as record_load / record_write want them.
+/// The entry of the tensor a write goes to, when the write must be recorded (the tensor is one
+/// of the launch's; those the kernel writes all carry stamps).
+inline tensor_entry const* tracked_write(program_state* st, void const* base) {
+  if (!st) return nullptr;
+  tensor_entry const* e = st->find(base);
+  return e && e->stamp ? e : nullptr;
+}
+
+// The lanes of a pointer-tile access (an atomic), listed for record_write.
 template <class S, class T, class Off, class Mask>
 auto pointer_lanes(ptr_tile<T, Off> const& fp, Mask const& mask) {
   return [&fp, &mask](auto&& vec, auto&& one) {
@@ -242,6 +242,17 @@ auto pointer_lanes(ptr_tile<T, Off> const& fp, Mask const& mask) {
     detail::for_each_access<S, W>(
         fp, mask, [&](int r, int c, std::int64_t e) { one(r * S::inner + c, e); },
         [&](int r, int c, std::int64_t e) { vec(r * S::inner + c, e, W); });
+  };
+}
+
+// A lane hook that gathers the lanes of an access as runs (when there is a builder).
+inline auto gather_lanes(std::optional<run_builder>& lanes) {
+  return [&lanes](int pos, std::int64_t off, int n) {
+    if (!lanes) return;
+    if (n == 1)
+      lanes->add(pos, off);
+    else
+      lanes->add(pos, off, n);
   };
 }
 
@@ -257,13 +268,7 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
   T* v = current_tape().alloc<T>(S::size);
   std::optional<run_builder> lanes;
   if (e) lanes.emplace(st->scratch);
-  auto const lane = [&](int pos, std::int64_t off, int n) {
-    if (!lanes) return;
-    if (n == 1)
-      lanes->add(pos, off);
-    else
-      lanes->add(pos, off, n);
-  };
+  auto const lane = gather_lanes(lanes);
   if constexpr (std::is_same_v<Other, detail::no_mask>)
     detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), other, loc, lane);
   else
@@ -280,9 +285,16 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
   using S = detail::access_shape_t<Off, Mask>;
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
-  detail::store_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, loc);
-  auto const maskb = detail::broadcast_mask<S>(mask);
-  record_write<T>(access_kind::store, p.base.data(), v.adjoints(), loc, pointer_lanes<S>(fp, maskb));
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_write(st, p.base.data());
+  // The lanes written are gathered as runs as they are written.
+  std::optional<run_builder> lanes;
+  if (e) lanes.emplace(st->scratch);
+  detail::store_from<S>(fp, tile_ref<T, S>{{}, v.values()}, detail::broadcast_mask<S>(mask), loc,
+                        gather_lanes(lanes));
+  if (!e) return;
+  lanes->finish();
+  record_write<T>(*st, *e, access_kind::store, v.adjoints(), loc);
 }
 
 /// Atomics on a tensor of adjoint<T>: the update is done on the primal values; atomic_add is
@@ -304,9 +316,16 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
   auto const old = detail::atomic_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, f, what, loc);
-  auto const maskb = detail::broadcast_mask<S>(mask);
-  record_write<T>(access_kind::atomic, p.base.data(), additive ? v.adjoints() : nullptr, loc,
-                  pointer_lanes<S>(fp, maskb));
+  if (program_state* st = current_state()) {
+    if (tensor_entry const* e = tracked_write(st, p.base.data())) {
+      auto const maskb = detail::broadcast_mask<S>(mask);
+      run_builder b(st->scratch);
+      pointer_lanes<S>(fp, maskb)([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
+                                  [&](int pos, std::int64_t off) { b.add(pos, off); });
+      b.finish();
+      record_write<T>(*st, *e, access_kind::atomic, additive ? v.adjoints() : nullptr, loc);
+    }
+  }
   T* ov = current_tape().alloc<T>(S::size);
   std::memcpy(ov, old.data(), sizeof(T) * S::size);
   return detail::tile_t<adjoint<T>, S>::from_buffers(ov, nullptr);
@@ -317,23 +336,6 @@ auto primal_block(block_ptr<A, Bs...> const& bp) {
   auto const t = primal_view(bp.base());
   using P = typename std::remove_cvref_t<decltype(t)>::element_type;
   return block_ptr<P, Bs...>(t, bp.shape(), bp.strides(), bp.offsets());
-}
-
-// The lanes of a block access, row by row.
-template <class Check, class FB>
-auto block_lanes(FB const& fbp, char const* what, std::source_location const& loc) {
-  return [&fbp, what, &loc](auto&& vec, auto&& one) {
-    constexpr int L = FB::shape_type::inner;
-    std::int64_t const sc = fbp.strides()[FB::rank - 1];
-    detail::for_each_block_row<Check>(fbp, what, loc, [&](int r, std::int64_t mem, int lo, int hi) {
-      if (lo >= hi) return;
-      if (sc == 1) {
-        vec(r * L + lo, mem + lo, hi - lo);
-      } else {
-        for (int c = lo; c < hi; ++c) one(r * L + c, mem + c * sc);
-      }
-    });
-  };
 }
 
 template <class A, int... Bs, int... Axes>
@@ -364,15 +366,29 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
 }
 
 template <class A, int... Bs, class E, int... Axes>
-void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes...> check,
+void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes...>,
                  std::source_location const& loc) {
   using T = primal_of_t<A>;
   using S = shape<Bs...>;
   tile<adjoint<T>, Bs...> const v(value);
   auto const fbp = primal_block(bp);
-  tilegrad::store(fbp, tile_ref<T, S>{{}, v.values()}, check, loc);
-  record_write<T>(access_kind::store, bp.base().data(), v.adjoints(), loc,
-                  block_lanes<boundary_check<Axes...>>(fbp, "store", loc));
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_write(st, bp.base().data());
+  // The lanes written are gathered as runs as they are written.
+  std::optional<run_builder> lanes;
+  if (e) lanes.emplace(st->scratch);
+  std::int64_t const sc = fbp.strides()[S::rank - 1];
+  detail::store_block_from<boundary_check<Axes...>>(
+      fbp, v.values(), loc, [&](int r, std::int64_t mem, int lo, int hi) {
+        if (!lanes || lo >= hi) return;
+        if (sc == 1)
+          lanes->add(r * S::inner + lo, mem + lo, hi - lo);
+        else
+          for (int c = lo; c < hi; ++c) lanes->add(r * S::inner + c, mem + c * sc);
+      });
+  if (!e) return;
+  lanes->finish();
+  record_write<T>(*st, *e, access_kind::store, v.adjoints(), loc);
 }
 
 } // namespace tilegrad::ad

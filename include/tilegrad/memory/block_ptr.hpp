@@ -272,6 +272,36 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
   }
 }
 
+namespace detail {
+
+// The body of a block store of the contiguous values v (Bs... elements, row-major). `row(r, mem,
+// lo, hi)` sees each row as it is written (reverse mode records the lanes; the fast path passes
+// a no-op).
+template <class Check, class T, int... Bs, class Row>
+TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
+                                      std::source_location const& loc, Row&& row) {
+  using S = shape<Bs...>;
+  constexpr int L = S::inner;
+  constexpr int W = simd::native_width<T>;
+  T* base = bp.base().data();
+  std::int64_t const sc = bp.strides()[S::rank - 1];
+  for_each_block_row<Check>(bp, "store", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+    T const* s = v + r * L;
+    if (sc == 1) {
+      T* dst = base + mem;
+      int c = lo;
+      if constexpr (W > 1)
+        for (; c + W <= hi; c += W) simd::store<T, W>(dst + c, simd::load<T, W>(s + c));
+      for (; c < hi; ++c) dst[c] = s[c];
+    } else {
+      for (int c = lo; c < hi; ++c) base[mem + c * sc] = s[c];
+    }
+    row(r, mem, lo, hi);
+  });
+}
+
+} // namespace detail
+
 /// store(bp, value[, bounds<axes...>]): writes the block (value cast to the tensor's type);
 /// elements outside the tensor on checked axes are not written.
 template <class T, int... Bs, tile_expression E, int... Axes>
@@ -283,32 +313,16 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
   if constexpr (adjoint_scalar<T>) {
     ad::store_block(bp, std::forward<E>(value), boundary_check<Axes...>{}, loc);
   } else {
-  constexpr int L = S::inner;
-  constexpr int W = simd::native_width<T>;
-  // Values as one contiguous block (a tile of the right type is used in place).
-  auto&& vals = [&]() -> decltype(auto) {
-    using D = std::remove_cvref_t<E>;
-    if constexpr (is_tile_v<D> && std::is_same_v<typename D::value_type, T>)
-      return std::forward<E>(value);
-    else
-      return tile<T, Bs...>(to<T>(std::forward<E>(value)));
-  }();
-  T const* v = vals.data();
-  T* base = bp.base().data();
-  std::int64_t const sc = bp.strides()[S::rank - 1];
-  detail::for_each_block_row<boundary_check<Axes...>>(
-      bp, "store", loc, [&](int r, std::int64_t mem, int lo, int hi) {
-        T const* s = v + r * L;
-        if (sc == 1) {
-          T* dst = base + mem;
-          int c = lo;
-          if constexpr (W > 1)
-            for (; c + W <= hi; c += W) simd::store<T, W>(dst + c, simd::load<T, W>(s + c));
-          for (; c < hi; ++c) dst[c] = s[c];
-        } else {
-          for (int c = lo; c < hi; ++c) base[mem + c * sc] = s[c];
-        }
-      });
+    // Values as one contiguous block (a tile of the right type is used in place).
+    auto&& vals = [&]() -> decltype(auto) {
+      using D = std::remove_cvref_t<E>;
+      if constexpr (is_tile_v<D> && std::is_same_v<typename D::value_type, T>)
+        return std::forward<E>(value);
+      else
+        return tile<T, Bs...>(to<T>(std::forward<E>(value)));
+    }();
+    detail::store_block_from<boundary_check<Axes...>>(bp, vals.data(), loc,
+                                                      [](int, std::int64_t, int, int) {});
   }
 }
 

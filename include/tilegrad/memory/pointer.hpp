@@ -284,6 +284,33 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
   }
 }
 
+// The body of a pointer-tile store of shape S (mask already broadcast to S). `lane(pos, offset,
+// n)` sees the lanes written as they are written (reverse mode records them; the fast path
+// passes a no-op).
+template <class S, class T, class Off, class Mask, class Val, class Lane>
+TILEGRAD_INLINE void store_from(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask,
+                                std::source_location const& loc, Lane&& lane) {
+  static_assert(broadcastable_v<shape_of_t<Val>, S>,
+                "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
+  // Triton casts the stored value to the pointer's element type.
+  auto val = bcast<S>(convert_as<T>(val_in));
+  T* base = p.base.data();
+  bool const chk = checked();
+  constexpr int W = access_width<T, Mask, decltype(val)>;
+  for_each_access<S, W>(
+      p, mask,
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_offset(p.base, e, "store", loc);
+        base[e] = val.template load<1>(r, c);
+        lane(r * S::inner + c, e, 1);
+      },
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_run(p.base, e, W, "store", loc);
+        simd::store<T, W>(base + e, val.template load<W>(r, c));
+        lane(r * S::inner + c, e, W);
+      });
+}
+
 template <class T, class Off, class Mask, class Val>
 void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in,
                 std::source_location const& loc) {
@@ -291,30 +318,8 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
   if constexpr (adjoint_scalar<T>) {
     ad::store_ptr(p, val_in, mask_in, loc);
   } else {
-  using S = access_shape_t<Off, Mask>;
-  static_assert(broadcastable_v<shape_of_t<Val>, S>,
-                "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
-  auto mask = [&] {
-    if constexpr (std::is_same_v<Mask, no_mask>)
-      return no_mask{};
-    else
-      return bcast<S>(mask_in);
-  }();
-  // Triton casts the stored value to the pointer's element type.
-  auto val = bcast<S>(convert_as<T>(val_in));
-  T* base = p.base.data();
-  bool const chk = checked();
-  constexpr int W = access_width<T, decltype(mask), decltype(val)>;
-  for_each_access<S, W>(
-      p, mask,
-      [&](int r, int c, std::int64_t e) {
-        if (chk) check_offset(p.base, e, "store", loc);
-        base[e] = val.template load<1>(r, c);
-      },
-      [&](int r, int c, std::int64_t e) {
-        if (chk) check_run(p.base, e, W, "store", loc);
-        simd::store<T, W>(base + e, val.template load<W>(r, c));
-      });
+    using S = access_shape_t<Off, Mask>;
+    store_from<S>(p, val_in, broadcast_mask<S>(mask_in), loc, [](int, std::int64_t, int) {});
   }
 }
 
