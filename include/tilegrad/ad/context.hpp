@@ -57,10 +57,8 @@ public:
   ~run_builder() { finish(); }
   /// Lanes pos..pos+n-1 at elements off..off+n-1.
   void add(int pos, std::int64_t off, int n) {
-    run& b = last_;
-    if (b.count != 0 && b.pos + b.count == pos && (b.count == 1 || b.step == 1) &&
-        b.offset + b.count == off) {
-      b.step = 1;
+    run& b = last_; // (a run of one lane has step 1; with none, pos -1 continues nothing)
+    if (b.pos + b.count == pos && b.step == 1 && b.offset + b.count == off) {
       b.count += n;
       return;
     }
@@ -69,7 +67,7 @@ public:
   /// Lane pos at element off.
   void add(int pos, std::int64_t off) {
     run& b = last_;
-    if (b.count != 0 && b.pos + b.count == pos) {
+    if (b.pos + b.count == pos) {
       if (b.count == 1) {
         b.step = off - b.offset;
         b.count = 2;
@@ -92,16 +90,17 @@ public:
   /// Moves the last run to the list; the list is complete.
   void finish() {
     if (last_.count != 0) out_.push_back(last_);
-    last_.count = 0;
+    last_ = none;
   }
 
 private:
+  static constexpr run none{-1, 0, 0, 1};
   void start(run const& r) {
     if (last_.count != 0) out_.push_back(last_);
     last_ = r;
   }
   std::vector<run>& out_;
-  run last_{0, 0, 0, 1};
+  run last_ = none;
 };
 
 enum class access_kind : std::uint8_t { load, store, atomic };

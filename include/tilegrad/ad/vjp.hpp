@@ -234,7 +234,12 @@ void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entr
     // Every atomic contribution is seeded; so is every store, unless the program stored some
     // element twice: then only the last store to each element.
     if (a.kind == access_kind::atomic || !st.own.active()) {
-      for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
+      if (a.r.step == 1) {
+        T const* c = cot + a.r.offset;
+        for (int k = 0; k < a.r.count; ++k) adj[k] += c[k];
+      } else {
+        for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
+      }
       continue;
     }
     for (int k = 0; k < a.r.count; ++k) {
