@@ -1,10 +1,12 @@
 // Reverse mode of loads, stores and atomics. Memory semantics are exact:
 // - a load records where its lanes' adjoints go: to the adjoint of the value this program stored
 //   at that element earlier (if it did), else to the gradient of the tensor (if one is wanted);
-//   masked-off lanes, `other` and padding get nothing. Lanes are kept as runs of elements, so
-//   the gradient of a block is a few row copies, not a list of elements;
-// - a store writes the primal values and stamps each element with the store; after the forward
-//   pass, the store whose stamp survived (the last one) receives the output cotangent;
+//   masked-off lanes, `other` and padding get nothing. Lanes are kept as runs of elements,
+//   gathered in the same walk that reads the values (straight onto the tape), so the gradient
+//   of a block is a few row copies, not a list of elements;
+// - a store writes the primal values and stamps each element with its program; after the
+//   forward pass, the last store to each element receives the output cotangent (every store,
+//   unless the program stored some element twice: then its table of own stores says which);
 // - every atomic_add contribution receives the output cotangent; the old values it returns are
 //   constants (they depend on the order programs ran).
 // Accesses to tensors the kernel may write are kept in program order for the race check.
