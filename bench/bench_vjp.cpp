@@ -1,7 +1,10 @@
 // Reference gradients (vjp) of the example kernels beside their float forward: time of the
 // whole vjp (forward recording, seeding, reverse sweep, accumulation) and the peak tape size,
-// at two grid sizes, and with a subset of the gradients asked for.
+// at two grid sizes, and with a subset of the gradients asked for. Each vjp benchmark also times
+// the float forward on the same data just before, and reports `ratio`: vjp time / forward time.
 #include "kernel_bench.hpp"
+
+#include <chrono>
 
 #include <tilegrad/kernels/matmul.hpp>
 #include <tilegrad/kernels/softmax.hpp>
@@ -12,6 +15,28 @@ namespace tg = tilegrad;
 namespace {
 
 constexpr int BR = 16, BD = 64;
+
+// Seconds per call of f, over at least 50 ms of calls (after one warm-up call).
+template <class F>
+double seconds_per_call(F&& f) {
+  using clock = std::chrono::steady_clock;
+  f();
+  int n = 0;
+  auto const t0 = clock::now();
+  double s = 0;
+  do {
+    f();
+    ++n;
+    s = std::chrono::duration<double>(clock::now() - t0).count();
+  } while (s < 0.05 || n < 5);
+  return s / n;
+}
+
+// ratio = (seconds per iteration of the loop that began at t0) / forward.
+void report_ratio(benchmark::State& state, std::chrono::steady_clock::time_point t0, double forward) {
+  double const loop = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["ratio"] = loop / static_cast<double>(state.iterations()) / forward;
+}
 
 // which: 0 forward only, 1 vjp for x and w, 2 only dx (w passive), 3 only dw (x passive)
 void BM_weighted_sum(benchmark::State& state) {
@@ -24,10 +49,13 @@ void BM_weighted_sum(benchmark::State& state) {
   tg::launch_options opts{tg::executor::tbb, 1};
   int const grid = tg::cdiv<int>(n, BR);
   auto const k = tg::kernels::weighted_sum_fwd<BR, BD>;
+  auto const forward = [&] { tg::launch(opts, grid, k, x.cview(), w.cview(), y.view()); };
+  double const fwd = which == 0 ? 0.0 : seconds_per_call(forward);
   std::size_t tape = 0;
+  auto const t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     if (which == 0) {
-      tg::launch(opts, grid, k, x.cview(), w.cview(), y.view());
+      forward();
     } else if (which == 1) {
       tape = tg::vjp(opts, grid, k, tg::in("x", x), tg::in("w", w), tg::out("y", y, dy)).peak_tape_bytes();
     } else if (which == 2) {
@@ -38,6 +66,7 @@ void BM_weighted_sum(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.counters["tape_bytes"] = static_cast<double>(tape);
+  if (which != 0) report_ratio(state, t0, fwd);
   state.SetLabel(which == 0 ? "forward" : which == 1 ? "vjp dx,dw" : which == 2 ? "vjp dx" : "vjp dw");
 }
 
@@ -49,15 +78,19 @@ void BM_softmax(benchmark::State& state) {
   bench::fill(dy, 2);
   tg::launch_options opts{tg::executor::tbb, 1};
   auto const k = tg::kernels::softmax_fwd<1024>;
+  auto const forward = [&] { tg::launch(opts, static_cast<int>(n), k, x.cview(), y.view()); };
+  double const fwd = grad ? seconds_per_call(forward) : 0.0;
   std::size_t tape = 0;
+  auto const t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     if (grad)
       tape = tg::vjp(opts, static_cast<int>(n), k, tg::in("x", x), tg::out("y", y, dy)).peak_tape_bytes();
     else
-      tg::launch(opts, static_cast<int>(n), k, x.cview(), y.view());
+      forward();
     benchmark::ClobberMemory();
   }
   state.counters["tape_bytes"] = static_cast<double>(tape);
+  if (grad) report_ratio(state, t0, fwd);
   state.SetLabel(grad ? "vjp dx" : "forward");
 }
 
@@ -71,10 +104,13 @@ void BM_matmul(benchmark::State& state) {
   tg::launch_options opts{tg::executor::tbb, 1};
   int const grid = tg::cdiv<int>(n, 64) * tg::cdiv<int>(n, 64);
   auto const k = tg::kernels::matmul_fwd<64, 64, 32, 2>;
+  auto const forward = [&] { tg::launch(opts, grid, k, a.cview(), b.cview(), c.view()); };
+  double const fwd = which == 0 ? 0.0 : seconds_per_call(forward);
   std::size_t tape = 0;
+  auto const t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     if (which == 0)
-      tg::launch(opts, grid, k, a.cview(), b.cview(), c.view());
+      forward();
     else if (which == 1)
       tape = tg::vjp(opts, grid, k, tg::in("a", a), tg::in("b", b), tg::out("c", c, dc)).peak_tape_bytes();
     else
@@ -82,6 +118,7 @@ void BM_matmul(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.counters["tape_bytes"] = static_cast<double>(tape);
+  if (which != 0) report_ratio(state, t0, fwd);
   state.SetLabel(which == 0 ? "forward" : which == 1 ? "vjp da,db" : "vjp da");
 }
 

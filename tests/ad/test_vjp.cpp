@@ -126,6 +126,90 @@ TEST(VjpDeterminism, BitwiseIdenticalForAnyThreadCount) {
     }
 }
 
+TEST(VjpDeterminism, OverlappingContributionsAreWrittenThenAddedInProgramOrder) {
+  // Program p reads a window of 13 elements at 5p (windows overlap, and straddle the 64-element
+  // words of the gradient's bookkeeping) and 4 elements 70 apart from p: every element's first
+  // contribution is written, the later ones added; elements no program reads are zero.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<T> z) {
+    auto const i = tg::arange<0, 16>();
+    auto const m = i < 13;
+    auto const v = tg::load(x + p.program_id(0) * 5 + i, m, 0.0f);
+    tg::store(y + p.program_id(0) * 16 + i, v * v, m);
+    auto const j = tg::arange<0, 4>();
+    tg::store(z + p.program_id(0), tg::sum(tg::load(x + p.program_id(0) + j * 70)));
+  };
+  int const progs = 150, n = 760; // more than one wave
+  tg::owned_tensor<float> x({n}, "x"), y({progs * 16}, "y"), dy({progs * 16}, "dy"), z({progs}, "z"),
+      dz({progs}, "dz");
+  fill(x, 4);
+  fill(dy, 5);
+  fill(dz, 6);
+  auto run = [&](tg::executor e, int threads) {
+    auto g = tg::vjp({e, threads}, progs, k, tg::in("x", x), tg::out("y", y, dy), tg::out("z", z, dz));
+    return tg::owned_tensor<float>(g["x"]);
+  };
+  auto const ref = run(tg::executor::sequential, 1);
+  for (int e = 0; e < n; ++e) {
+    double want = 0;
+    for (int p = 0; p < progs; ++p) {
+      if (e >= 5 * p && e < 5 * p + 13) want += 2.0 * x(e) * dy(p * 16 + e - 5 * p);
+      if (e >= p && (e - p) % 70 == 0 && (e - p) / 70 < 4) want += dz(p);
+    }
+    ASSERT_NEAR(ref(e), want, 1e-5) << e;
+  }
+  EXPECT_EQ(ref(758), 0.0f);
+  EXPECT_EQ(ref(759), 0.0f);
+  std::vector<std::pair<tg::executor, int>> configs{{tg::executor::sequential, 1}};
+  if (tg::executor_available(tg::executor::tbb))
+    configs.insert(configs.end(), {{tg::executor::tbb, 1}, {tg::executor::tbb, 2}, {tg::executor::tbb, 0}});
+  if (tg::executor_available(tg::executor::openmp)) configs.push_back({tg::executor::openmp, 2});
+  for (auto [e, t] : configs)
+    for (int rep = 0; rep < 3; ++rep) {
+      auto const got = run(e, t);
+      EXPECT_EQ(std::memcmp(got.data(), ref.data(), sizeof(float) * n), 0)
+          << tg::to_string(e) << " threads " << t;
+    }
+}
+
+TEST(VjpReduce, SumsOfExpressionsOverEachAxisOfARank3Tile) {
+  // y0 = sum over axis 0, y1 over axis 1 (keeping it), y2 over axis 2 of x * w + x, with w a
+  // broadcast (4, 8) tile: the sums of a cheap expression go through it without materialising it.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T const> w,
+                       tg::tensor<T> y0, tg::tensor<T> y1, tg::tensor<T> y2) {
+    auto const xv = tg::load(tg::make_block_ptr<2, 4, 8>(x, {0, 0, 0}));
+    auto const wv = tg::load(tg::make_block_ptr<4, 8>(w, {0, 0}));
+    auto const e = xv * tg::expand_dims<0>(wv) + xv;
+    tg::store(tg::make_block_ptr<4, 8>(y0, {0, 0}), tg::sum<0>(e));
+    tg::store(tg::make_block_ptr<2, 1, 8>(y1, {0, 0, 0}), tg::sum<1>(e, tg::keep_dims));
+    tg::store(tg::make_block_ptr<2, 4>(y2, {0, 0}), tg::sum<2>(e));
+  };
+  tg::owned_tensor<double> x({2, 4, 8}, "x"), w({4, 8}, "w"), y0({4, 8}, "y0"), y1({2, 1, 8}, "y1"),
+      y2({2, 4}, "y2"), d0({4, 8}, "d0"), d1({2, 1, 8}, "d1"), d2({2, 4}, "d2");
+  fill(x, 7);
+  fill(w, 8);
+  fill(d0, 9);
+  fill(d1, 10);
+  fill(d2, 11);
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::in("w", w), tg::out("y0", y0, d0), tg::out("y1", y1, d1),
+                   tg::out("y2", y2, d2));
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j)
+      for (int c = 0; c < 8; ++c) {
+        double const dy = d0(j, c) + d1(i, 0, c) + d2(i, j);
+        EXPECT_NEAR(g["x"](i, j, c), dy * (w(j, c) + 1), 1e-12) << i << j << c;
+      }
+  for (int j = 0; j < 4; ++j)
+    for (int c = 0; c < 8; ++c) {
+      double want = 0;
+      for (int i = 0; i < 2; ++i) want += (d0(j, c) + d1(i, 0, c) + d2(i, j)) * x(i, j, c);
+      EXPECT_NEAR(g["w"](j, c), want, 1e-12) << j << c;
+    }
+  for (int j = 0; j < 4; ++j)
+    for (int c = 0; c < 8; ++c)
+      EXPECT_NEAR(y0(j, c), x(0, j, c) * (w(j, c) + 1) + x(1, j, c) * (w(j, c) + 1), 1e-12);
+}
+
 // --- memory semantics, each with a kernel written for it ----------------------------------
 
 TEST(VjpMemory, MaskedLanesAndOtherGetNoGradient) {

@@ -297,4 +297,100 @@ TEST(VjpRaces, ManyReadersOfAnUnwrittenTensorAndRepeatedOwnStoresAreNotRaces) {
   for (int i = 0; i < 4 * progs; ++i) ASSERT_NEAR(g["x"](i), dy(i) * shared(i % 4), 1e-6) << i;
 }
 
+// --- a program's own stores: which one a load sees, which one gets the cotangent ---------------
+
+// y[r, :] = sum over i of x[r, i*C : (i+1)*C] * w[i, :], accumulated in y itself: each step loads
+// back what the program stored the step before (blocks of R x C, larger than one small table).
+constexpr int R = 16, C = 128, S = 3;
+auto const accumulate_in_output = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                              tg::tensor<T const> w, tg::tensor<T> y) {
+  auto const r = p.program_id(0) * std::int64_t{R} + tg::arange<0, R>();
+  auto const c = tg::arange<0, C>();
+  auto const m = tg::col(r < x.size(0)) & tg::row(c < C);
+  auto const yp = y + tg::col(r) * y.stride(0) + tg::row(c);
+  for (int i = 0; i < S; ++i) {
+    auto const xi = tg::load(x + tg::col(r) * x.stride(0) + tg::row(i * C + c), m, 0.0f);
+    auto const wi = tg::load(w + i * C + c);
+    if (i == 0)
+      tg::store(yp, xi * tg::row(wi), m);
+    else
+      tg::store(yp, tg::load(yp, m, 0.0f) + xi * tg::row(wi), m);
+  }
+};
+
+TEST(VjpOwnStores, AccumulatingInTheOutputGivesTheClosedFormForAnyThreadCount) {
+  int const n = 70; // 5 programs, the last one partly masked
+  tg::owned_tensor<float> x({n, S * C}, "x"), w({S, C}, "w"), y({n, C}, "y"), dy({n, C}, "dy");
+  fill(x, 30);
+  fill(w, 31);
+  fill(dy, 32);
+  auto run = [&](int threads) {
+    return tg::vjp({tg::default_options().exec, threads}, tg::cdiv(n, R), accumulate_in_output,
+                   tg::in("x", x), tg::in("w", w), tg::out("y", y, dy));
+  };
+  auto const g = run(1);
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < S; ++i)
+      for (int j = 0; j < C; ++j)
+        ASSERT_NEAR(g["x"](r, i * C + j), dy(r, j) * w(i, j), 1e-6) << r << " " << i << " " << j;
+  for (int i = 0; i < S; ++i)
+    for (int j = 0; j < C; ++j) {
+      double ref = 0;
+      for (int r = 0; r < n; ++r) ref += double(dy(r, j)) * x(r, i * C + j);
+      ASSERT_NEAR(g["w"](i, j), ref, 1e-4) << i << " " << j;
+    }
+  for (int threads : {2, 0}) {
+    auto const h = run(threads);
+    for (char const* name : {"x", "w"})
+      EXPECT_EQ(std::memcmp(h[name].data(), g[name].data(), sizeof(float) * g[name].numel()), 0)
+          << name << " threads " << threads;
+  }
+}
+
+TEST(VjpOwnStores, EveryLaneStoringOneElementLeavesTheLastLanesValue) {
+  // All 8 lanes store to y[0]: the last lane's value stays, and only it receives the cotangent.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 8>();
+    tg::store(y + i * 0, tg::load(x + i) * 2.0f);
+  };
+  tg::owned_tensor<float> x({8}, "x"), y({1}, "y"), dy({1}, "dy");
+  fill(x, 33);
+  dy(0) = 3.0f;
+  auto g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+  EXPECT_EQ(y(0), 2.0f * x(7));
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(g["x"](i), i == 7 ? 6.0f : 0.0f) << i;
+}
+
+TEST(VjpOwnStores, ALoadSeesTheLastStoreOfEachElementAcrossTensors) {
+  // Two output tensors, each stored twice with partly overlapping blocks, one store a constant;
+  // the loads in between and at the end see, element by element, the store that came last.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> a,
+                       tg::tensor<T> b, tg::tensor<T> z) {
+    auto const i = p.program_id(0) * std::int64_t{8} + tg::arange<0, 8>();
+    auto const lo = i < p.program_id(0) * 8 + 4; // first half of the block
+    auto const v = tg::load(x + i);
+    tg::store(a + i, v * 2.0f);            // a = 2x
+    tg::store(b + i, 1.0f);                // b = 1 (a constant)
+    tg::store(a + i, v * 3.0f, lo);        // first half: a = 3x
+    tg::store(b + i, tg::load(a + i) * v); // b = a * x: 3x^2 (first half), 2x^2 (second)
+    tg::store(z + i, tg::load(b + i) + tg::load(a + i));
+  };
+  int const progs = 3;
+  tg::owned_tensor<float> x({8 * progs}, "x"), a({8 * progs}, "a"), b({8 * progs}, "b"),
+      z({8 * progs}, "z"), da({8 * progs}, "da"), db({8 * progs}, "db"), dz({8 * progs}, "dz");
+  fill(x, 34);
+  fill(da, 35);
+  fill(db, 36);
+  fill(dz, 37);
+  auto g = tg::vjp(progs, k, tg::in("x", x), tg::out("a", a, da), tg::out("b", b, db),
+                   tg::out("z", z, dz));
+  for (int e = 0; e < 8 * progs; ++e) {
+    double const c = e % 8 < 4 ? 3 : 2; // a = c x, b = c x^2, z = c x^2 + c x
+    EXPECT_NEAR(a(e), c * x(e), 1e-6) << e;
+    EXPECT_NEAR(b(e), c * x(e) * x(e), 1e-6) << e;
+    double const dx = da(e) * c + db(e) * 2 * c * x(e) + dz(e) * (2 * c * x(e) + c);
+    EXPECT_NEAR(g["x"](e), dx, 1e-5) << e;
+  }
+}
+
 } // namespace

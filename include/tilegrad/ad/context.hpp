@@ -7,6 +7,7 @@
 #include "tilegrad/ad/tape.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -29,7 +30,7 @@ struct tensor_entry {
   char const* name = "";
   tensor<std::byte const> layout;       // shape and strides, for naming elements in messages
   void const* cotangent = nullptr;      // out / inout: indexed by the tensor's element offset
-  std::uint64_t* stamp = nullptr;       // writable: (program + 1) << 32 | its last write there
+  std::uint32_t* stamp = nullptr;       // writable: the last writer, (program + 1) << 1 | atomic
   std::uint64_t* readers = nullptr;     // writable, once loaded: the first two readers + 1
   /// Offsets from `base` (a view into this tensor, such as t[b][h]) plus this are offsets from
   /// the tensor's own first element, which stamps, cotangents and gradients are indexed by.
@@ -52,42 +53,60 @@ struct run {
 };
 
 /// Appends lanes to a list of runs, merging a lane into the last run where it continues it.
+/// The last run is kept aside until finish() (or the builder's end), so that the common case,
+/// a lane continuing it, touches no vector.
 class run_builder {
 public:
   explicit run_builder(std::vector<run>& out) : out_(out) { out_.clear(); }
+  run_builder(run_builder const&) = delete;
+  run_builder& operator=(run_builder const&) = delete;
+  ~run_builder() { finish(); }
   /// Lanes pos..pos+n-1 at elements off..off+n-1.
   void add(int pos, std::int64_t off, int n) {
-    if (!out_.empty()) {
-      run& b = out_.back();
-      if (b.pos + b.count == pos && (b.count == 1 || b.step == 1) && b.offset + b.count == off) {
-        b.step = 1;
-        b.count += n;
-        return;
-      }
+    run& b = last_; // (a run of one lane has step 1; with none, pos -1 continues nothing)
+    if (b.pos + b.count == pos && b.step == 1 && b.offset + b.count == off) {
+      b.count += n;
+      return;
     }
-    out_.push_back({pos, n, off, 1});
+    start({pos, n, off, 1});
   }
   /// Lane pos at element off.
   void add(int pos, std::int64_t off) {
-    if (!out_.empty()) {
-      run& b = out_.back();
-      if (b.pos + b.count == pos) {
-        if (b.count == 1) {
-          b.step = off - b.offset;
-          b.count = 2;
-          return;
-        }
-        if (b.element(b.count) == off) {
-          ++b.count;
-          return;
-        }
+    run& b = last_;
+    if (b.pos + b.count == pos) {
+      if (b.count == 1) {
+        b.step = off - b.offset;
+        b.count = 2;
+        return;
+      }
+      if (b.element(b.count) == off) {
+        ++b.count;
+        return;
       }
     }
-    out_.push_back({pos, 1, off, 1});
+    start({pos, 1, off, 1});
+  }
+  /// The lanes of run r.
+  void add(run const& r) {
+    if (r.step == 1 || r.count == 1)
+      add(r.pos, r.offset, r.count);
+    else
+      start(r);
+  }
+  /// Moves the last run to the list; the list is complete.
+  void finish() {
+    if (last_.count != 0) out_.push_back(last_);
+    last_ = none;
   }
 
 private:
+  static constexpr run none{-1, 0, 0, 1};
+  void start(run const& r) {
+    if (last_.count != 0) out_.push_back(last_);
+    last_ = r;
+  }
   std::vector<run>& out_;
+  run last_ = none;
 };
 
 enum class access_kind : std::uint8_t { load, store, atomic };
@@ -107,6 +126,65 @@ struct segment {
   int tensor;
   run r;
   std::size_t at;
+};
+
+/// The gradient of an input tensor, as the programs' contributions reach it in program order.
+/// Its memory starts uninitialised: the first contribution to an element is written, later ones
+/// added (`written`, one bit per element, says which is which), so the gradient is not zeroed
+/// first and then read back; elements no contribution reached are zeroed at the end (fill_unwritten).
+struct gradient_sink {
+  void* data = nullptr;
+  std::uint64_t* written = nullptr;
+
+  /// Adds the values v to the elements of run r (the first contribution to an element is
+  /// written: 0 + v is v, but for the sign of a zero).
+  template <class T>
+  void add(run const& r, T const* v) const {
+    T* const g = static_cast<T*>(data);
+    if (r.step != 1) {
+      for (int k = 0; k < r.count; ++k) {
+        std::int64_t const el = r.element(k);
+        std::uint64_t& w = written[el >> 6];
+        std::uint64_t const bit = std::uint64_t{1} << (el & 63);
+        g[el] = (w & bit) ? g[el] + v[k] : v[k];
+        w |= bit;
+      }
+      return;
+    }
+    // A word of bits at a time: all unwritten (copy), all written (add), or mixed.
+    for (int k = 0; k < r.count;) {
+      std::int64_t const el = r.offset + k;
+      int const lo = static_cast<int>(el & 63);
+      int const m = std::min(64 - lo, r.count - k);
+      std::uint64_t const mask = (m == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << m) - 1) << lo;
+      std::uint64_t& w = written[el >> 6];
+      std::uint64_t const have = w & mask;
+      T* const d = g + el;
+      T const* const s = v + k;
+      if (have == 0) {
+        for (int j = 0; j < m; ++j) d[j] = s[j];
+      } else if (have == mask) {
+        for (int j = 0; j < m; ++j) d[j] += s[j];
+      } else {
+        for (int j = 0; j < m; ++j) d[j] = (have >> (lo + j)) & 1 ? d[j] + s[j] : s[j];
+      }
+      w |= mask;
+      k += m;
+    }
+  }
+
+  /// Zeroes the elements of n no contribution reached.
+  template <class T>
+  void fill_unwritten(std::int64_t n) const {
+    T* const g = static_cast<T*>(data);
+    for (std::int64_t w0 = 0; w0 < n; w0 += 64) {
+      std::uint64_t const w = written[w0 >> 6];
+      if (w == ~std::uint64_t{0}) continue;
+      std::int64_t const m = std::min<std::int64_t>(64, n - w0);
+      for (std::int64_t j = 0; j < m; ++j)
+        if (!((w >> j) & 1)) g[w0 + j] = T(0);
+    }
+  }
 };
 
 /// Everything one program hands to the launch after it ran; reused from wave to wave.
@@ -140,17 +218,118 @@ struct program_result {
   }
 };
 
+/// A stamp: the program that wrote an element last, as (linear program id + 1) << 1, with bit 0
+/// set when it was an atomic update; 0 for an element no program wrote.
+inline constexpr std::uint32_t atomic_stamp = 1;
+inline std::uint32_t stamp_program(std::uint32_t s) { return s >> 1; }
+
+/// The last store of one program to each element it stored: which access, which lane. Stamps
+/// name only the program, which is all that most programs need (each element stored once, never
+/// read back); a program that stores an element twice, or loads one it stored, needs to know
+/// which store was last. The map is built then, from its accesses so far, and kept up to date
+/// for the rest of that program.
+class own_stores {
+public:
+  bool active() const { return active_; }
+
+  void clear() {
+    if (size_ != 0) std::fill(keys_.begin(), keys_.end(), empty);
+    size_ = 0;
+    active_ = false;
+  }
+  /// Starts the map from a program's accesses so far.
+  void start(std::vector<access> const& acc) {
+    active_ = true;
+    for (std::size_t i = 0; i < acc.size(); ++i)
+      if (acc[i].kind == access_kind::store) add(static_cast<std::uint32_t>(i), acc[i]);
+  }
+  /// Access i, a store, is now the last store to each of its elements (its last lane, for a
+  /// run that repeats one element).
+  void add(std::uint32_t i, access const& a) {
+    for (int k = 0; k < a.r.count; ++k) put(key(a.tensor, a.r.element(k)), {i, k});
+  }
+  struct last {
+    std::uint32_t access;
+    int lane;
+  };
+  /// The last store to element el of tensor t, if the program stored it.
+  bool find(int t, std::int64_t el, last& out) const {
+    if (size_ == 0) return false;
+    std::uint64_t const k = key(t, el);
+    for (std::size_t h = hash(k);; h = (h + 1) & (keys_.size() - 1)) {
+      if (keys_[h] == empty) return false;
+      if (keys_[h] == k) {
+        out = vals_[h];
+        return true;
+      }
+    }
+  }
+
+private:
+  static constexpr std::uint64_t empty = ~std::uint64_t{0};
+  static std::uint64_t key(int t, std::int64_t el) {
+    return static_cast<std::uint64_t>(el) << 6 | static_cast<std::uint64_t>(t);
+  }
+  std::size_t hash(std::uint64_t k) const {
+    return static_cast<std::size_t>((k * 0x9e3779b97f4a7c15ull) >> 32) & (keys_.size() - 1);
+  }
+  void put(std::uint64_t k, last v) {
+    if (2 * (size_ + 1) > keys_.size()) grow();
+    for (std::size_t h = hash(k);; h = (h + 1) & (keys_.size() - 1)) {
+      if (keys_[h] == k) {
+        vals_[h] = v;
+        return;
+      }
+      if (keys_[h] == empty) {
+        keys_[h] = k;
+        vals_[h] = v;
+        ++size_;
+        return;
+      }
+    }
+  }
+  void grow() {
+    std::vector<std::uint64_t> keys(std::max<std::size_t>(1024, 2 * keys_.size()), empty);
+    std::vector<last> vals(keys.size());
+    std::swap(keys, keys_);
+    std::swap(vals, vals_);
+    size_ = 0;
+    for (std::size_t h = 0; h < keys.size(); ++h)
+      if (keys[h] != empty) put(keys[h], vals[h]);
+  }
+  std::vector<std::uint64_t> keys_;
+  std::vector<last> vals_;
+  std::size_t size_ = 0;
+  bool active_ = false;
+};
+
 struct program_state {
   tape t;
   std::vector<tensor_entry> const* tensors = nullptr;
   program_result* out = nullptr;
-  std::uint64_t me = 0; // this program's stamp: (linear program id + 1) << 32
+  std::uint32_t id = 0; // linear program id + 1
   // Programs before this one in program order ran in earlier waves (ids + 1 up to this one):
   // a conflict with them is reported at once; conflicts within a wave after it, in program order.
   std::uint32_t earlier_waves = 0;
-  bool earlier(std::uint32_t id) const { return id != 0 && id <= earlier_waves; }
+  bool earlier(std::uint32_t pid) const { return pid - 1 < earlier_waves; } // pid 0: nobody
   std::vector<run> scratch;
-  bool overwrote = false; // stored an element it had stored before (so not every store is last)
+  own_stores own; // active once the program stores an element twice or loads one it stored
+  // The gradients, by tensor; when `direct`, every earlier program's contributions are applied
+  // and this program's go straight to the gradients, else they are kept in `out` for later.
+  gradient_sink const* grads = nullptr;
+  bool direct = false;
+
+  /// This program's contribution v to the elements of run r of tensor t.
+  template <class T>
+  void contribute(int t, run const& r, T const* v) {
+    if (direct)
+      grads[t].add(r, v);
+    else
+      out->contribute(t, r, v);
+  }
+
+  /// This program's stamp on the elements it stores.
+  std::uint32_t stamp() const { return id << 1; }
 
   /// The tensor whose memory holds address p (null for memory of no vjp tensor).
   tensor_entry const* find(void const* p) const {
@@ -161,21 +340,20 @@ struct program_state {
     return nullptr;
   }
 
-  /// The adjoint slot of the value this program stored last at an element whose stamp is s,
-  /// if it did (`stored`); the slot is null when it stored a constant.
+  /// The adjoint slot of the value this program stored last at element el of tensor t (its
+  /// stamp says this program stored it); null when it stored a constant.
   template <class T>
-  T* stored_slot(std::uint64_t s, std::int64_t off, bool& stored) const {
-    stored = (s & ~std::uint64_t{0xffffffff}) == me && !(s & (std::uint64_t{1} << 31));
-    if (!stored) return nullptr;
-    access const& a = out->accesses[s & 0x7fffffff];
-    if (!a.adj) return nullptr;
-    int const k = a.r.step == 0 ? a.r.count - 1 : static_cast<int>((off - a.r.offset) / a.r.step);
-    return static_cast<T*>(a.adj) + k;
+  T* stored_slot(int t, std::int64_t el) {
+    if (!own.active()) own.start(out->accesses);
+    own_stores::last l{};
+    if (!own.find(t, el, l)) return nullptr;
+    access const& a = out->accesses[l.access];
+    return a.adj ? static_cast<T*>(a.adj) + l.lane : nullptr;
   }
 
   void reset() {
     t.reset();
-    overwrote = false;
+    own.clear();
   }
 };
 

@@ -182,9 +182,12 @@ TILEGRAD_INLINE T sum_lanes(simd::vec_t<T, W> const& g) {
 template <int W, class N, class V>
 TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g);
 
-template <int W, class Op, class... Es, std::size_t... I, class V>
+/// Stands for "the result of this node is not at hand: recompute it".
+struct no_result {};
+
+template <int W, class Op, class... Es, std::size_t... I, class V, class Y = no_result>
 TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V const& g,
-                                  std::index_sequence<I...>) {
+                                  std::index_sequence<I...>, Y const& known = {}) {
   using T = typename map_node<Op, Es...>::operand_type;
   auto const x = std::make_tuple(std::get<I>(n.es).template load<W>(r, c)...);
   if constexpr (std::is_same_v<Op, ops::where_op>) {
@@ -194,12 +197,22 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
     if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
       backprop<W>(std::get<2>(n.es), r, c, ops::detail::select(m, V(0), g));
   } else if constexpr (sizeof...(Es) == 1) {
-    auto const y = Op::apply(std::get<0>(x));
+    auto const y = [&] {
+      if constexpr (std::is_same_v<Y, no_result>)
+        return Op::apply(std::get<0>(x));
+      else
+        return known;
+    }();
     backprop<W>(std::get<0>(n.es), r, c, Op::grad(std::get<0>(x), y, g));
   } else if constexpr (sizeof...(Es) == 2) {
     auto const& a = std::get<0>(x);
     auto const& b = std::get<1>(x);
-    auto const y = Op::apply(a, b);
+    auto const y = [&] {
+      if constexpr (std::is_same_v<Y, no_result>)
+        return Op::apply(a, b);
+      else
+        return known;
+    }();
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
       backprop<W>(std::get<0>(n.es), r, c, Op::grad0(a, b, y, g));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
@@ -266,25 +279,83 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
   }
 }
 
+/// Backpropagates g through the root n of a recorded expression whose result, y, was kept:
+/// the root's own rule reads y rather than computing it again (an exp, a division).
+template <class N>
+inline constexpr bool is_map_node_v = false;
+template <class Op, class... Es>
+inline constexpr bool is_map_node_v<map_node<Op, Es...>> = true;
+
+// Whether evaluating an expression again in the backward pass costs no more than keeping its
+// values would (no transcendental function, no division): such an expression is summed and
+// differentiated without being materialised.
+template <class Op>
+inline constexpr bool cheap_op = true;
+template <> inline constexpr bool cheap_op<ops::exp_op> = false;
+template <> inline constexpr bool cheap_op<ops::exp2_op> = false;
+template <> inline constexpr bool cheap_op<ops::log_op> = false;
+template <> inline constexpr bool cheap_op<ops::log2_op> = false;
+template <> inline constexpr bool cheap_op<ops::sqrt_op> = false;
+template <> inline constexpr bool cheap_op<ops::rsqrt_op> = false;
+template <> inline constexpr bool cheap_op<ops::sin_op> = false;
+template <> inline constexpr bool cheap_op<ops::cos_op> = false;
+template <> inline constexpr bool cheap_op<ops::sigmoid_op> = false;
+template <> inline constexpr bool cheap_op<ops::tanh_op> = false;
+template <> inline constexpr bool cheap_op<ops::erf_op> = false;
+template <> inline constexpr bool cheap_op<ops::div_op> = false;
+template <> inline constexpr bool cheap_op<ops::mod_op> = false;
+
+template <class N>
+struct cheap : std::true_type {}; // leaves
+template <class N>
+inline constexpr bool is_cheap_v = cheap<std::remove_cvref_t<N>>::value;
+template <class E, class S>
+struct cheap<broadcast_node<E, S>> : cheap<E> {};
+template <class E, class S>
+struct cheap<reshape_node<E, S>> : cheap<E> {};
+template <class E, int... P>
+struct cheap<permute_node<E, P...>> : cheap<E> {};
+template <class To, class E>
+struct cheap<convert_node<To, E>> : cheap<E> {};
+template <class Op, class... Es>
+struct cheap<map_node<Op, Es...>> : std::bool_constant<cheap_op<Op> && (cheap<Es>::value && ...)> {};
+
+template <class N>
+inline constexpr bool keeps_operand_type = false;
+template <class Op, class... Es>
+inline constexpr bool keeps_operand_type<map_node<Op, Es...>> =
+    std::is_same_v<value_of_t<map_node<Op, Es...>>, typename map_node<Op, Es...>::operand_type>;
+
+template <int W, class N, class V>
+TILEGRAD_INLINE void backprop_root(N const& n, int r, int c, V const& g, V const& y) {
+  if constexpr (keeps_operand_type<N>)
+    backprop_map<W>(n, r, c, g, std::make_index_sequence<std::tuple_size_v<decltype(n.es)>>{}, y);
+  else
+    backprop<W>(n, r, c, g);
+}
+
 /// The tape record of one fused expression assigned to a tile of shape S.
 template <class S, class P>
 struct expr_record final : record {
   using T = value_of_t<P>;
   P primal;
-  T* adj; // adjoint of the result
+  T* adj;         // adjoint of the result
+  T const* value; // the result
 
-  expr_record(P p, T* a) : primal(std::move(p)), adj(a) {}
+  expr_record(P p, T* a, T const* v) : primal(std::move(p)), adj(a), value(v) {}
 
   void backward() override {
     constexpr int W = detail::width_for<T, P>;
     constexpr int L = S::inner;
     for (int r = 0; r < S::rows; ++r) {
       T const* g = adj + r * L;
+      T const* y = value + r * L;
       int c = 0;
       if constexpr (W > 1)
-        for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::load<T, W>(g + c));
+        for (; c + W <= L; c += W)
+          backprop_root<W>(primal, r, c, simd::load<T, W>(g + c), simd::load<T, W>(y + c));
       for (; c < L; ++c)
-        if (g[c] != T(0)) backprop<1>(primal, r, c, g[c]);
+        if (g[c] != T(0)) backprop_root<1>(primal, r, c, g[c], y[c]);
     }
   }
 };

@@ -1,10 +1,12 @@
 // Reverse mode of loads, stores and atomics. Memory semantics are exact:
 // - a load records where its lanes' adjoints go: to the adjoint of the value this program stored
 //   at that element earlier (if it did), else to the gradient of the tensor (if one is wanted);
-//   masked-off lanes, `other` and padding get nothing. Lanes are kept as runs of elements, so
-//   the gradient of a block is a few row copies, not a list of elements;
-// - a store writes the primal values and stamps each element with the store; after the forward
-//   pass, the store whose stamp survived (the last one) receives the output cotangent;
+//   masked-off lanes, `other` and padding get nothing. Lanes are kept as runs of elements,
+//   gathered in the same walk that reads the values (straight onto the tape), so the gradient
+//   of a block is a few row copies, not a list of elements;
+// - a store writes the primal values and stamps each element with its program; after the
+//   forward pass, the last store to each element receives the output cotangent (every store,
+//   unless the program stored some element twice: then its table of own stores says which);
 // - every atomic_add contribution receives the output cotangent; the old values it returns are
 //   constants (they depend on the order programs ran).
 // Accesses to tensors the kernel may write are kept in program order for the race check.
@@ -17,6 +19,7 @@
 #include "tilegrad/memory/pointer.hpp"
 
 #include <cstring>
+#include <optional>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -49,10 +52,13 @@ struct load_record final : record {
   load_record(T* a, int t, run const* r, int nr, routed_lane<T> const* rt, int nrt)
       : adj(a), tensor(t), runs(r), nruns(nr), routed(rt), nrouted(nrt) {}
   void backward() override {
-    for (int i = 0; i < nrouted; ++i) *routed[i].slot += adj[routed[i].pos];
-    if (nruns == 0) return;
-    program_result* out = current_state()->out;
-    for (int i = 0; i < nruns; ++i) out->contribute(tensor, runs[i], adj + runs[i].pos);
+    for (int i = 0; i < nrouted; ++i)
+      *routed[i].slot += adj[routed[i].pos];
+    if (nruns == 0)
+      return;
+    program_state* st = current_state();
+    for (int i = 0; i < nruns; ++i)
+      st->contribute(tensor, runs[i], adj + runs[i].pos);
   }
 };
 
@@ -65,62 +71,89 @@ inline std::array<int, 3> launch_dims() {
 
 template <class X>
 X const* copy_to_tape(tape& tp, std::vector<X> const& v) {
-  if (v.empty()) return nullptr;
+  if (v.empty())
+    return nullptr;
   X* p = tp.alloc<X>(v.size());
   std::memcpy(static_cast<void*>(p), v.data(), sizeof(X) * v.size());
   return p;
 }
 
-/// Records a load of shape S from the tensor holding `base`. `each(vec, one)` lists the lanes
-/// read: vec(pos, offset, n) for n contiguous lanes, one(pos, offset) for a single lane.
-/// Returns the load's adjoint buffer, or null when no gradient can flow through it.
-template <class T, class S, class Each>
-T* record_load(void const* base, std::source_location const& loc, Each&& each) {
-  program_state* st = current_state();
-  if (!st) return nullptr;
+/// The entry of the tensor a load reads, when the load must be recorded (the tensor is one of
+/// the launch's and wants a gradient or may be written); marks the tensor as read.
+inline tensor_entry const* tracked_load(program_state* st, void const* base) {
+  if (!st)
+    return nullptr;
   tensor_entry const* e = st->find(base);
-  if (!e) return nullptr;
+  if (!e)
+    return nullptr;
   st->out->reads |= std::uint64_t{1} << e->index;
-  tape& tp = st->t;
-  if (!e->writable) { // an input: every lane reads the tensor's own value
-    if (!e->wants_grad()) return nullptr;
-    std::int64_t const shift = e->shift<T>(base);
-    run_builder b(st->scratch);
-    each([&](int pos, std::int64_t off, int n) { b.add(pos, off + shift, n); },
-         [&](int pos, std::int64_t off) { b.add(pos, off + shift); });
+  return e->writable || e->wants_grad() ? e : nullptr;
+}
+
+/// Lanes are walked as offsets from the view the kernel accessed (t[b][h], say); the runs of
+/// a tensor's accesses are offsets from the tensor's own first element.
+template <class T>
+void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base) {
+  if (std::int64_t const d = e.shift<T>(base))
+    for (run& r : runs)
+      r.offset += d;
+}
+
+/// Records a load of shape S whose lanes are the runs in st.scratch (filled while the values
+/// were read). Returns the load's adjoint buffer, or null when no gradient can flow through it.
+template <class T, class S>
+T* record_load(program_state& st, tensor_entry const& e, void const* base,
+               std::source_location const& loc) {
+  shift_runs<T>(st.scratch, e, base);
+  tape& tp = st.t;
+  std::vector<run> const& lanes = st.scratch;
+  if (!e.writable) { // an input: every lane reads the tensor's own value
     T* adj = tp.alloc_zero<T>(S::size);
-    tp.push<load_record<T>>(adj, e->index, copy_to_tape(tp, st->scratch),
-                            static_cast<int>(st->scratch.size()), nullptr, 0);
+    tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, lanes), static_cast<int>(lanes.size()),
+                            nullptr, 0);
     return adj;
   }
   // A tensor the kernel may write: lane by lane, a value this program stored or the initial one.
+  // Most runs hold neither: no lane this program stored, none an earlier wave wrote.
   thread_local std::vector<run> initial;
   thread_local std::vector<routed_lane<T>> routed;
   routed.clear();
-  run_builder reads(st->scratch), init(initial);
-  auto const me = static_cast<std::uint32_t>(st->me >> 32);
-  auto one = [&](int pos, std::int64_t off) {
-    reads.add(pos, off);
-    std::uint64_t const s = std::atomic_ref<std::uint64_t>(e->stamp[off]).load(std::memory_order_relaxed);
-    if (st->earlier(stamp_program(s)))
-      race(*e, off, me, stamp_program(s), "loads",
-           s & atomic_stamp ? "updates it atomically" : "stores it", loc, launch_dims());
-    bool stored = false;
-    T* slot = st->stored_slot<T>(s, off, stored);
-    if (stored) {
-      if (slot) routed.push_back({pos, slot});
-    } else if (e->wants_grad()) {
-      init.add(pos, off);
+  run_builder init(initial);
+  std::uint32_t const mine = st.stamp();
+  for (run const& r : lanes) {
+    st.out->accesses.push_back({access_kind::load, e.index, r, nullptr, loc});
+    std::uint32_t* const stamps = e.stamp + r.offset;
+    bool plain = true;
+    for (int k = 0; k < r.count; ++k) {
+      std::uint32_t const s =
+          std::atomic_ref<std::uint32_t>(stamps[r.step * k]).load(std::memory_order_relaxed);
+      plain &= s != mine && !st.earlier(stamp_program(s));
     }
-  };
-  std::int64_t const shift = e->shift<T>(base);
-  each([&](int pos, std::int64_t off, int n) {
-    for (int l = 0; l < n; ++l) one(pos + l, off + shift + l);
-  }, [&](int pos, std::int64_t off) { one(pos, off + shift); });
-  for (run const& r : st->scratch) st->out->accesses.push_back({access_kind::load, e->index, r, nullptr, loc});
-  if (routed.empty() && initial.empty()) return nullptr;
+    if (plain) {
+      if (e.wants_grad())
+        init.add(r);
+      continue;
+    }
+    for (int k = 0; k < r.count; ++k) {
+      std::int64_t const off = r.element(k);
+      std::uint32_t const s =
+          std::atomic_ref<std::uint32_t>(e.stamp[off]).load(std::memory_order_relaxed);
+      if (st.earlier(stamp_program(s)))
+        race(e, off, st.id, stamp_program(s), "loads",
+             s & atomic_stamp ? "updates it atomically" : "stores it", loc, launch_dims());
+      if (s == mine) {
+        if (T* slot = st.stored_slot<T>(e.index, off))
+          routed.push_back({r.pos + k, slot});
+      } else if (e.wants_grad()) {
+        init.add(r.pos + k, off);
+      }
+    }
+  }
+  init.finish();
+  if (routed.empty() && initial.empty())
+    return nullptr;
   T* adj = tp.alloc_zero<T>(S::size);
-  tp.push<load_record<T>>(adj, e->index, copy_to_tape(tp, initial), static_cast<int>(initial.size()),
+  tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, initial), static_cast<int>(initial.size()),
                           copy_to_tape(tp, routed), static_cast<int>(routed.size()));
   return adj;
 }
@@ -129,10 +162,11 @@ T* record_load(void const* base, std::source_location const& loc, Each&& each) {
 /// element and throws. (Programs of the same wave are checked after it, in program order.)
 inline void check_write(program_state const& st, tensor_entry const& e, run const& r, bool atomic,
                         std::source_location const& loc) {
-  auto const me = static_cast<std::uint32_t>(st.me >> 32);
+  std::uint32_t const me = st.id;
   for (int k = 0; k < r.count; ++k) {
     std::int64_t const el = r.element(k);
-    std::uint64_t const old = std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed);
+    std::uint32_t const old =
+        std::atomic_ref<std::uint32_t>(e.stamp[el]).load(std::memory_order_relaxed);
     if (st.earlier(stamp_program(old))) {
       bool const old_atomic = (old & atomic_stamp) != 0;
       if (atomic && !old_atomic)
@@ -146,44 +180,98 @@ inline void check_write(program_state const& st, tensor_entry const& e, run cons
   }
 }
 
-/// Records a store (or an atomic update) of the lanes `each` lists, whose values' adjoints are
-/// `adj` (null: constants).
-template <class T, class Each>
-void record_write(access_kind kind, void const* base, T* adj, std::source_location const& loc,
-                  Each&& each) {
-  program_state* st = current_state();
-  if (!st) return;
-  tensor_entry const* e = st->find(base);
-  if (!e || !e->stamp) return;
-  std::int64_t const shift = e->shift<T>(base);
-  run_builder b(st->scratch);
-  each([&](int pos, std::int64_t off, int n) { b.add(pos, off + shift, n); },
-       [&](int pos, std::int64_t off) { b.add(pos, off + shift); });
-  auto& acc = st->out->accesses;
+// Stamps are read and written with relaxed atomics: programs of one wave may touch the same
+// stamps at once (atomic_add, or a racy kernel, which is reported). Atomics do not vectorise, so
+// the loops over a contiguous run are unrolled by hand.
+inline std::uint32_t or_stamps(std::uint32_t* s, std::int64_t step, int n) {
+  auto at = [s](std::int64_t i) {
+    return std::atomic_ref<std::uint32_t>(s[i]).load(std::memory_order_relaxed);
+  };
+  std::uint32_t a = 0, b = 0, c = 0, d = 0;
+  int k = 0;
+  if (step == 1)
+    for (; k + 4 <= n; k += 4) {
+      a |= at(k);
+      b |= at(k + 1);
+      c |= at(k + 2);
+      d |= at(k + 3);
+    }
+  for (; k < n; ++k)
+    a |= at(step * k);
+  return a | b | c | d;
+}
+
+inline void set_stamps(std::uint32_t* s, std::int64_t step, int n, std::uint32_t v) {
+  auto set = [s, v](std::int64_t i) {
+    std::atomic_ref<std::uint32_t>(s[i]).store(v, std::memory_order_relaxed);
+  };
+  int k = 0;
+  if (step == 1)
+    for (; k + 4 <= n; k += 4) {
+      set(k);
+      set(k + 1);
+      set(k + 2);
+      set(k + 3);
+    }
+  for (; k < n; ++k)
+    set(step * k);
+}
+
+/// Records a store (or an atomic update) of the lanes in st.scratch (runs), whose values'
+/// adjoints are `adj` (null: constants), to tensor e, which the kernel may write.
+template <class T>
+void record_write(program_state& st, tensor_entry const& e, void const* base, access_kind kind,
+                  T* adj, std::source_location const& loc) {
+  shift_runs<T>(st.scratch, e, base);
+  auto& acc = st.out->accesses;
   bool const atomic = kind == access_kind::atomic;
-  for (run const& r : st->scratch) {
-    std::uint64_t const stamp = st->me | acc.size() | (atomic ? atomic_stamp : 0);
-    acc.push_back({kind, e->index, r, adj ? static_cast<void*>(adj + r.pos) : nullptr, loc});
+  std::uint32_t const mine = st.stamp();
+  std::uint32_t const stamp = atomic ? mine | atomic_stamp : mine;
+  std::size_t const first = acc.size();
+  bool own = false; // a store over this program's own: the last store to an element must be known
+  for (run const& r : st.scratch) {
+    acc.push_back({kind, e.index, r, adj ? static_cast<void*>(adj + r.pos) : nullptr, loc});
     // A store may overwrite only its own program's stores, an atomic only atomics; the slow
     // path reports a conflict with an earlier wave (the wave's own are checked after it).
-    std::uint64_t const allowed = atomic ? 0 : st->me >> 31;
-    std::uint64_t* const stamps = e->stamp + r.offset;
+    std::uint32_t* const stamps = e.stamp + r.offset;
     std::int64_t const step = r.step;
     int const n = r.count;
-    bool bad = false, own = false;
-    for (int k = 0; k < n; ++k) {
-      std::uint64_t const old = std::atomic_ref<std::uint64_t>(stamps[step * k]).load(std::memory_order_relaxed);
-      bad |= atomic ? old != 0 && !(old & atomic_stamp) : (old >> 31) != 0 && (old >> 31) != allowed;
-      own |= (old >> 31) == allowed;
+    // Usually no element was written before: one pass that only ORs the old stamps.
+    std::uint32_t const written = or_stamps(stamps, step, n);
+    bool bad = false, mine_seen = false;
+    if (written != 0) {
+      for (int k = 0; k < n; ++k) {
+        std::uint32_t const old =
+            std::atomic_ref<std::uint32_t>(stamps[step * k]).load(std::memory_order_relaxed);
+        bad |= atomic ? old != 0 && !(old & atomic_stamp) : old != 0 && old != mine;
+        mine_seen |= old == mine;
+      }
     }
-    if (bad || e->readers) check_write(*st, *e, r, atomic, loc);
-    st->overwrote |= own || step == 0;
-    for (int k = 0; k < n; ++k)
-      std::atomic_ref<std::uint64_t>(stamps[step * k]).store(stamp, std::memory_order_relaxed);
+    if (bad || e.readers)
+      check_write(st, e, r, atomic, loc);
+    own |= !atomic && (mine_seen || step == 0);
+    set_stamps(stamps, step, n, stamp);
+  }
+  if (atomic)
+    return;
+  if (st.own.active()) {
+    for (std::size_t i = first; i < acc.size(); ++i)
+      st.own.add(static_cast<std::uint32_t>(i), acc[i]);
+  } else if (own) {
+    st.own.start(acc);
   }
 }
 
-// The lanes of a pointer-tile access, as record_load / record_write want them.
+/// The entry of the tensor a write goes to, when the write must be recorded (the tensor is one
+/// of the launch's; those the kernel writes all carry stamps).
+inline tensor_entry const* tracked_write(program_state* st, void const* base) {
+  if (!st)
+    return nullptr;
+  tensor_entry const* e = st->find(base);
+  return e && e->stamp ? e : nullptr;
+}
+
+// The lanes of a pointer-tile access (an atomic), listed for record_write.
 template <class S, class T, class Off, class Mask>
 auto pointer_lanes(ptr_tile<T, Off> const& fp, Mask const& mask) {
   return [&fp, &mask](auto&& vec, auto&& one) {
@@ -194,12 +282,16 @@ auto pointer_lanes(ptr_tile<T, Off> const& fp, Mask const& mask) {
   };
 }
 
-template <class S, class Mask>
-auto broadcast_mask(Mask const& mask) {
-  if constexpr (std::is_same_v<Mask, detail::no_mask>)
-    return detail::no_mask{};
-  else
-    return detail::bcast<S>(mask);
+// A lane hook that gathers the lanes of an access as runs (when there is a builder).
+inline auto gather_lanes(std::optional<run_builder>& lanes) {
+  return [&lanes](int pos, std::int64_t off, int n) {
+    if (!lanes)
+      return;
+    if (n == 1)
+      lanes->add(pos, off);
+    else
+      lanes->add(pos, off, n);
+  };
 }
 
 template <class A, class Off, class Mask, class Other>
@@ -208,17 +300,21 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
   using T = primal_of_t<A>;
   using S = detail::access_shape_t<Off, Mask>;
   ptr_tile<T const, Off> fp(primal_view(p.base), p.offsets, p.shift);
-  auto const values = [&] {
-    if constexpr (std::is_same_v<Other, detail::no_mask>)
-      return detail::load_impl(fp, mask, other, loc);
-    else
-      return detail::load_impl(fp, mask, to_primal(other), loc);
-  }();
-  tape& tp = current_tape();
-  T* v = tp.alloc<T>(S::size);
-  std::memcpy(v, values.data(), sizeof(T) * S::size);
-  auto const maskb = broadcast_mask<S>(mask);
-  T* a = record_load<T, S>(p.base.data(), loc, pointer_lanes<S>(fp, maskb));
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_load(st, p.base.data());
+  // The values go straight to the tape; the lanes read are gathered as runs on the way.
+  T* v = current_tape().alloc<T>(S::size);
+  std::optional<run_builder> lanes;
+  if (e)
+    lanes.emplace(st->scratch);
+  auto const lane = gather_lanes(lanes);
+  if constexpr (std::is_same_v<Other, detail::no_mask>)
+    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), other, loc, lane);
+  else
+    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), to_primal(other), loc, lane);
+  if (lanes)
+    lanes->finish();
+  T* a = e ? record_load<T, S>(*st, *e, p.base.data(), loc) : nullptr;
   return detail::tile_t<adjoint<T>, S>::from_buffers(v, a);
 }
 
@@ -229,9 +325,18 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
   using S = detail::access_shape_t<Off, Mask>;
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
-  detail::store_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, loc);
-  auto const maskb = broadcast_mask<S>(mask);
-  record_write<T>(access_kind::store, p.base.data(), v.adjoints(), loc, pointer_lanes<S>(fp, maskb));
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_write(st, p.base.data());
+  // The lanes written are gathered as runs as they are written.
+  std::optional<run_builder> lanes;
+  if (e)
+    lanes.emplace(st->scratch);
+  detail::store_from<S>(fp, tile_ref<T, S>{{}, v.values()}, detail::broadcast_mask<S>(mask), loc,
+                        gather_lanes(lanes));
+  if (!e)
+    return;
+  lanes->finish();
+  record_write<T>(*st, *e, p.base.data(), access_kind::store, v.adjoints(), loc);
 }
 
 /// Atomics on a tensor of adjoint<T>: the update is done on the primal values; atomic_add is
@@ -248,14 +353,23 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
     if (!additive && e && e->has_cotangent())
       throw std::invalid_argument(std::string("tilegrad::vjp: ") + what + " on tensor '" + e->name +
                                   "', which has a cotangent: only atomic_add is differentiated "
-                                  "(at " + detail::where_string(loc) + ")");
+                                  "(at " +
+                                  detail::where_string(loc) + ")");
   }
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
   auto const old = detail::atomic_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, f, what, loc);
-  auto const maskb = broadcast_mask<S>(mask);
-  record_write<T>(access_kind::atomic, p.base.data(), additive ? v.adjoints() : nullptr, loc,
-                  pointer_lanes<S>(fp, maskb));
+  if (program_state* st = current_state()) {
+    if (tensor_entry const* e = tracked_write(st, p.base.data())) {
+      auto const maskb = detail::broadcast_mask<S>(mask);
+      run_builder b(st->scratch);
+      pointer_lanes<S>(fp, maskb)([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },
+                                  [&](int pos, std::int64_t off) { b.add(pos, off); });
+      b.finish();
+      record_write<T>(*st, *e, p.base.data(), access_kind::atomic,
+                      additive ? v.adjoints() : nullptr, loc);
+    }
+  }
   T* ov = current_tape().alloc<T>(S::size);
   std::memcpy(ov, old.data(), sizeof(T) * S::size);
   return detail::tile_t<adjoint<T>, S>::from_buffers(ov, nullptr);
@@ -268,47 +382,65 @@ auto primal_block(block_ptr<A, Bs...> const& bp) {
   return block_ptr<P, Bs...>(t, bp.shape(), bp.strides(), bp.offsets());
 }
 
-// The lanes of a block access, row by row.
-template <class Check, class FB>
-auto block_lanes(FB const& fbp, char const* what, std::source_location const& loc) {
-  return [&fbp, what, &loc](auto&& vec, auto&& one) {
-    constexpr int L = FB::shape_type::inner;
-    std::int64_t const sc = fbp.strides()[FB::rank - 1];
-    detail::for_each_block_row<Check>(fbp, what, loc, [&](int r, std::int64_t mem, int lo, int hi) {
-      if (lo >= hi) return;
-      if (sc == 1) {
-        vec(r * L + lo, mem + lo, hi - lo);
-      } else {
-        for (int c = lo; c < hi; ++c) one(r * L + c, mem + c * sc);
-      }
-    });
-  };
-}
-
 template <class A, int... Bs, int... Axes>
-auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...> check, padding pad,
+auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding pad,
                 std::source_location const& loc) {
   using T = primal_of_t<A>;
   using S = shape<Bs...>;
+  constexpr int L = S::inner;
   auto const fbp = primal_block(bp);
-  auto const values = tilegrad::load(fbp, check, pad, loc);
-  tape& tp = current_tape();
-  T* v = tp.alloc<T>(S::size);
-  std::memcpy(v, values.data(), sizeof(T) * S::size);
-  T* a = record_load<T, S>(bp.base().data(), loc, block_lanes<boundary_check<Axes...>>(fbp, "load", loc));
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_load(st, bp.base().data());
+  // The values go straight to the tape; the lanes read are gathered as runs on the way.
+  T* v = current_tape().alloc<T>(S::size);
+  std::optional<run_builder> lanes;
+  if (e)
+    lanes.emplace(st->scratch);
+  std::int64_t const sc = fbp.strides()[S::rank - 1];
+  detail::load_block_into<boundary_check<Axes...>>(v, fbp, pad, loc,
+                                                   [&](int r, std::int64_t mem, int lo, int hi) {
+                                                     if (!lanes || lo >= hi)
+                                                       return;
+                                                     if (sc == 1)
+                                                       lanes->add(r * L + lo, mem + lo, hi - lo);
+                                                     else
+                                                       for (int c = lo; c < hi; ++c)
+                                                         lanes->add(r * L + c, mem + c * sc);
+                                                   });
+  if (lanes)
+    lanes->finish();
+  T* a = e ? record_load<T, S>(*st, *e, bp.base().data(), loc) : nullptr;
   return tile<adjoint<T>, Bs...>::from_buffers(v, a);
 }
 
 template <class A, int... Bs, class E, int... Axes>
-void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes...> check,
+void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes...>,
                  std::source_location const& loc) {
   using T = primal_of_t<A>;
   using S = shape<Bs...>;
   tile<adjoint<T>, Bs...> const v(value);
   auto const fbp = primal_block(bp);
-  tilegrad::store(fbp, tile_ref<T, S>{{}, v.values()}, check, loc);
-  record_write<T>(access_kind::store, bp.base().data(), v.adjoints(), loc,
-                  block_lanes<boundary_check<Axes...>>(fbp, "store", loc));
+  program_state* st = current_state();
+  tensor_entry const* e = tracked_write(st, bp.base().data());
+  // The lanes written are gathered as runs as they are written.
+  std::optional<run_builder> lanes;
+  if (e)
+    lanes.emplace(st->scratch);
+  std::int64_t const sc = fbp.strides()[S::rank - 1];
+  detail::store_block_from<boundary_check<Axes...>>(
+      fbp, v.values(), loc, [&](int r, std::int64_t mem, int lo, int hi) {
+        if (!lanes || lo >= hi)
+          return;
+        if (sc == 1)
+          lanes->add(r * S::inner + lo, mem + lo, hi - lo);
+        else
+          for (int c = lo; c < hi; ++c)
+            lanes->add(r * S::inner + c, mem + c * sc);
+      });
+  if (!e)
+    return;
+  lanes->finish();
+  record_write<T>(*st, *e, bp.base().data(), access_kind::store, v.adjoints(), loc);
 }
 
 } // namespace tilegrad::ad

@@ -3,8 +3,8 @@
 // atomically. Triton leaves these undefined; the reverse sweep of one program at a time would
 // silently get them wrong, so they are errors naming both programs, the tensor and the element.
 //
-// Every element of a tensor the kernel may write carries a stamp: the program that wrote it
-// last (and which of its accesses). A program checks the stamps it overwrites as it writes
+// Every element of a tensor the kernel may write carries a stamp, 4 bytes: the program that
+// wrote it last, and whether atomically. A program checks the stamps it overwrites as it writes
 // (this catches programs of earlier waves); after a wave, each program's accesses are checked
 // against the final stamps in program order (this catches programs of the same wave, whatever
 // their timing). Readers are registered after each wave, so a later store can name them.
@@ -40,10 +40,6 @@ private:
 
 namespace ad {
 
-inline constexpr std::uint64_t atomic_stamp = std::uint64_t{1} << 31;
-
-inline std::uint32_t stamp_program(std::uint64_t s) { return static_cast<std::uint32_t>(s >> 32); }
-
 /// The other program reading element el (besides `me`), 0 if none.
 inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::uint32_t me) {
   if (!e.readers) return 0;
@@ -73,12 +69,13 @@ inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::u
   throw race_error(msg, p, q, e.name, elem, loc);
 }
 
-/// Zeroed memory for n stamps; pages the kernel never touches cost nothing.
+/// Zeroed memory for n stamps (or reader pairs); pages the kernel never touches cost nothing.
+template <class U>
 struct stamp_buffer {
-  std::uint64_t* p = nullptr;
+  U* p = nullptr;
   explicit stamp_buffer(std::size_t n) {
     if (n == 0) return;
-    p = static_cast<std::uint64_t*>(std::calloc(n, sizeof(std::uint64_t)));
+    p = static_cast<U*>(std::calloc(n, sizeof(U)));
     if (!p) throw std::bad_alloc();
   }
   stamp_buffer(stamp_buffer&& o) noexcept : p(o.p) { o.p = nullptr; }
@@ -91,44 +88,49 @@ struct stamp_buffer {
 
 /// After a wave: checks one program's accesses against the final stamps, and registers its
 /// loads of tensors the kernel may write. Programs are given in program order.
-inline void check_wave_program(std::vector<tensor_entry>& entries, std::vector<stamp_buffer>& readers,
+inline void check_wave_program(std::vector<tensor_entry>& entries,
+                               std::vector<stamp_buffer<std::uint64_t>>& readers,
                                std::int64_t pid, std::vector<access> const& accesses,
                                std::array<int, 3> dims) {
   auto const me = static_cast<std::uint32_t>(pid + 1);
   for (access const& a : accesses) {
     tensor_entry& e = entries[static_cast<std::size_t>(a.tensor)];
     auto stamp = [&](int k) {
-      return std::atomic_ref<std::uint64_t>(e.stamp[a.r.element(k)]).load(std::memory_order_relaxed);
+      return std::atomic_ref<std::uint32_t>(e.stamp[a.r.element(k)]).load(std::memory_order_relaxed);
     };
     switch (a.kind) {
     case access_kind::store: {
       // Every element still carries one of this program's stores. (The wave is over: plain
       // loads, so the loop vectorises.)
-      std::uint64_t const* const stamps = e.stamp + a.r.offset;
+      std::uint32_t const* const stamps = e.stamp + a.r.offset;
       std::int64_t const step = a.r.step;
-      std::uint64_t const mine = std::uint64_t{me} << 1;
-      bool bad = false;
-      for (int k = 0, n = a.r.count; k < n; ++k) bad |= (stamps[step * k] >> 31) != mine;
-      if (!bad) break;
+      std::uint32_t const mine = me << 1;
+      std::uint32_t diff = 0;
+      if (step == 1)
+        for (int k = 0, n = a.r.count; k < n; ++k) diff |= stamps[k] ^ mine;
+      else
+        for (int k = 0, n = a.r.count; k < n; ++k) diff |= stamps[step * k] ^ mine;
+      if (diff == 0) break;
       for (int k = 0; k < a.r.count; ++k)
-        if (std::uint64_t const s = stamp(k); stamp_program(s) != me || (s & atomic_stamp))
+        if (std::uint32_t const s = stamp(k); stamp_program(s) != me || (s & atomic_stamp))
           race(e, a.r.element(k), me, stamp_program(s), "stores",
                s & atomic_stamp ? "updates it atomically" : "stores it too", a.loc, dims);
       break;
     }
     case access_kind::atomic:
       for (int k = 0; k < a.r.count; ++k)
-        if (std::uint64_t const s = stamp(k); !(s & atomic_stamp))
+        if (std::uint32_t const s = stamp(k); !(s & atomic_stamp))
           race(e, a.r.element(k), me, stamp_program(s), "updates atomically", "stores it", a.loc, dims);
       break;
     case access_kind::load:
       if (!e.readers) {
-        readers[static_cast<std::size_t>(a.tensor)] = stamp_buffer(static_cast<std::size_t>(e.layout.span()));
+        readers[static_cast<std::size_t>(a.tensor)] =
+            stamp_buffer<std::uint64_t>(static_cast<std::size_t>(e.layout.span()));
         e.readers = readers[static_cast<std::size_t>(a.tensor)].p;
       }
       for (int k = 0; k < a.r.count; ++k) {
         std::int64_t const el = a.r.element(k);
-        std::uint64_t const s = stamp(k);
+        std::uint32_t const s = stamp(k);
         if (s & atomic_stamp) race(e, el, me, stamp_program(s), "loads", "updates it atomically", a.loc, dims);
         if (stamp_program(s) && stamp_program(s) != me)
           race(e, el, me, stamp_program(s), "loads", "stores it", a.loc, dims);

@@ -5,6 +5,8 @@
 
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/tile.hpp"
+#include "tilegrad/core/config.hpp"
+#include "tilegrad/core/simd.hpp"
 #include "tilegrad/tile/dot.hpp"
 #include "tilegrad/tile/reduce.hpp"
 
@@ -29,7 +31,14 @@ struct reduce_record final : record {
           for (int k = 0; k < split::extent; ++k) xa[base + k * split::inner] += g;
         } else { // max / min: the first element equal to the result takes it all
           T const y = yv[o * split::inner + i];
-          for (int k = 0; k < split::extent; ++k)
+          int k = 0;
+#if TILEGRAD_USE_XSIMD
+          constexpr int W = simd::native_width<T>;
+          if constexpr (split::inner == 1 && W > 1) // a contiguous row: skip vectors that miss it
+            for (auto const yb = simd::vec_t<T, W>(y); k + W <= split::extent; k += W)
+              if (xsimd::any(simd::load<T, W>(xv + base + k) == yb)) break;
+#endif
+          for (; k < split::extent; ++k)
             if (xv[base + k * split::inner] == y) {
               xa[base + k * split::inner] += g;
               break;
@@ -39,14 +48,63 @@ struct reduce_record final : record {
   }
 };
 
+/// The record of a sum over axis A of an expression that was not materialised: the adjoint of
+/// each sum goes to every element it summed, through the expression, in one pass.
+template <class C, int A, class P>
+struct sum_expr_record final : record {
+  using T = value_of_t<P>;
+  P primal;
+  T const* ya; // adjoint of the sums
+  sum_expr_record(P p, T const* a) : primal(std::move(p)), ya(a) {}
+  void backward() override {
+    using split = detail::axis_split<C, A>;
+    constexpr int W = detail::width_for<T, P>;
+    constexpr int L = C::inner;
+    for (int r = 0; r < C::rows; ++r) {
+      int c = 0;
+      if constexpr (A == C::rank - 1) { // the row is one sum
+        T const g = ya[r];
+        if constexpr (W > 1)
+          for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::splat<T, W>(g));
+        if (g != T(0))
+          for (; c < L; ++c) backprop<1>(primal, r, c, g);
+      } else { // the row's lanes go to consecutive sums
+        int const f = r * L;
+        T const* g = ya + f / (split::extent * split::inner) * split::inner + f % split::inner;
+        if constexpr (W > 1)
+          for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::load<T, W>(g + c));
+        for (; c < L; ++c)
+          if (g[c] != T(0)) backprop<1>(primal, r, c, g[c]);
+      }
+    }
+  }
+};
+
 template <class Op, int Axis, bool Keep, class E>
 auto reduce(E&& e) {
   using C = shape_of_t<E>;
   using T = primal_of_t<value_of_t<E>>;
   constexpr int a = normalize_axis<C, Axis>();
   using R = detail::reduced_shape_t<C, a, Keep>;
-  detail::tile_t<adjoint<T>, C> const x(e);
   tape& tp = current_tape();
+  if constexpr (std::is_same_v<Op, ops::add_op> && is_map_node_v<detail::node_t<E>> &&
+                is_cheap_v<detail::node_t<E>>) {
+    // A sum of a cheap expression: summed as it is evaluated, as on the fast path, and
+    // differentiated through the expression without materialising it (its values or their
+    // adjoints).
+    auto p = detail::convert_as<T>(to_primal(detail::as_node(e)));
+    T* yv = tp.alloc<T>(R::size);
+    detail::reduce_axis<Op, C, a, T>(yv, p);
+    T* ya = nullptr;
+    if constexpr (is_active_v<decltype(p)>) {
+      if (any_active(p)) {
+        ya = tp.alloc_zero<T>(R::size);
+        tp.push<sum_expr_record<C, a, decltype(p)>>(p, ya);
+      }
+    }
+    return detail::tile_t<adjoint<T>, R>::from_buffers(yv, ya);
+  }
+  detail::tile_t<adjoint<T>, C> const x(e);
   T* yv = tp.alloc<T>(R::size);
   detail::reduce_axis<Op, C, a, T>(yv, tile_ref<T, C>{{}, x.values()});
   T* ya = nullptr;

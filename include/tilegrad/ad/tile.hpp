@@ -91,7 +91,7 @@ private:
     if constexpr (ad::is_active_v<decltype(p)>) {
       if (ad::any_active(p)) {
         a = tp.template alloc_zero<T>(size);
-        tp.template push<ad::expr_record<shape_type, decltype(p)>>(p, a);
+        tp.template push<ad::expr_record<shape_type, decltype(p)>>(p, a, v);
       }
     }
     values_ = v;

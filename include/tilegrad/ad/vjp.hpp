@@ -153,7 +153,7 @@ void check_cotangent(char const* name, tensor<T> const& t, tensor<T const> const
 /// tensor the kernel may write, and the cotangent laid out like the tensor where it is not.
 template <class T>
 struct tensor_shadow {
-  stamp_buffer stamp{0};
+  stamp_buffer<std::uint32_t> stamp{0};
   std::unique_ptr<T[]> cotangent;
 };
 
@@ -173,7 +173,7 @@ void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::
     e.layout = tensor<std::byte const>(e.lo, t.rank(), t.shape(), t.strides(), name);
     tensor_shadow<T> sh;
     if (writable) {
-      sh.stamp = stamp_buffer(static_cast<std::size_t>(span));
+      sh.stamp = stamp_buffer<std::uint32_t>(static_cast<std::size_t>(span));
       e.stamp = sh.stamp.p;
     }
     if (cot) {
@@ -239,34 +239,31 @@ void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entr
     if (!e.has_cotangent()) continue;
     T const* cot = static_cast<T const*>(e.cotangent);
     T* adj = static_cast<T*>(a.adj);
-    // Every atomic contribution is seeded; so is every store when none overwrote another.
-    if (a.kind == access_kind::atomic || !st.overwrote) {
-      for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
+    // Every atomic contribution is seeded; so is every store, unless the program stored some
+    // element twice: then only the last store to each element.
+    if (a.kind == access_kind::atomic || !st.own.active()) {
+      if (a.r.step == 1) {
+        T const* c = cot + a.r.offset;
+        for (int k = 0; k < a.r.count; ++k) adj[k] += c[k];
+      } else {
+        for (int k = 0; k < a.r.count; ++k) adj[k] += cot[a.r.element(k)];
+      }
       continue;
     }
-    std::uint64_t const stamp = st.me | i;
-    int const k0 = a.r.step == 0 ? a.r.count - 1 : 0; // one element n times: the last lane wins
-    for (int k = k0; k < a.r.count; ++k) {
+    for (int k = 0; k < a.r.count; ++k) {
       std::int64_t const el = a.r.element(k);
-      bool const last = std::atomic_ref<std::uint64_t>(e.stamp[el]).load(std::memory_order_relaxed) == stamp;
+      own_stores::last l{};
+      bool const last = st.own.find(a.tensor, el, l) && l.access == i && l.lane == k;
       adj[k] += last ? cot[el] : T(0);
     }
   }
 }
 
-/// Adds one program's gradient contributions to the gradients.
+/// Applies one program's gradient contributions (those it kept) to the gradients.
 template <class T>
-void apply_contributions(program_result const& res, std::vector<T*> const& grad_of) {
-  for (segment const& s : res.segments) {
-    T* g = grad_of[static_cast<std::size_t>(s.tensor)];
-    T const* v = reinterpret_cast<T const*>(res.values.get() + s.at);
-    if (s.r.step == 1) {
-      T* d = g + s.r.offset;
-      for (int k = 0; k < s.r.count; ++k) d[k] += v[k];
-    } else {
-      for (int k = 0; k < s.r.count; ++k) g[s.r.element(k)] += v[k];
-    }
-  }
+void apply_contributions(program_result const& res, std::vector<gradient_sink> const& sinks) {
+  for (segment const& s : res.segments)
+    sinks[static_cast<std::size_t>(s.tensor)].add(s.r, reinterpret_cast<T const*>(res.values.get() + s.at));
 }
 
 } // namespace ad
@@ -292,15 +289,18 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   if (g.size() >= 0x7fffffff) throw std::invalid_argument("tilegrad::vjp: grid too large");
 
   gradients<T> result;
-  std::vector<T*> grad_of(entries.size(), nullptr);
+  std::vector<ad::gradient_sink> sinks(entries.size());
+  std::vector<ad::stamp_buffer<std::uint64_t>> written;
   for (auto& e : entries) {
     if (!e.wants_grad()) continue;
     if (!e.layout.is_contiguous())
       throw std::invalid_argument(std::string("tilegrad::vjp: '") + e.name + "' must be contiguous");
     auto [it, ok] = result.grads_.emplace(
-        e.name, owned_tensor<T>(e.layout.shape().data(), static_cast<std::size_t>(e.layout.rank()), e.name));
+        e.name, owned_tensor<T>(uninitialized, e.layout.shape().data(),
+                                static_cast<std::size_t>(e.layout.rank()), e.name));
     (void)ok;
-    grad_of[static_cast<std::size_t>(e.index)] = it->second.data();
+    written.emplace_back(static_cast<std::size_t>((e.layout.numel() + 63) / 64));
+    sinks[static_cast<std::size_t>(e.index)] = {it->second.data(), written.back().p};
   }
 
   auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
@@ -312,7 +312,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   if (pool.size() < static_cast<std::size_t>(std::min(wave, total)))
     pool.resize(static_cast<std::size_t>(std::min(wave, total)));
   std::vector<ad::program_result>& results = pool;
-  std::vector<ad::stamp_buffer> readers;
+  std::vector<ad::stamp_buffer<std::uint64_t>> readers;
   for (std::size_t i = 0; i < entries.size(); ++i) readers.emplace_back(0);
   std::size_t peak = 0;
   std::uint64_t reads = 0;
@@ -337,28 +337,45 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       state.reset();
       state.tensors = &entries;
       state.out = &res;
-      state.me = static_cast<std::uint64_t>(lin + 1) << 32;
+      state.id = static_cast<std::uint32_t>(lin + 1);
       state.earlier_waves = static_cast<std::uint32_t>(w0);
+      state.grads = sinks.data();
+      state.direct = false;
       ad::program_state* saved = ad::current_state();
       ad::current_state() = &state;
+      std::int64_t const me = local.program_id(0);
       try {
         std::apply([&](auto&... a) { kernel(p, a...); }, converted);
         ad::seed_outputs<T>(state, entries);
+        // Contributions are added in program order, as soon as every earlier program of the
+        // wave is done: the same sums whatever ran where, while they are still in cache. One
+        // thread at a time adds, taking programs in order; the others go on running programs.
+        // A program whose turn it is already adds its own as its sweep produces them.
+        {
+          std::lock_guard<std::mutex> lock(merge);
+          state.direct = !applying && next == me;
+          if (state.direct) applying = true;
+        }
         state.t.sweep();
       } catch (...) {
         ad::current_state() = saved;
+        if (state.direct) {
+          std::lock_guard<std::mutex> lock(merge);
+          applying = false;
+        }
         throw;
       }
       ad::current_state() = saved;
-      // Contributions are added in program order, as soon as every earlier program of the
-      // wave is done: the same sums whatever ran where, while they are still in cache.
-      // One thread at a time adds, taking programs in order; the others go on running programs.
       {
         std::lock_guard<std::mutex> lock(merge);
         peak = std::max(peak, state.t.peak());
-        done[static_cast<std::size_t>(local.program_id(0))] = 1;
-        if (applying) return;
-        applying = true;
+        done[static_cast<std::size_t>(me)] = 1;
+        if (state.direct) {
+          next = me + 1; // applied, and this thread goes on adding
+        } else {
+          if (applying) return;
+          applying = true;
+        }
       }
       for (;;) {
         std::int64_t take = 0;
@@ -370,7 +387,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
           }
           take = next++;
         }
-        ad::apply_contributions<T>(results[static_cast<std::size_t>(take)], grad_of);
+        ad::apply_contributions<T>(results[static_cast<std::size_t>(take)], sinks);
       }
     });
     // Races: each program's accesses against the wave's final stamps, in program order.
@@ -380,13 +397,15 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       reads |= res.reads;
     }
   }
+  for (auto const& e : entries)
+    if (e.wants_grad()) sinks[static_cast<std::size_t>(e.index)].fill_unwritten<T>(e.layout.numel());
   // inout: an element no program stored keeps its value, so its cotangent reaches the input.
   for (auto const& e : entries) {
     if (e.r != ad::role::inout) continue;
-    T* gr = grad_of[static_cast<std::size_t>(e.index)];
+    T* gr = static_cast<T*>(sinks[static_cast<std::size_t>(e.index)].data);
     T const* cot = static_cast<T const*>(e.cotangent);
     for (std::int64_t el = 0; el < e.layout.numel(); ++el) {
-      std::uint64_t const s = e.stamp[el];
+      std::uint32_t const s = e.stamp[el];
       if (s == 0 || (s & ad::atomic_stamp)) gr[el] += cot[el];
     }
   }

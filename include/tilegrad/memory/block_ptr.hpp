@@ -213,6 +213,50 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
                  std::source_location const& loc);
 } // namespace ad
 
+namespace detail {
+
+// The padding value of a block load of V.
+template <class V>
+V block_fill(padding pad) {
+  if constexpr (std::numeric_limits<V>::has_quiet_NaN)
+    return pad == padding::nan ? std::numeric_limits<V>::quiet_NaN() : V(0);
+  else if constexpr (std::is_same_v<V, bf16>)
+    return pad == padding::nan ? bf16(std::numeric_limits<float>::quiet_NaN()) : bf16(0.0f);
+  else
+    return V(0);
+}
+
+// The body of a block load: writes the block to o (Bs... elements, row-major), wherever o is (a
+// tile, or reverse mode's tape). `row(r, mem, lo, hi)` sees each row as it is read (reverse mode
+// records the lanes read from it; the fast path passes a no-op).
+template <class Check, class V, class T, int... Bs, class Row>
+TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, padding pad,
+                                     std::source_location const& loc, Row&& row) {
+  using S = shape<Bs...>;
+  constexpr int L = S::inner;
+  constexpr int W = simd::native_width<V>;
+  T* base = bp.base().data();
+  std::int64_t const sc = bp.strides()[S::rank - 1];
+  V const fill = block_fill<V>(pad);
+  for_each_block_row<Check>(bp, "load", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+    V* d = o + r * L;
+    for (int c = 0; c < lo; ++c) d[c] = fill;
+    if (sc == 1) {
+      T const* src = base + mem;
+      int c = lo;
+      if constexpr (W > 1)
+        for (; c + W <= hi; c += W) simd::store<V, W>(d + c, simd::load<V, W>(src + c));
+      for (; c < hi; ++c) d[c] = src[c];
+    } else {
+      for (int c = lo; c < hi; ++c) d[c] = base[mem + c * sc];
+    }
+    for (int c = hi; c < L; ++c) d[c] = fill;
+    row(r, mem, lo, hi);
+  });
+}
+
+} // namespace detail
+
 /// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
 /// axes read the padding (zero or NaN) and are not accessed.
 template <class T, int... Bs, int... Axes>
@@ -221,40 +265,42 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
   if constexpr (adjoint_scalar<T>) {
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
   } else {
-  using V = std::remove_const_t<T>;
-  using S = shape<Bs...>;
-  constexpr int L = S::inner;
-  constexpr int W = simd::native_width<V>;
-  tile<V, Bs...> out(uninitialized);
-  V* o = out.data();
-  T* base = bp.base().data();
-  std::int64_t const sc = bp.strides()[S::rank - 1];
-  V const fill = [&] {
-    if constexpr (std::numeric_limits<V>::has_quiet_NaN)
-      return pad == padding::nan ? std::numeric_limits<V>::quiet_NaN() : V(0);
-    else if constexpr (std::is_same_v<V, bf16>)
-      return pad == padding::nan ? bf16(std::numeric_limits<float>::quiet_NaN()) : bf16(0.0f);
-    else
-      return V(0);
-  }();
-  detail::for_each_block_row<boundary_check<Axes...>>(
-      bp, "load", loc, [&](int r, std::int64_t mem, int lo, int hi) {
-        V* d = o + r * L;
-        for (int c = 0; c < lo; ++c) d[c] = fill;
-        if (sc == 1) {
-          T const* src = base + mem;
-          int c = lo;
-          if constexpr (W > 1)
-            for (; c + W <= hi; c += W) simd::store<V, W>(d + c, simd::load<V, W>(src + c));
-          for (; c < hi; ++c) d[c] = src[c];
-        } else {
-          for (int c = lo; c < hi; ++c) d[c] = base[mem + c * sc];
-        }
-        for (int c = hi; c < L; ++c) d[c] = fill;
-      });
-  return out;
+    tile<std::remove_const_t<T>, Bs...> out(uninitialized);
+    detail::load_block_into<boundary_check<Axes...>>(out.data(), bp, pad, loc,
+                                                     [](int, std::int64_t, int, int) {});
+    return out;
   }
 }
+
+namespace detail {
+
+// The body of a block store of the contiguous values v (Bs... elements, row-major). `row(r, mem,
+// lo, hi)` sees each row as it is written (reverse mode records the lanes; the fast path passes
+// a no-op).
+template <class Check, class T, int... Bs, class Row>
+TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
+                                      std::source_location const& loc, Row&& row) {
+  using S = shape<Bs...>;
+  constexpr int L = S::inner;
+  constexpr int W = simd::native_width<T>;
+  T* base = bp.base().data();
+  std::int64_t const sc = bp.strides()[S::rank - 1];
+  for_each_block_row<Check>(bp, "store", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+    T const* s = v + r * L;
+    if (sc == 1) {
+      T* dst = base + mem;
+      int c = lo;
+      if constexpr (W > 1)
+        for (; c + W <= hi; c += W) simd::store<T, W>(dst + c, simd::load<T, W>(s + c));
+      for (; c < hi; ++c) dst[c] = s[c];
+    } else {
+      for (int c = lo; c < hi; ++c) base[mem + c * sc] = s[c];
+    }
+    row(r, mem, lo, hi);
+  });
+}
+
+} // namespace detail
 
 /// store(bp, value[, bounds<axes...>]): writes the block (value cast to the tensor's type);
 /// elements outside the tensor on checked axes are not written.
@@ -267,32 +313,16 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
   if constexpr (adjoint_scalar<T>) {
     ad::store_block(bp, std::forward<E>(value), boundary_check<Axes...>{}, loc);
   } else {
-  constexpr int L = S::inner;
-  constexpr int W = simd::native_width<T>;
-  // Values as one contiguous block (a tile of the right type is used in place).
-  auto&& vals = [&]() -> decltype(auto) {
-    using D = std::remove_cvref_t<E>;
-    if constexpr (is_tile_v<D> && std::is_same_v<typename D::value_type, T>)
-      return std::forward<E>(value);
-    else
-      return tile<T, Bs...>(to<T>(std::forward<E>(value)));
-  }();
-  T const* v = vals.data();
-  T* base = bp.base().data();
-  std::int64_t const sc = bp.strides()[S::rank - 1];
-  detail::for_each_block_row<boundary_check<Axes...>>(
-      bp, "store", loc, [&](int r, std::int64_t mem, int lo, int hi) {
-        T const* s = v + r * L;
-        if (sc == 1) {
-          T* dst = base + mem;
-          int c = lo;
-          if constexpr (W > 1)
-            for (; c + W <= hi; c += W) simd::store<T, W>(dst + c, simd::load<T, W>(s + c));
-          for (; c < hi; ++c) dst[c] = s[c];
-        } else {
-          for (int c = lo; c < hi; ++c) base[mem + c * sc] = s[c];
-        }
-      });
+    // Values as one contiguous block (a tile of the right type is used in place).
+    auto&& vals = [&]() -> decltype(auto) {
+      using D = std::remove_cvref_t<E>;
+      if constexpr (is_tile_v<D> && std::is_same_v<typename D::value_type, T>)
+        return std::forward<E>(value);
+      else
+        return tile<T, Bs...>(to<T>(std::forward<E>(value)));
+    }();
+    detail::store_block_from<boundary_check<Axes...>>(bp, vals.data(), loc,
+                                                      [](int, std::int64_t, int, int) {});
   }
 }
 

@@ -230,30 +230,21 @@ TILEGRAD_INLINE void for_each_access(ptr_tile<T, P> const& p, Mask const& mask, 
   }
 }
 
-template <class T, class Off, class Mask, class Other>
-auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& other_in,
-               std::source_location const& loc) {
-  if constexpr (adjoint_scalar<T>) {
-    return ad::load_ptr(p, mask_in, other_in, loc);
-  } else {
-  using V = loaded_t<T>;
-  using S = access_shape_t<Off, Mask>;
-  auto mask = [&] {
-    if constexpr (std::is_same_v<Mask, no_mask>)
-      return no_mask{};
-    else
-      return bcast<S>(mask_in);
-  }();
-  tile_t<V, S> out(uninitialized);
-  V* o = out.data();
+// The body of a pointer-tile load of shape S: writes the loaded tile to o, wherever o is (a
+// tile, or reverse mode's tape). `lane(pos, offset, n)` sees the n lanes pos.. read from
+// offset.. (n > 1: contiguous) as they are read (reverse mode records them; the fast path passes
+// a no-op).
+template <class S, class V, class T, class Off, class Mask, class Other, class Lane>
+TILEGRAD_INLINE void load_into(V* o, ptr_tile<T, Off> const& p, Mask const& mask,
+                               Other const& other_in, std::source_location const& loc,
+                               Lane&& lane) {
   T* base = p.base.data();
   bool const chk = checked();
-  constexpr int W = access_width<V, decltype(mask), no_mask>;
-  constexpr bool has_other = !std::is_same_v<Other, no_mask>;
+  constexpr int W = access_width<V, Mask, no_mask>;
   if constexpr (!std::is_same_v<Mask, no_mask>) {
     // Masked-off lanes read `other` (zero without one).
-    if constexpr (has_other)
-      out = broadcast_to_shape<S>(to<V>(other_in));
+    if constexpr (!std::is_same_v<Other, no_mask>)
+      assign<S>(o, broadcast_to_shape<S>(to<V>(other_in)));
     else
       std::fill_n(o, S::size, V{});
   }
@@ -262,13 +253,62 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
       [&](int r, int c, std::int64_t e) {
         if (chk) check_offset(p.base, e, "load", loc);
         o[r * S::inner + c] = base[e];
+        lane(r * S::inner + c, e, 1);
       },
       [&](int r, int c, std::int64_t e) {
         if (chk) check_run(p.base, e, W, "load", loc);
         simd::store<V, W>(o + r * S::inner + c, simd::load<V, W>(base + e));
+        lane(r * S::inner + c, e, W);
       });
-  return out;
+}
+
+template <class S, class Mask>
+TILEGRAD_INLINE auto broadcast_mask(Mask const& mask) {
+  if constexpr (std::is_same_v<Mask, no_mask>)
+    return no_mask{};
+  else
+    return bcast<S>(mask);
+}
+
+template <class T, class Off, class Mask, class Other>
+auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& other_in,
+               std::source_location const& loc) {
+  if constexpr (adjoint_scalar<T>) {
+    return ad::load_ptr(p, mask_in, other_in, loc);
+  } else {
+    using S = access_shape_t<Off, Mask>;
+    tile_t<loaded_t<T>, S> out(uninitialized);
+    load_into<S>(out.data(), p, broadcast_mask<S>(mask_in), other_in, loc,
+                 [](int, std::int64_t, int) {});
+    return out;
   }
+}
+
+// The body of a pointer-tile store of shape S (mask already broadcast to S). `lane(pos, offset,
+// n)` sees the lanes written as they are written (reverse mode records them; the fast path
+// passes a no-op).
+template <class S, class T, class Off, class Mask, class Val, class Lane>
+TILEGRAD_INLINE void store_from(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask,
+                                std::source_location const& loc, Lane&& lane) {
+  static_assert(broadcastable_v<shape_of_t<Val>, S>,
+                "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
+  // Triton casts the stored value to the pointer's element type.
+  auto val = bcast<S>(convert_as<T>(val_in));
+  T* base = p.base.data();
+  bool const chk = checked();
+  constexpr int W = access_width<T, Mask, decltype(val)>;
+  for_each_access<S, W>(
+      p, mask,
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_offset(p.base, e, "store", loc);
+        base[e] = val.template load<1>(r, c);
+        lane(r * S::inner + c, e, 1);
+      },
+      [&](int r, int c, std::int64_t e) {
+        if (chk) check_run(p.base, e, W, "store", loc);
+        simd::store<T, W>(base + e, val.template load<W>(r, c));
+        lane(r * S::inner + c, e, W);
+      });
 }
 
 template <class T, class Off, class Mask, class Val>
@@ -278,30 +318,8 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
   if constexpr (adjoint_scalar<T>) {
     ad::store_ptr(p, val_in, mask_in, loc);
   } else {
-  using S = access_shape_t<Off, Mask>;
-  static_assert(broadcastable_v<shape_of_t<Val>, S>,
-                "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
-  auto mask = [&] {
-    if constexpr (std::is_same_v<Mask, no_mask>)
-      return no_mask{};
-    else
-      return bcast<S>(mask_in);
-  }();
-  // Triton casts the stored value to the pointer's element type.
-  auto val = bcast<S>(convert_as<T>(val_in));
-  T* base = p.base.data();
-  bool const chk = checked();
-  constexpr int W = access_width<T, decltype(mask), decltype(val)>;
-  for_each_access<S, W>(
-      p, mask,
-      [&](int r, int c, std::int64_t e) {
-        if (chk) check_offset(p.base, e, "store", loc);
-        base[e] = val.template load<1>(r, c);
-      },
-      [&](int r, int c, std::int64_t e) {
-        if (chk) check_run(p.base, e, W, "store", loc);
-        simd::store<T, W>(base + e, val.template load<W>(r, c));
-      });
+    using S = access_shape_t<Off, Mask>;
+    store_from<S>(p, val_in, broadcast_mask<S>(mask_in), loc, [](int, std::int64_t, int) {});
   }
 }
 

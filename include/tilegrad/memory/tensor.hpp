@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tilegrad/core/bf16.hpp"
+#include "tilegrad/core/storage.hpp"
 
 #include <algorithm>
 #include <array>
@@ -236,7 +237,8 @@ private:
   char const* name_ = "";
 };
 
-/// A contiguous row-major tensor that owns its (64-byte aligned, zero-initialised) storage.
+/// A contiguous row-major tensor that owns its (64-byte aligned, zero-initialised unless made
+/// `uninitialized`) storage.
 /// Converts to views; pass it to launch and it is passed on as tensor<T>.
 template <class T>
 class owned_tensor {
@@ -244,7 +246,13 @@ public:
   owned_tensor() = default;
   explicit owned_tensor(std::initializer_list<std::int64_t> shape, char const* name = "")
       : owned_tensor(shape.begin(), shape.size(), name) {}
-  owned_tensor(std::int64_t const* shape, std::size_t rank, char const* name = "") {
+  owned_tensor(std::int64_t const* shape, std::size_t rank, char const* name = "")
+      : owned_tensor(uninitialized, shape, rank, name) {
+    std::fill_n(storage_.get(), size_, T{});
+  }
+  /// Storage left default-initialised (for float: uninitialised), for a caller that writes every
+  /// element next.
+  owned_tensor(uninitialized_t, std::int64_t const* shape, std::size_t rank, char const* name = "") {
     if (rank < 1 || rank > max_tensor_rank) throw std::invalid_argument("tilegrad::owned_tensor: rank must be 1 to 4");
     std::int64_t n = 1;
     for (std::size_t a = 0; a < rank; ++a) {
@@ -253,7 +261,7 @@ public:
     }
     storage_.reset(static_cast<T*>(::operator new[](static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T),
                                                     std::align_val_t{64})));
-    std::uninitialized_value_construct_n(storage_.get(), n);
+    std::uninitialized_default_construct_n(storage_.get(), n);
     size_ = n;
     extents e{1, 1, 1, 1};
     std::copy(shape, shape + rank, e.begin());
