@@ -113,36 +113,43 @@ inline constexpr auto block_sparse_attention_fwd =
 /// max_q) that block_sparse_transpose builds. Needs lse from the forward and delta from
 /// flash_attention_bwd_delta. Grid: (cdiv(Nk, BK), H, B).
 template <int D, int BQ, int BK>
-inline constexpr auto block_sparse_attention_bwd_dkdv =
-    []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
-                tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
-                tensor<std::int32_t const> q_count, tensor<std::int32_t const> q_index,
-                tensor<T> dk, tensor<T> dv, float scale) {
-      using F = fp32<T>;
-      int const kb = p.program_id(0), k0 = kb * BK, h = p.program_id(1), b = p.program_id(2);
-      auto const qh = q[b][h], doh = d_o[b][h];
-      auto const lh = lse[b][h], dh = delta[b][h];
-      int const n_k = static_cast<int>(k.size(2));
-      auto const blocks = detail::listed(q_count, q_index, kb, h, b);
-      tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(k[b][h], {k0, 0}), bounds<0>));
-      tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(v[b][h], {k0, 0}), bounds<0>));
-      auto dk_acc = zeros<F, BK, D>();
-      auto dv_acc = zeros<F, BK, D>();
-      for (int i = 0; i < blocks.count; ++i) {
-        int const q0 = blocks[i] * BQ;
-        // Query rows past the end read zeros (do and delta too): their terms vanish.
-        tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(qh, {q0, 0}), bounds<0>));
-        tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
-        auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
-        auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
-        auto const [pt, ds] = detail::probabilities_and_ds<BQ, BK, false>(qi, kj, vj, doi, li, di,
-                                                                          scale, q0, k0, n_k);
-        dv_acc = dot(trans(pt), doi, std::move(dv_acc));
-        dk_acc = dot(trans(ds), qi, std::move(dk_acc));
-      }
-      store(make_block_ptr<BK, D>(dk[b][h], {k0, 0}), dk_acc, bounds<0>);
-      store(make_block_ptr<BK, D>(dv[b][h], {k0, 0}), dv_acc, bounds<0>);
-    };
+inline constexpr auto block_sparse_attention_bwd_dkdv = []<class T>(
+                                                            program const& p, tensor<T const> q,
+                                                            tensor<T const> k, tensor<T const> v,
+                                                            tensor<T const> d_o,
+                                                            tensor<fp32<T> const> lse,
+                                                            tensor<fp32<T> const> delta,
+                                                            tensor<std::int32_t const> q_count,
+                                                            tensor<std::int32_t const> q_index,
+                                                            tensor<T> dk, tensor<T> dv,
+                                                            float scale) {
+  using F = fp32<T>;
+  int const kb = p.program_id(0), k0 = kb * BK, h = p.program_id(1), b = p.program_id(2);
+  auto const qh = q[b][h], doh = d_o[b][h];
+  auto const lh = lse[b][h], dh = delta[b][h];
+  int const n_k = static_cast<int>(k.size(2));
+  auto const blocks = detail::listed(q_count, q_index, kb, h, b);
+  // K and V stay for the whole walk: transposed once (see flash_attention_bwd).
+  tile<F, D, BK> const kt =
+      trans(to<F>(load(make_block_ptr<BK, D>(k[b][h], {k0, 0}), bounds<0>))) * scale;
+  tile<F, D, BK> const vt = trans(to<F>(load(make_block_ptr<BK, D>(v[b][h], {k0, 0}), bounds<0>)));
+  auto dk_acc = zeros<F, BK, D>();
+  auto dv_acc = zeros<F, BK, D>();
+  for (int i = 0; i < blocks.count; ++i) {
+    int const q0 = blocks[i] * BQ;
+    // Query rows past the end read zeros (do and delta too): their terms vanish.
+    tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(qh, {q0, 0}), bounds<0>));
+    tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
+    auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
+    auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
+    auto const [pt, ds] =
+        detail::probabilities_and_ds<BQ, BK, false>(qi, kt, vt, doi, li, di, scale, q0, k0, n_k);
+    dv_acc = dot(trans(pt), doi, std::move(dv_acc));
+    dk_acc = dot(trans(ds), qi, std::move(dk_acc));
+  }
+  store(make_block_ptr<BK, D>(dk[b][h], {k0, 0}), dk_acc, bounds<0>);
+  store(make_block_ptr<BK, D>(dv[b][h], {k0, 0}), dv_acc, bounds<0>);
+};
 
 /// Backward, second pass: dq (B, H, N, D) by query blocks, each walking its listed key blocks
 /// (kv_count, kv_index as in the forward); a query block that lists none gets dq = 0.
@@ -167,8 +174,9 @@ inline constexpr auto block_sparse_attention_bwd_dq =
         int const k0 = blocks[i] * BK;
         tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
         tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
-        auto const [pt, ds] = detail::probabilities_and_ds<BQ, BK, false>(qi, kj, vj, doi, li, di,
-                                                                          scale, q0, k0, n_k);
+        auto const [pt, ds] = detail::probabilities_and_ds<BQ, BK, false>(
+            qi, tile<F, D, BK>(trans(kj) * scale), tile<F, D, BK>(trans(vj)), doi, li, di, scale,
+            q0, k0, n_k);
         acc = dot(ds, kj, std::move(acc));
       }
       store(make_block_ptr<BQ, D>(dq[b][h], {q0, 0}), acc, bounds<0>);
@@ -263,20 +271,6 @@ inline std::string position(std::initializer_list<std::int64_t> at) {
   throw std::invalid_argument("tilegrad::block_sparse_attention: " + what);
 }
 
-/// Runs the shape checks flash_attention.hpp shares, under this kernel's name in the messages.
-template <class F>
-void as_block_sparse(F&& f) {
-  try {
-    f();
-  } catch (std::invalid_argument const& e) {
-    std::string msg = e.what();
-    std::string const from = "tilegrad::flash_attention";
-    if (msg.rfind(from, 0) == 0)
-      msg.replace(0, from.size(), "tilegrad::block_sparse_attention");
-    throw std::invalid_argument(msg);
-  }
-}
-
 } // namespace detail
 
 /// The block table of a launch with q (B, H, N, D), k (B, H, Nk, D) and blocks BQ x BK: shapes
@@ -348,11 +342,7 @@ void block_sparse_attention_forward(tensor<T const> q, tensor<T const> k, tensor
                                     tensor<std::int32_t const> kv_count,
                                     tensor<std::int32_t const> kv_index, tensor<T> o,
                                     tensor<fp32<T>> lse, block_sparse_options const& opt = {}) {
-  detail::as_block_sparse([&] {
-    detail::check_qkv(q, k, v);
-    detail::check_same_shape("output", o, q);
-    detail::check_rows("logsumexp", lse, q);
-  });
+  detail::check_forward_args<T, fp32<T>>("block_sparse_attention", q, k, v, o, lse);
   check_block_table(kv_count, kv_index, q, k, BQ, BK);
   float const scale = detail::default_scale(opt.scale, q.size(3));
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
@@ -373,15 +363,8 @@ void block_sparse_attention_backward(tensor<T const> q, tensor<T const> k, tenso
                                      tensor<T> dk, tensor<T> dv,
                                      block_sparse_options const& opt = {}) {
   using F = fp32<T>;
-  detail::as_block_sparse([&] {
-    detail::check_qkv(q, k, v);
-    detail::check_same_shape("output", o, q);
-    detail::check_same_shape("output gradient", d_o, q);
-    detail::check_rows("logsumexp", lse, q);
-    detail::check_same_shape("query gradient", dq, q);
-    detail::check_same_shape("key gradient", dk, k);
-    detail::check_same_shape("value gradient", dv, v);
-  });
+  detail::check_backward_args<T, fp32<T>>("block_sparse_attention", q, k, v, o, d_o, lse, dq, dk,
+                                          dv);
   check_block_table(kv_count, kv_index, q, k, BQ, BK);
   float const scale = detail::default_scale(opt.scale, q.size(3));
   auto const by_key = block_sparse_transpose(kv_count, kv_index, cdiv<std::int64_t>(k.size(2), BK));

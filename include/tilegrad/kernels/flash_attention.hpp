@@ -73,14 +73,15 @@ constexpr int query_begin(int k0) {
 
 /// P = exp(scale Q Kᵀ - L) for one block, masked lanes 0, and dS = P (dP - D) scale with
 /// dP = dO Vᵀ: what a backward recomputes from the saved logsumexp, queries down the rows.
+/// Takes kt = scale Kᵀ and vt = Vᵀ, which a key-tile program transposes once for its whole walk.
 template <int BQ, int BK, bool Causal, class F, int D, class L, class Dl>
-auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, BK, D> const& kj,
-                          tile<F, BK, D> const& vj, tile<F, BQ, D> const& doi, L const& li,
+auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, D, BK> const& kt,
+                          tile<F, D, BK> const& vt, tile<F, BQ, D> const& doi, L const& li,
                           Dl const& di, float scale, int q0, int k0, int n_k) {
-  tile<F, BQ, BK> pt = exp(dot(qi, trans(kj)) * scale - col(li));
+  tile<F, BQ, BK> pt = exp(dot(qi, kt) - col(li));
   if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
     pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
-  tile<F, BQ, BK> ds = pt * (dot(doi, trans(vj)) - col(di)) * scale;
+  tile<F, BQ, BK> ds = pt * (dot(doi, vt) - col(di)) * scale;
   return std::pair<tile<F, BQ, BK>, tile<F, BQ, BK>>(std::move(pt), std::move(ds));
 }
 
@@ -168,11 +169,8 @@ inline constexpr auto flash_attention_bwd_keys = []<class T>(program const& p, t
     tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
     auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
     auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
-    // P = exp(scale Q K^T - L), masked lanes 0; dS = P (dO V^T - D) scale.
-    tile<F, BQ, BK> pt = exp(dot(qi, kt) - col(li));
-    if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
-      pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
-    tile<F, BQ, BK> const ds = pt * (dot(doi, vt) - col(di)) * scale;
+    auto const [pt, ds] =
+        probabilities_and_ds<BQ, BK, Causal>(qi, kt, vt, doi, li, di, scale, q0, k0, n_k);
     dv_acc = dot(trans(pt), doi, std::move(dv_acc));
     dk_acc = dot(trans(ds), qi, std::move(dk_acc));
     if constexpr (AtomicDq) {
@@ -247,57 +245,74 @@ enum class attention_backward { atomic_dq, two_pass };
 
 namespace detail {
 
+// Shape checks of the host entry points; `who` names the entry point in the messages
+// ("flash_attention", "block_sparse_attention").
 template <class A, class B>
-void expect_dims(char const* what, tensor<A> const& t, tensor<B> const& ref, int axis_t,
-                 int axis_ref, char const* axis_name) {
-  if (t.size(axis_t) != ref.size(axis_ref))
-    throw std::invalid_argument(std::string("tilegrad::flash_attention: ") + what + " '" +
-                                t.name() + "' has " + axis_name + " " +
-                                std::to_string(t.size(axis_t)) + " but '" + ref.name() + "' has " +
-                                std::to_string(ref.size(axis_ref)) + " (shapes " +
-                                t.shape_string() + " and " + ref.shape_string() + ")");
+void expect_dims(char const* who, char const* what, tensor<A> const& t, tensor<B> const& ref,
+                 int axis, char const* axis_name) {
+  if (t.size(axis) != ref.size(axis))
+    throw std::invalid_argument(std::string("tilegrad::") + who + ": " + what + " '" + t.name() +
+                                "' has " + axis_name + " " + std::to_string(t.size(axis)) +
+                                " but '" + ref.name() + "' has " + std::to_string(ref.size(axis)) +
+                                " (shapes " + t.shape_string() + " and " + ref.shape_string() +
+                                ")");
 }
 
 template <class A>
-void expect_rank(tensor<A> const& t, int rank, char const* layout) {
+void expect_rank(char const* who, tensor<A> const& t, int rank, char const* layout) {
   if (t.rank() != rank)
-    throw std::invalid_argument(std::string("tilegrad::flash_attention: '") + t.name() +
+    throw std::invalid_argument(std::string("tilegrad::") + who + ": '" + t.name() +
                                 "' must have rank " + std::to_string(rank) + " " + layout +
                                 ", not shape " + t.shape_string());
 }
 
-/// q (B, H, N, D), k and v (B, H, Nk, D), every (B, H, N) and (B, H, N, D) tensor given.
-template <class Q, class K, class V>
-void check_qkv(tensor<Q> const& q, tensor<K> const& k, tensor<V> const& v) {
-  expect_rank(q, 4, "(batch, heads, rows, head dim)");
-  expect_rank(k, 4, "(batch, heads, rows, head dim)");
-  expect_rank(v, 4, "(batch, heads, rows, head dim)");
-  for (auto [axis, name] : {std::pair{0, "batch"}, {1, "heads"}, {3, "head dim"}}) {
-    expect_dims("key", k, q, axis, axis, name);
-    expect_dims("value", v, q, axis, axis, name);
-  }
-  expect_dims("value", v, k, 2, 2, "rows");
-  if (q.size(2) < 1 || k.size(2) < 1)
-    throw std::invalid_argument("tilegrad::flash_attention: no query or no key rows");
-  int const d = static_cast<int>(q.size(3));
-  if (d != 16 && d != 32 && d != 64 && d != 128)
-    throw std::invalid_argument("tilegrad::flash_attention: head dim " + std::to_string(d) +
-                                " of '" + q.name() + "' is not one of 16, 32, 64, 128");
-}
-
 template <class A, class B>
-void check_same_shape(char const* what, tensor<A> const& t, tensor<B> const& ref) {
+void expect_same_shape(char const* who, char const* what, tensor<A> const& t,
+                       tensor<B> const& ref) {
   if (!t.same_shape(ref))
-    throw std::invalid_argument(std::string("tilegrad::flash_attention: ") + what + " '" +
-                                t.name() + "' has shape " + t.shape_string() + ", expected " +
+    throw std::invalid_argument(std::string("tilegrad::") + who + ": " + what + " '" + t.name() +
+                                "' has shape " + t.shape_string() + ", expected " +
                                 ref.shape_string() + " as '" + ref.name() + "'");
 }
 
-template <class A, class Q>
-void check_rows(char const* what, tensor<A> const& t, tensor<Q> const& q) {
-  expect_rank(t, 3, "(batch, heads, rows)");
+/// The forward's tensors: q, o (B, H, N, D), k and v (B, H, Nk, D), lse (B, H, N), a head dim
+/// the kernels are built for.
+template <class T, class L>
+void check_forward_args(char const* who, tensor<T const> const& q, tensor<T const> const& k,
+                        tensor<T const> const& v, tensor<T const> const& o,
+                        tensor<L const> const& lse) {
+  for (auto const* t : {&q, &k, &v})
+    expect_rank(who, *t, 4, "(batch, heads, rows, head dim)");
+  for (auto [axis, name] : {std::pair{0, "batch"}, {1, "heads"}, {3, "head dim"}}) {
+    expect_dims(who, "key", k, q, axis, name);
+    expect_dims(who, "value", v, q, axis, name);
+  }
+  expect_dims(who, "value", v, k, 2, "rows");
+  if (q.size(2) < 1 || k.size(2) < 1)
+    throw std::invalid_argument(std::string("tilegrad::") + who + ": no query or no key rows");
+  int const d = static_cast<int>(q.size(3));
+  if (d != 16 && d != 32 && d != 64 && d != 128)
+    throw std::invalid_argument(std::string("tilegrad::") + who + ": head dim " +
+                                std::to_string(d) + " of '" + q.name() +
+                                "' is not one of 16, 32, 64, 128");
+  expect_same_shape(who, "output", o, q);
+  expect_rank(who, lse, 3, "(batch, heads, rows)");
   for (auto [axis, name] : {std::pair{0, "batch"}, {1, "heads"}, {2, "rows"}})
-    expect_dims(what, t, q, axis, axis, name);
+    expect_dims(who, "logsumexp", lse, q, axis, name);
+}
+
+/// The backward's: the forward's, and d_o, dq like q, dk like k, dv like v.
+template <class T, class L>
+void check_backward_args(char const* who, tensor<T const> const& q, tensor<T const> const& k,
+                         tensor<T const> const& v, tensor<T const> const& o,
+                         tensor<T const> const& d_o, tensor<L const> const& lse,
+                         tensor<T const> const& dq, tensor<T const> const& dk,
+                         tensor<T const> const& dv) {
+  check_forward_args(who, q, k, v, o, lse);
+  expect_same_shape(who, "output gradient", d_o, q);
+  expect_same_shape(who, "query gradient", dq, q);
+  expect_same_shape(who, "key gradient", dk, k);
+  expect_same_shape(who, "value gradient", dv, v);
 }
 
 /// Calls f(std::integral_constant<int, D>{}) for the head dim d.
@@ -339,9 +354,7 @@ grid attention_grid(tensor<A> const& t, int block) {
 template <class T>
 void flash_attention_forward(tensor<T const> q, tensor<T const> k, tensor<T const> v, tensor<T> o,
                              tensor<fp32<T>> lse, attention_options const& opt = {}) {
-  detail::check_qkv(q, k, v);
-  detail::check_same_shape("output", o, q);
-  detail::check_rows("logsumexp", lse, q);
+  detail::check_forward_args<T, fp32<T>>("flash_attention", q, k, v, o, lse);
   float const scale = detail::default_scale(opt.scale, q.size(3));
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value, BQ = detail::block_q<D>, BK = detail::block_k<D>;
@@ -363,13 +376,7 @@ void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T con
                               attention_options const& opt = {},
                               attention_backward variant = attention_backward::atomic_dq) {
   using F = fp32<T>;
-  detail::check_qkv(q, k, v);
-  detail::check_same_shape("output", o, q);
-  detail::check_same_shape("output gradient", d_o, q);
-  detail::check_rows("logsumexp", lse, q);
-  detail::check_same_shape("query gradient", dq, q);
-  detail::check_same_shape("key gradient", dk, k);
-  detail::check_same_shape("value gradient", dv, v);
+  detail::check_backward_args<T, F>("flash_attention", q, k, v, o, d_o, lse, dq, dk, dv);
   float const scale = detail::default_scale(opt.scale, q.size(3));
   owned_tensor<F> delta({q.size(0), q.size(1), q.size(2)}, "delta");
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
