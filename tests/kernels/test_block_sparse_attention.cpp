@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/attention.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include <vector>
 
 namespace tg = tilegrad;
+using test_support::error_of;
 namespace tk = tilegrad::kernels;
 
 namespace {
@@ -70,41 +73,6 @@ bool listed(tk::block_table const& t, std::int64_t b, std::int64_t h, std::int64
 
 // o and lse of attention to the keys of the listed blocks, in double from the stored values;
 // a row with no keys has o = 0 and lse = -inf.
-void reference(tg::owned_tensor<float> const& q, tg::owned_tensor<float> const& k,
-               tg::owned_tensor<float> const& v, tk::block_table const& t, int bq, int bk,
-               double scale, std::vector<double>& o, std::vector<double>& lse) {
-  std::int64_t const B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), D = q.size(3);
-  o.assign(static_cast<std::size_t>(B * H * N * D), 0.0);
-  lse.assign(static_cast<std::size_t>(B * H * N), -INFINITY);
-  std::vector<double> s(static_cast<std::size_t>(M));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < N; ++i) {
-        std::vector<std::int64_t> keys;
-        for (std::int64_t j = 0; j < M; ++j)
-          if (listed(t, b, h, i / bq, j / bk))
-            keys.push_back(j);
-        if (keys.empty())
-          continue;
-        double mx = -INFINITY;
-        for (std::int64_t j : keys) {
-          double acc = 0;
-          for (std::int64_t c = 0; c < D; ++c)
-            acc += double(q(b, h, i, c)) * double(k(b, h, j, c));
-          s[j] = acc * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (std::int64_t j : keys)
-          sum += (s[j] = std::exp(s[j] - mx));
-        std::size_t const row = static_cast<std::size_t>((b * H + h) * N + i);
-        lse[row] = mx + std::log(sum);
-        for (std::int64_t j : keys)
-          for (std::int64_t c = 0; c < D; ++c)
-            o[row * D + c] += s[j] / sum * double(v(b, h, j, c));
-      }
-}
-
 struct fwd_case {
   std::int64_t B, H, N, M;
   std::int64_t bt, ht; // table batch and heads: B or 1, H or 1
@@ -125,7 +93,12 @@ void check_forward(fwd_case const& c) {
   tk::block_sparse_attention_forward<float, BQ, BK>(q, k, v, t.count, t.index, o.view(),
                                                     lse.view());
   std::vector<double> ro, rl;
-  reference(q, k, v, t, BQ, BK, 1.0 / std::sqrt(double(D)), ro, rl);
+  test_support::reference_attention(
+      q, k, v, 1.0 / std::sqrt(double(D)),
+      [&](auto b, auto h, std::int64_t i, std::int64_t j) {
+        return listed(t, b, h, i / BQ, j / BK);
+      },
+      ro, rl);
   double err_o = 0, err_l = 0;
   for (std::int64_t i = 0; i < o.numel(); ++i)
     err_o = std::max(err_o, std::abs(o.data()[i] - ro[static_cast<std::size_t>(i)]));
@@ -192,22 +165,17 @@ TEST(BlockSparseAttentionForward, KeysOutsideTheListedBlocksAreNeverRead) {
   tk::block_sparse_attention_forward<float, 16, 16>(q, k, v, t.count, t.index, o.view(),
                                                     lse.view());
   std::vector<double> ro, rl;
-  reference(q, k, v, t, 16, 16, 0.25, ro, rl);
+  test_support::reference_attention(
+      q, k, v, 0.25,
+      [&](auto b, auto h, std::int64_t i, std::int64_t j) {
+        return listed(t, b, h, i / 16, j / 16);
+      },
+      ro, rl);
   for (std::int64_t i = 0; i < o.numel(); ++i) {
     ASSERT_NEAR(o.data()[i], ro[static_cast<std::size_t>(i)], 2e-6) << i;
   }
   for (std::int64_t i = 96; i < N; ++i)
     EXPECT_EQ(lse(0, 0, i), -std::numeric_limits<float>::infinity());
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (std::invalid_argument const& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(BlockSparseAttentionForward, BadBlockTablesAreReportedBeforeAnyProgramRuns) {

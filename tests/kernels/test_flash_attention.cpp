@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/attention.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -15,6 +17,8 @@
 #include <vector>
 
 namespace tg = tilegrad;
+using test_support::as_double;
+using test_support::error_of;
 
 namespace {
 
@@ -24,48 +28,6 @@ void fill(tg::owned_tensor<T>& t, unsigned seed) {
   std::uniform_real_distribution<float> d(-1, 1);
   for (T& v : t)
     v = static_cast<T>(d(rng));
-}
-
-double as_double(tg::bf16 v) {
-  return static_cast<float>(v);
-}
-double as_double(float v) {
-  return v;
-}
-double as_double(double v) {
-  return v;
-}
-
-// o and lse of plain attention for every (b, h), in double from the stored values.
-template <class T>
-void reference(tg::owned_tensor<T> const& q, tg::owned_tensor<T> const& k,
-               tg::owned_tensor<T> const& v, bool causal, double scale, std::vector<double>& o,
-               std::vector<double>& lse) {
-  std::int64_t const B = q.size(0), H = q.size(1), N = q.size(2), M = k.size(2), D = q.size(3);
-  o.assign(static_cast<std::size_t>(B * H * N * D), 0.0);
-  lse.assign(static_cast<std::size_t>(B * H * N), 0.0);
-  std::vector<double> s(static_cast<std::size_t>(M));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < N; ++i) {
-        std::int64_t const end = causal ? std::min(M, i + 1) : M;
-        double mx = -INFINITY;
-        for (std::int64_t j = 0; j < end; ++j) {
-          double acc = 0;
-          for (std::int64_t c = 0; c < D; ++c)
-            acc += as_double(q.view()(b, h, i, c)) * as_double(k.view()(b, h, j, c));
-          s[j] = acc * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (std::int64_t j = 0; j < end; ++j)
-          sum += (s[j] = std::exp(s[j] - mx));
-        std::size_t const row = static_cast<std::size_t>(((b * H + h) * N + i));
-        lse[row] = mx + std::log(sum);
-        for (std::int64_t j = 0; j < end; ++j)
-          for (std::int64_t c = 0; c < D; ++c)
-            o[row * D + c] += s[j] / sum * as_double(v.view()(b, h, j, c));
-      }
 }
 
 struct fwd_case {
@@ -84,7 +46,9 @@ void check_forward(fwd_case c, double tol) {
   tg::kernels::flash_attention_forward<T>(q.cview(), k.cview(), v.cview(), o.view(), lse.view(),
                                           {.causal = c.causal});
   std::vector<double> ro, rl;
-  reference(q, k, v, c.causal, 1.0 / std::sqrt(double(D)), ro, rl);
+  test_support::reference_attention(
+      q, k, v, 1.0 / std::sqrt(double(D)),
+      [&](auto, auto, std::int64_t i, std::int64_t j) { return !c.causal || j <= i; }, ro, rl);
   double err_o = 0, err_l = 0;
   for (std::int64_t i = 0; i < o.numel(); ++i)
     err_o = std::max(err_o, std::abs(as_double(o.data()[i]) - ro[static_cast<std::size_t>(i)]));
@@ -167,16 +131,6 @@ TEST(FlashAttentionBackward, Bf16StorageMatchesFloat32OnTheRoundedInputs) {
         EXPECT_GT(scale, 0.0) << name;
       }
     }
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (std::invalid_argument const& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(FlashAttentionForward, ShapeMismatchesAreReportedBeforeAnyProgramRuns) {
