@@ -334,23 +334,22 @@ double flops_of(pass ps, std::int64_t heads_, std::int64_t n) {
          (ps == pass::fwd ? 0.0 : backward_flops(heads_, n));
 }
 
-/// tilegrad's forward, backward (atomic dQ or two-pass) or both; the backward's o and lse come
-/// from a forward before the loop.
-void bm_tilegrad(benchmark::State& state, pass ps, tk::attention_backward bwd, std::int64_t n,
-                 int threads) {
-  openblas_set_num_threads(threads);
-  problem pr(batch, heads, n);
-  tilegrad_forward(pr, threads);
+/// Times a pass (forward, backward or both) made of `forward` and `backward`, after checking
+/// its results against the naive attention; the backward's inputs come from a forward first.
+template <class Forward, class Backward>
+void time_pass(benchmark::State& state, problem& pr, pass ps, std::int64_t n, int threads,
+               char const* what, Forward&& forward, Backward&& backward) {
+  forward();
   auto run = [&] {
     if (ps != pass::bwd)
-      tilegrad_forward(pr, threads);
+      forward();
     if (ps != pass::fwd)
-      tilegrad_backward(pr, threads, bwd);
+      backward();
     benchmark::ClobberMemory();
   };
   run();
   double const err = std::max(check(pr, "o"), ps == pass::fwd ? 0.0 : check(pr, "grad"));
-  if (failed(state, err, "tilegrad"))
+  if (failed(state, err, what))
     return;
   for (auto _ : state)
     run();
@@ -360,30 +359,25 @@ void bm_tilegrad(benchmark::State& state, pass ps, tk::attention_backward bwd, s
   set_threads_counters(state, threads, n);
 }
 
+/// tilegrad's forward, backward (atomic dQ or two-pass) or both.
+void bm_tilegrad(benchmark::State& state, pass ps, tk::attention_backward bwd, std::int64_t n,
+                 int threads) {
+  openblas_set_num_threads(threads);
+  problem pr(batch, heads, n);
+  time_pass(
+      state, pr, ps, n, threads, "tilegrad", [&] { tilegrad_forward(pr, threads); },
+      [&] { tilegrad_backward(pr, threads, bwd); });
+}
+
 /// The naive attention (its row loops on the same threads as its sgemms); the backward's P
-/// comes from a forward before the loop.
+/// comes from the forward.
 void bm_naive(benchmark::State& state, pass ps, std::int64_t n, int threads) {
   openblas_set_num_threads(threads);
   problem pr(batch, heads, n);
   naive_buffers nb(pr);
-  naive_forward(pr, nb, threads);
-  auto run = [&] {
-    if (ps != pass::bwd)
-      naive_forward(pr, nb, threads);
-    if (ps != pass::fwd)
-      naive_backward(pr, nb, threads);
-    benchmark::ClobberMemory();
-  };
-  run();
-  double const err = std::max(check(pr, "o"), ps == pass::fwd ? 0.0 : check(pr, "grad"));
-  if (failed(state, err, "naive (threaded)"))
-    return;
-  for (auto _ : state)
-    run();
-  double const flops = flops_of(ps, pr.heads(), n);
-  state.counters["GFLOP/s"] = rate(flops, state);
-  add_vs_sgemm(state, threads, flops);
-  set_threads_counters(state, threads, n);
+  time_pass(
+      state, pr, ps, n, threads, "naive (threaded)", [&] { naive_forward(pr, nb, threads); },
+      [&] { naive_backward(pr, nb, threads); });
 }
 
 /// vjp of the forward kernel (all of q, k, v), credited with forward + backward flops;
