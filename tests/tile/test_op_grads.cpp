@@ -109,6 +109,23 @@ TEST(OpGrads, AbsSubgradientAtZeroIsZero) {
   EXPECT_EQ(ops::abs_op::grad(-0.0, 0.0, -1.3), 0.0);
 }
 
+// to<bf16> in a mode with derivatives: the value is the bf16 rounding (at the operand's own
+// width, as bf16(double) rounds), the derivative the identity by convention (the rounding is
+// piecewise constant: central differences would give 0 or infinity).
+TEST(OpGrads, Bf16RoundingIsTheIdentityForDerivatives) {
+  sampler s;
+  for (int i = 0; i < points; ++i) {
+    double const x = s.uniform(-5, 5), g = s.adjoint();
+    EXPECT_EQ(ops::round_bf16_op::apply(x), static_cast<double>(bf16(x))) << x;
+    EXPECT_EQ(ops::round_bf16_op::apply(static_cast<float>(x)),
+              static_cast<float>(bf16(static_cast<float>(x))))
+        << x;
+    EXPECT_EQ(ops::round_bf16_op::grad(x, ops::round_bf16_op::apply(x), g), g) << x;
+  }
+  // 1 + 2^-8 + 2^-40 lies just above a bf16 midpoint: rounded once from double, it goes up.
+  EXPECT_EQ(ops::round_bf16_op::apply(1 + 0x1p-8 + 0x1p-40), 1 + 0x1p-7);
+}
+
 TEST(OpGrads, BinaryArithmetic) {
   check_binary<ops::add_op>("add", -5, 5, anywhere);
   check_binary<ops::sub_op>("sub", -5, 5, anywhere);
@@ -250,6 +267,10 @@ TEST(OpGrads, BatchRulesMatchScalarRules) {
     TILEGRAD_CHECK_UNARY_BATCH(erf_op, bx, x);
     TILEGRAD_CHECK_UNARY_BATCH(abs_op, bx, x);
     TILEGRAD_CHECK_UNARY_BATCH(neg_op, bx, x);
+    TILEGRAD_CHECK_UNARY_BATCH(round_bf16_op, bx, x);
+    check(
+        ops::round_bf16_op::apply(bx), [&](int i) { return ops::round_bf16_op::apply(x[i]); },
+        "round_bf16_op::apply");
 #undef TILEGRAD_CHECK_UNARY_BATCH
 #define TILEGRAD_CHECK_BINARY_BATCH(OP)                                                            \
   check(                                                                                           \

@@ -3,6 +3,8 @@
 // instantiated with, so that its tiles record onto the program's tape.
 #pragma once
 
+#include "tilegrad/core/types.hpp"
+
 #include <type_traits>
 
 namespace tilegrad {
@@ -24,6 +26,9 @@ struct adjoint {
   constexpr explicit operator U() const {
     return static_cast<U>(v);
   }
+  /// The value at another width (tiles convert through to<U>, which records the conversion).
+  template <class U>
+  constexpr explicit adjoint(adjoint<U> x) : v(static_cast<T>(x.v)) {}
 
   // Scalar arithmetic on values only (a lone element outside a tile is not recorded).
   friend constexpr adjoint operator+(adjoint a, adjoint b) { return adjoint(a.v + b.v); }
@@ -36,6 +41,17 @@ struct adjoint {
 };
 
 static_assert(sizeof(adjoint<float>) == sizeof(float) && alignof(adjoint<float>) == alignof(float));
+
+namespace detail {
+template <class T, class U>
+struct rebind_scalar<adjoint<T>, U> {
+  using type = adjoint<U>;
+};
+template <class T>
+struct primal_scalar<adjoint<T>> {
+  using type = T;
+};
+} // namespace detail
 
 template <class T>
 concept adjoint_scalar = requires { typename std::remove_cvref_t<T>::adjoint_tag; };

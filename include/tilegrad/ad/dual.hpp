@@ -100,6 +100,15 @@ concept dual_scalar = requires {
 };
 
 namespace detail {
+template <class T, int N, class U>
+struct rebind_scalar<dual<T, N>, U> {
+  using type = dual<U, N>;
+};
+template <class T, int N>
+struct primal_scalar<dual<T, N>> {
+  using type = T;
+};
+
 // The chain rule for a unary function: value y, derivative dy/dx at x.
 template <class T, int N>
 constexpr dual<T, N> chain(dual<T, N> const& x, T y, T dydx) {
@@ -198,6 +207,13 @@ constexpr dual<T, N> maximum(dual<T, N> const& a, dual<T, N> const& b) {
 template <class T, int N>
 constexpr dual<T, N> minimum(dual<T, N> const& a, dual<T, N> const& b) {
   return b < a ? b : a;
+}
+/// The value rounded to bf16 precision, the tangents unchanged (to<bf16> of a dual: bf16
+/// rounding is differentiated as the identity).
+template <class T, int N>
+constexpr dual<T, N> round_bf16(dual<T, N> x) {
+  x.v = static_cast<T>(static_cast<float>(bf16(x.v)));
+  return x;
 }
 template <class T, int N>
 constexpr dual<T, N> where(bool c, dual<T, N> const& a, dual<T, N> const& b) {

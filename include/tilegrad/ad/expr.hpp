@@ -255,10 +255,9 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
       backprop<W>(n.e, D::child_row(r), c, g);
   } else if constexpr (requires { n.es; }) {
     backprop_map<W>(n, r, c, g, std::make_index_sequence<std::tuple_size_v<decltype(n.es)>>{});
-  } else if constexpr (requires { typename D::from_type; }) { // convert between float types
-    static_assert(std::is_same_v<value_of_t<D>, typename D::from_type>,
-                  "tilegrad: reverse mode through a conversion between float types is not "
-                  "supported yet");
+  } else if constexpr (requires { typename D::from_type; }) { // between float widths
+    using F = typename D::from_type;
+    backprop<W>(n.e, r, c, simd::convert<F, W, value_of_t<D>>(g));
   } else { // permute: scalar lanes only
     static_assert(W == 1);
     using C = shape_of_t<decltype(n.e)>;

@@ -21,9 +21,37 @@ template <class T>
 inline constexpr bool is_floating_v = std::is_floating_point_v<T> || !is_builtin_v<T>;
 
 namespace detail {
+/// How a custom scalar names itself at another float width: `rebind_scalar<adjoint<float>,
+/// double>` is `adjoint<double>`. Custom scalars specialise it (with their primal type).
+template <class T, class U>
+struct rebind_scalar {};
+template <class T>
+struct primal_scalar {
+  using type = T;
+};
+
+template <class T>
+concept rebindable_scalar = requires { typename rebind_scalar<T, double>::type; };
+} // namespace detail
+
+/// `T` at the float width of `U`, in T's mode: `U` itself for plain numbers.
+template <class T, class U>
+using rebind_scalar_t = typename std::conditional_t<detail::rebindable_scalar<T>,
+                                                    detail::rebind_scalar<T, U>,
+                                                    std::type_identity<U>>::type;
+
+namespace detail {
 template <class A, class B>
 struct promote {
   using type = std::common_type_t<A, B>;
+};
+// Two widths of one mode meet at the wider: adjoint<float> * adjoint<double> is adjoint<double>.
+template <rebindable_scalar A, rebindable_scalar B>
+  requires(!std::is_same_v<A, B> &&
+           std::is_same_v<rebind_scalar_t<A, float>, rebind_scalar_t<B, float>>)
+struct promote<A, B> {
+  using type = rebind_scalar_t<
+      A, std::common_type_t<typename primal_scalar<A>::type, typename primal_scalar<B>::type>>;
 };
 // A custom scalar absorbs builtin numbers: dual<float> * 2.0f stays dual<float>.
 template <class A, class B>
@@ -73,6 +101,11 @@ struct fp32_of<T> {
 /// fp64 reference, the mode's own scalar for dual and adjoint numbers.
 template <class T>
 using fp32 = typename detail::fp32_of<std::remove_cv_t<T>>::type;
+
+/// "fp64 in the current mode" (Triton's tl.float64): double on the fast path, the mode's double
+/// scalar for dual and adjoint numbers (adjoint<double> for adjoint<float>).
+template <class T>
+using fp64 = rebind_scalar_t<std::remove_cv_t<T>, double>;
 
 /// Accumulator type of reductions and dot: fp32 for floats, int32 for small integers.
 template <class T>

@@ -264,10 +264,20 @@ TILEGRAD_INLINE auto fma(A&& a, B&& b, C&& c) {
 }
 
 /// to<U>(x): element-type conversion (Triton's x.to(U)). Float to bf16 rounds to nearest
-/// even; float to integer truncates toward zero.
+/// even; float to integer truncates toward zero. On tiles that carry derivatives (dual,
+/// adjoint), a float type names that width in the same mode: to<double> of adjoint<float> is
+/// adjoint<double>, to<float> keeps the derivatives, and to<bf16> rounds the value to bf16
+/// precision at its own width (the rounding is differentiated as the identity).
 template <class U, tile_expression A>
 TILEGRAD_INLINE auto to(A&& a) {
-  return detail::convert_as<U>(detail::as_node(std::forward<A>(a)));
+  using From = detail::elem_t<A>;
+  if constexpr (!detail::rebindable_scalar<From> ||
+                !(std::is_floating_point_v<U> || std::is_same_v<U, bf16>))
+    return detail::convert_as<U>(detail::as_node(std::forward<A>(a)));
+  else if constexpr (std::is_same_v<U, bf16>)
+    return make_map<ops::round_bf16_op>(detail::as_node(std::forward<A>(a)));
+  else
+    return detail::convert_as<rebind_scalar_t<From, U>>(detail::as_node(std::forward<A>(a)));
 }
 
 } // namespace tilegrad

@@ -121,6 +121,37 @@ struct neg_op : same_type {
   }
 };
 
+namespace detail {
+TILEGRAD_INLINE float round_bf16(float x) { return static_cast<float>(bf16(x)); }
+TILEGRAD_INLINE double round_bf16(double x) { return static_cast<double>(bf16(x)); }
+#if TILEGRAD_USE_XSIMD
+template <class T, class A>
+TILEGRAD_INLINE xsimd::batch<T, A> round_bf16(xsimd::batch<T, A> const& x) {
+  constexpr std::size_t w = xsimd::batch<T, A>::size;
+  alignas(64) T l[w];
+  x.store_unaligned(l);
+  for (std::size_t i = 0; i < w; ++i) l[i] = round_bf16(l[i]);
+  return xsimd::batch<T, A>::load_unaligned(l);
+}
+#endif
+} // namespace detail
+
+/// to<bf16> inside a mode that carries derivatives: the value rounded to bf16 precision, kept
+/// at its own width; the rounding is differentiated as the identity.
+struct round_bf16_op : same_type {
+  static constexpr char const* name = "round_bf16";
+  static constexpr bool floating_only = true;
+  template <class V>
+  TILEGRAD_INLINE static V apply(V const& x) {
+    using namespace detail;
+    return round_bf16(x);
+  }
+  template <class V>
+  TILEGRAD_INLINE static V grad(V const&, V const&, V const& g) {
+    return g;
+  }
+};
+
 /// Bitwise complement on integers, logical not on bool tiles.
 struct invert_op : same_type {
   static constexpr char const* name = "invert";

@@ -38,7 +38,11 @@ template <class To, class From>
 struct cannot_convert_tile_implicitly {
   // The whole condition: require_implicit's || instantiates this struct whether or not its left
   // operand already holds.
-  static_assert(converts_implicitly<To, From>,
+  static_assert(converts_implicitly<To, From> || is_builtin_v<From> || !is_builtin_v<To>,
+                "tilegrad: this tile holds plain numbers but the expression carries derivatives "
+                "(dual or adjoint elements): declare it tile<fp32<T>, ...> (Triton's "
+                "tl.float32 in the kernel's mode) so the derivatives flow on");
+  static_assert(converts_implicitly<To, From> || (is_builtin_v<To> && !is_builtin_v<From>),
                 "tilegrad: narrowing element-type conversion: write to<T>(e) to convert "
                 "explicitly");
   static constexpr bool value = true;
