@@ -126,6 +126,34 @@ TEST(VjpDeterminism, BitwiseIdenticalForAnyThreadCount) {
     }
 }
 
+TEST(VjpDeterminism, GradientsLargerThanTheCachesAreWrittenPastIt) {
+  // dx of 2100 x 1030 floats (8.6 MB) is large enough that its first writes stream past the
+  // cache; rows of 1030 elements make runs that cover some 64-element words whole (streamed)
+  // and split others between two programs (written by one, added to by the next).
+  int const n = 2100, d = 1030;
+  tg::owned_tensor<float> x({n, d}, "x"), w({d}, "w"), y({n}, "y"), dy({n}, "dy");
+  fill(x, 4);
+  fill(w, 5);
+  fill(dy, 6);
+  auto run = [&](tg::launch_options o) {
+    return tg::vjp(o, tg::cdiv(n, 16), tg::kernels::weighted_sum_fwd<16, 64>, tg::in("x", x),
+                   tg::in("w", w), tg::out("y", y, dy));
+  };
+  auto const ref = run({tg::executor::sequential, 1});
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j)
+      ASSERT_EQ(ref["x"](i, j), dy(i) * w(j)) << "dx(" << i << ", " << j << ")";
+  if (!tg::executor_available(tg::executor::tbb))
+    return;
+  for (int threads : {2, 0}) {
+    auto const got = run({tg::executor::tbb, threads});
+    for (char const* name : {"x", "w"})
+      EXPECT_EQ(std::memcmp(got[name].data(), ref[name].data(), sizeof(float) * got[name].numel()),
+                0)
+          << name << ", threads " << threads;
+  }
+}
+
 TEST(VjpDeterminism, OverlappingContributionsAreWrittenThenAddedInProgramOrder) {
   // Program p reads a window of 13 elements at 5p (windows overlap, and straddle the 64-element
   // words of the gradient's bookkeeping) and 4 elements 70 apart from p: every element's first

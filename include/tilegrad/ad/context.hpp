@@ -5,6 +5,7 @@
 #pragma once
 
 #include "tilegrad/ad/tape.hpp"
+#include "tilegrad/core/simd.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
 #include <algorithm>
@@ -135,6 +136,9 @@ struct segment {
 struct gradient_sink {
   void* data = nullptr;
   std::uint64_t* written = nullptr;
+  // A gradient larger than a core's caches, aligned: the first write of a whole word of 64
+  // elements streams past the cache (no read for ownership of lines about to be overwritten).
+  bool stream = false;
 
   /// Adds the values v to the elements of run r (the first contribution to an element is
   /// written: 0 + v is v, but for the sign of a zero).
@@ -162,7 +166,10 @@ struct gradient_sink {
       T* const d = g + el;
       T const* const s = v + k;
       if (have == 0) {
-        for (int j = 0; j < m; ++j) d[j] = s[j];
+        if (stream && m == 64)
+          simd::stream_copy(d, s, sizeof(T) * 64);
+        else
+          for (int j = 0; j < m; ++j) d[j] = s[j];
       } else if (have == mask) {
         for (int j = 0; j < m; ++j) d[j] += s[j];
       } else {

@@ -291,6 +291,9 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   gradients<T> result;
   std::vector<ad::gradient_sink> sinks(entries.size());
   std::vector<ad::stamp_buffer<std::uint64_t>> written;
+  // Gradients from this size on are written past the cache the first time (ad::gradient_sink).
+  constexpr std::size_t stream_bytes = std::size_t{8} << 20;
+  bool any_stream = false;
   for (auto& e : entries) {
     if (!e.wants_grad()) continue;
     if (!e.layout.is_contiguous())
@@ -300,7 +303,10 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
                                 static_cast<std::size_t>(e.layout.rank()), e.name));
     (void)ok;
     written.emplace_back(static_cast<std::size_t>((e.layout.numel() + 63) / 64));
-    sinks[static_cast<std::size_t>(e.index)] = {it->second.data(), written.back().p};
+    bool const stream = sizeof(T) * static_cast<std::size_t>(e.layout.numel()) >= stream_bytes &&
+                        reinterpret_cast<std::uintptr_t>(it->second.data()) % 64 == 0;
+    sinks[static_cast<std::size_t>(e.index)] = {it->second.data(), written.back().p, stream};
+    any_stream |= stream;
   }
 
   auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
@@ -357,6 +363,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
           if (state.direct) applying = true;
         }
         state.t.sweep();
+        if (any_stream && state.direct) simd::stream_fence();
       } catch (...) {
         ad::current_state() = saved;
         if (state.direct) {
@@ -388,6 +395,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
           take = next++;
         }
         ad::apply_contributions<T>(results[static_cast<std::size_t>(take)], sinks);
+        if (any_stream) simd::stream_fence();
       }
     });
     // Races: each program's accesses against the wave's final stamps, in program order.

@@ -5,11 +5,16 @@
 
 #include "tilegrad/core/config.hpp"
 
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #if TILEGRAD_USE_XSIMD
 #include <xsimd/xsimd.hpp>
+#endif
+#if defined(__SSE2__)
+#include <immintrin.h>
 #endif
 
 namespace tilegrad::simd {
@@ -172,6 +177,39 @@ TILEGRAD_INLINE vec_t<To, W> convert(V const& v) {
     }
 #endif
   }
+}
+
+/// Copies `bytes` (a multiple of 64) from src to the 64-byte aligned dst with non-temporal
+/// stores where the target has them: a line written once and not read again soon skips the read
+/// for ownership and leaves the cache to data in use. Elsewhere a plain copy. Other threads may
+/// read dst only after this thread's stream_fence().
+inline void stream_copy(void* dst, void const* src, std::size_t bytes) {
+#if defined(__AVX512F__)
+  for (std::size_t i = 0; i < bytes; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(static_cast<char*>(dst) + i),
+                        _mm512_loadu_si512(static_cast<char const*>(src) + i));
+#elif defined(__AVX__)
+  for (std::size_t i = 0; i < bytes; i += 32)
+    _mm256_stream_si256(
+        reinterpret_cast<__m256i*>(static_cast<char*>(dst) + i),
+        _mm256_loadu_si256(reinterpret_cast<__m256i const*>(static_cast<char const*>(src) + i)));
+#elif defined(__SSE2__)
+  for (std::size_t i = 0; i < bytes; i += 16)
+    _mm_stream_si128(
+        reinterpret_cast<__m128i*>(static_cast<char*>(dst) + i),
+        _mm_loadu_si128(reinterpret_cast<__m128i const*>(static_cast<char const*>(src) + i)));
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+/// Orders this thread's stream_copy stores before its later stores (a lock release, say).
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
 }
 
 } // namespace tilegrad::simd
