@@ -54,9 +54,16 @@ tk::block_table local_and_global(std::int64_t rows, std::int64_t cols) {
   });
 }
 
-enum class bug { none, last_block_skipped, head_table_ignored, key_edge_off_by_one };
+enum class bug {
+  none,
+  last_block_skipped,
+  head_table_ignored,
+  key_edge_off_by_one,
+  causal_mask_missing // in the dq pass of a causal backward
+};
 
-// The query-block pass of tk::block_sparse_attention_bwd_dq written out again, with one bug.
+// The query-block pass of tk::block_sparse_attention_bwd_dq written out again (without the
+// causal mask), with one bug.
 template <bug B>
 constexpr auto broken_dq =
     []<class T>(tg::program const& p, tg::tensor<T const> q, tg::tensor<T const> k,
@@ -123,7 +130,7 @@ constexpr auto broken_dkdv =
 
 // With no bug and the default blocks, the host entry point; otherwise its three launches
 // written out, the broken pass in place of the good one.
-template <bug B, int Q = BQ, int K = BK>
+template <bug B, int Q = BQ, int K = BK, bool Causal = false>
 auto backward(tg::tensor<float const> lse, tk::block_table const& t) {
   return [lse, count = t.count.cview(), index = t.index.cview()](tg::backward_context<float>& ctx) {
     auto const q = ctx.input("q"), k = ctx.input("k"), v = ctx.input("v");
@@ -131,9 +138,9 @@ auto backward(tg::tensor<float const> lse, tk::block_table const& t) {
     tg::owned_tensor<float> dq(q.shape().data(), 4), dk(k.shape().data(), 4),
         dv(v.shape().data(), 4);
     if constexpr (B == bug::none && Q == BQ && K == BK) {
-      tk::block_sparse_attention_backward<float, BQ, BK>(q, k, v, o, d_o, lse, count, index,
-                                                         dq.view(), dk.view(), dv.view(),
-                                                         {.launch = ctx.options()});
+      tk::block_sparse_attention_backward<float, BQ, BK>(
+          q, k, v, o, d_o, lse, count, index, dq.view(), dk.view(), dv.view(),
+          {.causal = Causal, .launch = ctx.options()});
     } else {
       tg::owned_tensor<float> delta({q.size(0), q.size(1), q.size(2)});
       auto const queries =
@@ -145,15 +152,16 @@ auto backward(tg::tensor<float const> lse, tk::block_table const& t) {
         tg::launch(ctx.options(), keys, broken_dkdv, q, k, v, d_o, lse, delta.cview(),
                    by_key.count.cview(), by_key.index.cview(), dk.view(), dv.view(), scale());
       else
-        tg::launch(ctx.options(), keys, tk::block_sparse_attention_bwd_dkdv<D, Q, K>, q, k, v, d_o,
-                   lse, delta.cview(), by_key.count.cview(), by_key.index.cview(), dk.view(),
-                   dv.view(), scale());
-      if constexpr (B == bug::last_block_skipped || B == bug::head_table_ignored)
+        tg::launch(ctx.options(), keys, tk::block_sparse_attention_bwd_dkdv<D, Q, K, Causal>, q, k,
+                   v, d_o, lse, delta.cview(), by_key.count.cview(), by_key.index.cview(),
+                   dk.view(), dv.view(), scale());
+      if constexpr (B == bug::last_block_skipped || B == bug::head_table_ignored ||
+                    B == bug::causal_mask_missing)
         tg::launch(ctx.options(), queries, broken_dq<B>, q, k, v, d_o, lse, delta.cview(), count,
                    index, dq.view(), scale());
       else
-        tg::launch(ctx.options(), queries, tk::block_sparse_attention_bwd_dq<D, Q, K>, q, k, v, d_o,
-                   lse, delta.cview(), count, index, dq.view(), scale());
+        tg::launch(ctx.options(), queries, tk::block_sparse_attention_bwd_dq<D, Q, K, Causal>, q, k,
+                   v, d_o, lse, delta.cview(), count, index, dq.view(), scale());
     }
     ctx.set_gradient("q", dq);
     ctx.set_gradient("k", dk);
@@ -165,16 +173,17 @@ struct problem {
   std::int64_t batch, heads, n, nk;
 };
 
-template <bug B, int Q = BQ, int K = BK>
+template <bug B, int Q = BQ, int K = BK, bool Causal = false>
 tg::check_report check(problem s, tk::block_table const& t, int seeds = 3) {
   tg::owned_tensor<float> q({s.batch, s.heads, s.n, D}), k({s.batch, s.heads, s.nk, D}),
       v({s.batch, s.heads, s.nk, D}), o({s.batch, s.heads, s.n, D}),
       lse({s.batch, s.heads, s.n}, "lse");
   auto const g = tg::grid(tg::cdiv<int>(int(s.n), Q), int(s.heads), int(s.batch));
   return tg::check_backward(
-      tg::forward(g, tk::block_sparse_attention_fwd<D, Q, K>, tg::in("q", q), tg::in("k", k),
-                  tg::in("v", v), t.count, t.index, tg::out("o", o), lse.view(), scale()),
-      backward<B, Q, K>(lse.cview(), t), {.seeds = seeds, .inputs = tg::uniform(-2, 2)});
+      tg::forward(g, tk::block_sparse_attention_fwd<D, Q, K, Causal>, tg::in("q", q),
+                  tg::in("k", k), tg::in("v", v), t.count, t.index, tg::out("o", o), lse.view(),
+                  scale()),
+      backward<B, Q, K, Causal>(lse.cview(), t), {.seeds = seeds, .inputs = tg::uniform(-2, 2)});
 }
 
 // The query blocks (of one batch and head, rows of 16) with a mismatch in the report's block map
@@ -264,6 +273,29 @@ TEST(CheckBlockSparseAttention, KeyEdgeOffByOneShowsInTheLastKeyOnly) {
   EXPECT_TRUE(test_support::mismatches_in(r.gradient("k"), 99, 99, 0, D - 1));
   EXPECT_TRUE(test_support::mismatches_in(r.gradient("v"), 99, 99, 0, D - 1));
   EXPECT_TRUE(r.gradient("q")->ok);
+}
+
+TEST(CheckBlockSparseAttention, CausalBackwardPasses) {
+  // Random tables list blocks past the diagonal as well: some queries (all of query block 2 in
+  // the first table) have only keys after them, so no key at all.
+  auto const t = random_table(1, 2, 7, 7, 0.5, 11);
+  ASSERT_EQ(t.count(0, 0, 2), 1);
+  ASSERT_EQ(t.index(0, 0, 2, 0), 5);
+  EXPECT_BACKWARD_OK((check<bug::none, BQ, BK, true>({2, 2, 100, 100}, t)));
+  EXPECT_BACKWARD_OK((check<bug::none, BQ, BK, true>({1, 2, 100, 100}, local_and_global(7, 7))));
+  EXPECT_BACKWARD_OK(
+      (check<bug::none, 32, 16, true>({1, 2, 100, 90}, random_table(1, 2, 4, 6, 0.6, 12))));
+}
+
+TEST(CheckBlockSparseAttention, CausalMaskMissingInTheDqPassShowsInDqOnly) {
+  auto const r = check<bug::causal_mask_missing, BQ, BK, true>({1, 1, 100, 100},
+                                                                local_and_global(7, 7), 1);
+  ASSERT_FALSE(r);
+  // Every query block lists its diagonal block and the next: each one's dq takes keys after its
+  // queries. dk and dv come from the other pass.
+  EXPECT_EQ(bad_query_blocks(r.gradient("q")), "0 1 2 3 4 5 6") << r;
+  EXPECT_TRUE(r.gradient("k")->ok);
+  EXPECT_TRUE(r.gradient("v")->ok);
 }
 
 TEST(CheckBlockSparseAttention, BackwardChecksTheTableBeforeAnyProgramRuns) {

@@ -15,6 +15,10 @@
 // lse = -inf (no keys: the empty sum), and gradient 0 for its queries. The host entry points
 // check the table (check_block_table) before any program runs; the kernels trust it.
 //
+// Causal (FlexAttention's causal mask_mod over a block mask): within the listed blocks, query
+// i attends to key j only if j <= i. A query whose listed keys all lie after it has no keys:
+// o = 0, lse = -inf and gradient 0, as for a query block that lists nothing.
+//
 // Backward without atomics (deterministic): the host transposes the table into q_count and
 // q_index (for each key block, the query blocks that list it, in increasing order); one launch
 // over key blocks computes dK and dV, one over query blocks computes dQ.
@@ -63,11 +67,11 @@ inline listed_blocks listed(tensor<std::int32_t const> count, tensor<std::int32_
 
 } // namespace detail
 
-/// Forward: o = softmax(scale * q kᵀ) v over the listed key blocks of each query block, and
-/// lse = the rows' logsumexp, for q, o (B, H, N, D), k, v (B, H, Nk, D), lse (B, H, N) and the
-/// block table kv_count, kv_index of blocks BQ x BK (see the top of this header).
+/// Forward: o = softmax(scale * q kᵀ [causal mask]) v over the listed key blocks of each query
+/// block, and lse = the rows' logsumexp, for q, o (B, H, N, D), k, v (B, H, Nk, D), lse (B, H, N)
+/// and the block table kv_count, kv_index of blocks BQ x BK (see the top of this header).
 /// Grid: (cdiv(N, BQ), H, B).
-template <int D, int BQ, int BK>
+template <int D, int BQ, int BK, bool Causal = false>
 inline constexpr auto block_sparse_attention_fwd =
     []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
                 tensor<std::int32_t const> kv_count, tensor<std::int32_t const> kv_index,
@@ -93,26 +97,36 @@ inline constexpr auto block_sparse_attention_fwd =
         tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
         tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
         tile<F, BQ, BK> s = dot(qi, trans(kj)) * scale;
-        if (detail::block_needs_mask<BQ, BK, false>(q0, k0, n_k)) // the last key block only
-          s = where(detail::block_mask<BQ, BK, false>(q0, k0, n_k), s, detail::neg_inf);
+        if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k)) // the last, or the diagonal
+          s = where(detail::block_mask<BQ, BK, Causal>(q0, k0, n_k), s, detail::neg_inf);
         tile<F, BQ> const m_new = maximum(m, max<1>(s));
-        tile<F, BQ, BK> const pt = exp(s - col(m_new));
-        tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier blocks summed
+        // Causal, a row may have no key so far (its blocks so far lie after it): its maximum is
+        // still -inf, and the shift by it must not make exp(-inf + inf) a NaN.
+        tile<F, BQ> m_ref = m_new;
+        if constexpr (Causal)
+          m_ref = where(m_new == detail::neg_inf, 0.0f, m_new);
+        tile<F, BQ, BK> const pt = exp(s - col(m_ref));
+        tile<F, BQ> const alpha = exp(m - m_ref); // rescales what earlier blocks summed
         l = l * alpha + sum<1>(pt);
         acc *= col(alpha);
         acc = dot(pt, vj, std::move(acc));
         m = m_new;
       }
-      // Every listed block holds at least one key, so l > 0 on every row.
-      store(ob, acc / col(l), bounds<0>);
-      store(lb, m + log(l), bounds<0>);
+      if constexpr (Causal) { // a row with no key: l = 0 and acc = 0, so o = 0 and lse = -inf
+        tile<F, BQ> const l_ref = where(l > 0.0f, l, 1.0f); // no 0 / 0, not even unselected
+        store(ob, acc / col(l_ref), bounds<0>);
+        store(lb, where(l > 0.0f, m + log(l_ref), detail::neg_inf), bounds<0>);
+      } else { // every listed block holds at least one key, so l > 0 on every row
+        store(ob, acc / col(l), bounds<0>);
+        store(lb, m + log(l), bounds<0>);
+      }
     };
 
 /// Backward, first pass: dk, dv (B, H, Nk, D) by key blocks, each walking the query blocks that
 /// list it in the transposed table q_count (Bt, Ht, cdiv(Nk, BK)), q_index (Bt, Ht, cdiv(Nk, BK),
 /// max_q) that block_sparse_transpose builds. Needs lse from the forward and delta from
 /// flash_attention_bwd_delta. Grid: (cdiv(Nk, BK), H, B).
-template <int D, int BQ, int BK>
+template <int D, int BQ, int BK, bool Causal = false>
 inline constexpr auto block_sparse_attention_bwd_dkdv = []<class T>(
                                                             program const& p, tensor<T const> q,
                                                             tensor<T const> k, tensor<T const> v,
@@ -143,7 +157,7 @@ inline constexpr auto block_sparse_attention_bwd_dkdv = []<class T>(
     auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
     auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
     auto const [pt, ds] =
-        detail::probabilities_and_ds<BQ, BK, false>(qi, kt, vt, doi, li, di, scale, q0, k0, n_k);
+        detail::probabilities_and_ds<BQ, BK, Causal>(qi, kt, vt, doi, li, di, scale, q0, k0, n_k);
     dv_acc = dot(trans(pt), doi, std::move(dv_acc));
     dk_acc = dot(trans(ds), qi, std::move(dk_acc));
   }
@@ -154,7 +168,7 @@ inline constexpr auto block_sparse_attention_bwd_dkdv = []<class T>(
 /// Backward, second pass: dq (B, H, N, D) by query blocks, each walking its listed key blocks
 /// (kv_count, kv_index as in the forward); a query block that lists none gets dq = 0.
 /// Grid: (cdiv(N, BQ), H, B).
-template <int D, int BQ, int BK>
+template <int D, int BQ, int BK, bool Causal = false>
 inline constexpr auto block_sparse_attention_bwd_dq =
     []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
                 tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
@@ -174,7 +188,7 @@ inline constexpr auto block_sparse_attention_bwd_dq =
         int const k0 = blocks[i] * BK;
         tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
         tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
-        auto const [pt, ds] = detail::probabilities_and_ds<BQ, BK, false>(
+        auto const [pt, ds] = detail::probabilities_and_ds<BQ, BK, Causal>(
             qi, tile<F, D, BK>(trans(kj) * scale), tile<F, D, BK>(trans(vj)), doi, li, di, scale,
             q0, k0, n_k);
         acc = dot(ds, kj, std::move(acc));
@@ -254,7 +268,8 @@ inline block_table block_sparse_transpose(tensor<std::int32_t const> count,
 }
 
 struct block_sparse_options {
-  float scale = 0; // 0: 1 / sqrt(head dim)
+  bool causal = false; // within the listed blocks, key j only for queries i >= j
+  float scale = 0;     // 0: 1 / sqrt(head dim)
   launch_options launch = default_options();
 };
 
@@ -347,8 +362,13 @@ void block_sparse_attention_forward(tensor<T const> q, tensor<T const> k, tensor
   float const scale = detail::default_scale(opt.scale, q.size(3));
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    launch(opt.launch, detail::attention_grid(q, BQ), block_sparse_attention_fwd<D, BQ, BK>, q, k,
-           v, kv_count, kv_index, o, lse, scale);
+    auto const g = detail::attention_grid(q, BQ);
+    if (opt.causal)
+      launch(opt.launch, g, block_sparse_attention_fwd<D, BQ, BK, true>, q, k, v, kv_count,
+             kv_index, o, lse, scale);
+    else
+      launch(opt.launch, g, block_sparse_attention_fwd<D, BQ, BK, false>, q, k, v, kv_count,
+             kv_index, o, lse, scale);
   });
 }
 
@@ -369,15 +389,21 @@ void block_sparse_attention_backward(tensor<T const> q, tensor<T const> k, tenso
   float const scale = detail::default_scale(opt.scale, q.size(3));
   auto const by_key = block_sparse_transpose(kv_count, kv_index, cdiv<std::int64_t>(k.size(2), BK));
   owned_tensor<F> delta({q.size(0), q.size(1), q.size(2)}, "delta");
-  detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
-    constexpr int D = decltype(dc)::value;
+  auto const passes = [&]<int D, bool Causal>() {
     auto const queries = detail::attention_grid(q, BQ);
     launch(opt.launch, queries, flash_attention_bwd_delta<D, BQ>, o, d_o, delta.view());
-    launch(opt.launch, detail::attention_grid(k, BK), block_sparse_attention_bwd_dkdv<D, BQ, BK>, q,
-           k, v, d_o, lse, delta.cview(), by_key.count.cview(), by_key.index.cview(), dk, dv,
-           scale);
-    launch(opt.launch, queries, block_sparse_attention_bwd_dq<D, BQ, BK>, q, k, v, d_o, lse,
+    launch(opt.launch, detail::attention_grid(k, BK),
+           block_sparse_attention_bwd_dkdv<D, BQ, BK, Causal>, q, k, v, d_o, lse, delta.cview(),
+           by_key.count.cview(), by_key.index.cview(), dk, dv, scale);
+    launch(opt.launch, queries, block_sparse_attention_bwd_dq<D, BQ, BK, Causal>, q, k, v, d_o, lse,
            delta.cview(), kv_count, kv_index, dq, scale);
+  };
+  detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (opt.causal)
+      passes.template operator()<D, true>();
+    else
+      passes.template operator()<D, false>();
   });
 }
 
