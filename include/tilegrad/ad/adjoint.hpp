@@ -14,6 +14,8 @@ struct adjoint {
   static_assert(std::is_floating_point_v<T>, "tilegrad: adjoint<T> wants float or double");
   using adjoint_tag = void;
   using primal_type = T;
+  template <class U>
+  using rebind = adjoint<U>; // the same mode at another float width (to<double>, fp64<T>)
   T v{};
 
   constexpr adjoint() = default;
@@ -26,9 +28,6 @@ struct adjoint {
   constexpr explicit operator U() const {
     return static_cast<U>(v);
   }
-  /// The value at another width (tiles convert through to<U>, which records the conversion).
-  template <class U>
-  constexpr explicit adjoint(adjoint<U> x) : v(static_cast<T>(x.v)) {}
 
   // Scalar arithmetic on values only (a lone element outside a tile is not recorded).
   friend constexpr adjoint operator+(adjoint a, adjoint b) { return adjoint(a.v + b.v); }
@@ -41,17 +40,6 @@ struct adjoint {
 };
 
 static_assert(sizeof(adjoint<float>) == sizeof(float) && alignof(adjoint<float>) == alignof(float));
-
-namespace detail {
-template <class T, class U>
-struct rebind_scalar<adjoint<T>, U> {
-  using type = adjoint<U>;
-};
-template <class T>
-struct primal_scalar<adjoint<T>> {
-  using type = T;
-};
-} // namespace detail
 
 template <class T>
 concept adjoint_scalar = requires { typename std::remove_cvref_t<T>::adjoint_tag; };

@@ -22,6 +22,8 @@ struct dual {
   using scalar_tag = void; // meets a tile as a plain number does
   using dual_tag = void;
   using primal_type = T;
+  template <class U>
+  using rebind = dual<U, N>; // the same mode at another float width (to<double>, fp64<T>)
   static constexpr int directions = N;
 
   T v;
@@ -100,15 +102,6 @@ concept dual_scalar = requires {
 };
 
 namespace detail {
-template <class T, int N, class U>
-struct rebind_scalar<dual<T, N>, U> {
-  using type = dual<U, N>;
-};
-template <class T, int N>
-struct primal_scalar<dual<T, N>> {
-  using type = T;
-};
-
 // The chain rule for a unary function: value y, derivative dy/dx at x.
 template <class T, int N>
 constexpr dual<T, N> chain(dual<T, N> const& x, T y, T dydx) {

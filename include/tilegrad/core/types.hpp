@@ -21,24 +21,26 @@ template <class T>
 inline constexpr bool is_floating_v = std::is_floating_point_v<T> || !is_builtin_v<T>;
 
 namespace detail {
-/// How a custom scalar names itself at another float width: `rebind_scalar<adjoint<float>,
-/// double>` is `adjoint<double>`. Custom scalars specialise it (with their primal type).
-template <class T, class U>
-struct rebind_scalar {};
+/// A custom scalar that names its number type (`primal_type`) and itself at another float
+/// width (`rebind<U>`: adjoint<float>::rebind<double> is adjoint<double>).
 template <class T>
-struct primal_scalar {
-  using type = T;
+concept rebindable_scalar = requires {
+  typename T::primal_type;
+  typename T::template rebind<double>;
 };
-
-template <class T>
-concept rebindable_scalar = requires { typename rebind_scalar<T, double>::type; };
+template <class T, class U>
+struct rebind_scalar {
+  using type = U;
+};
+template <rebindable_scalar T, class U>
+struct rebind_scalar<T, U> {
+  using type = typename T::template rebind<U>;
+};
 } // namespace detail
 
 /// `T` at the float width of `U`, in T's mode: `U` itself for plain numbers.
 template <class T, class U>
-using rebind_scalar_t = typename std::conditional_t<detail::rebindable_scalar<T>,
-                                                    detail::rebind_scalar<T, U>,
-                                                    std::type_identity<U>>::type;
+using rebind_scalar_t = typename detail::rebind_scalar<T, U>::type;
 
 namespace detail {
 template <class A, class B>
@@ -50,8 +52,8 @@ template <rebindable_scalar A, rebindable_scalar B>
   requires(!std::is_same_v<A, B> &&
            std::is_same_v<rebind_scalar_t<A, float>, rebind_scalar_t<B, float>>)
 struct promote<A, B> {
-  using type = rebind_scalar_t<
-      A, std::common_type_t<typename primal_scalar<A>::type, typename primal_scalar<B>::type>>;
+  using type =
+      rebind_scalar_t<A, std::common_type_t<typename A::primal_type, typename B::primal_type>>;
 };
 // A custom scalar absorbs builtin numbers: dual<float> * 2.0f stays dual<float>.
 template <class A, class B>

@@ -65,6 +65,17 @@ inline listed_blocks listed(tensor<std::int32_t const> count, tensor<std::int32_
   return {load(count[bt][ht] + row).item(), index[bt][ht][row]};
 }
 
+/// What the forward shifts a row's scores by before exp: its running maximum m. Causal, a row
+/// may have no key so far (its blocks so far lie after it), so m is still -inf and exp(-inf + inf)
+/// would be a NaN: such a row shifts by 0 (its scores are all -inf).
+template <bool Causal, class F, int BQ>
+decltype(auto) score_shift(tile<F, BQ> const& m) {
+  if constexpr (Causal)
+    return tile<F, BQ>(where(m == neg_inf, 0.0f, m));
+  else
+    return (m);
+}
+
 } // namespace detail
 
 /// Forward: o = softmax(scale * q kᵀ [causal mask]) v over the listed key blocks of each query
@@ -100,11 +111,7 @@ inline constexpr auto block_sparse_attention_fwd =
         if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k)) // the last, or the diagonal
           s = where(detail::block_mask<BQ, BK, Causal>(q0, k0, n_k), s, detail::neg_inf);
         tile<F, BQ> const m_new = maximum(m, max<1>(s));
-        // Causal, a row may have no key so far (its blocks so far lie after it): its maximum is
-        // still -inf, and the shift by it must not make exp(-inf + inf) a NaN.
-        tile<F, BQ> m_ref = m_new;
-        if constexpr (Causal)
-          m_ref = where(m_new == detail::neg_inf, 0.0f, m_new);
+        auto const& m_ref = detail::score_shift<Causal>(m_new);
         tile<F, BQ, BK> const pt = exp(s - col(m_ref));
         tile<F, BQ> const alpha = exp(m - m_ref); // rescales what earlier blocks summed
         l = l * alpha + sum<1>(pt);
