@@ -13,6 +13,7 @@
 #include "tilegrad/tile/expr.hpp"
 #include "tilegrad/tile/ops.hpp"
 
+#include <algorithm>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -127,6 +128,35 @@ struct primal_node<map_node<Op, Es...>> {
   }
 };
 
+// ---- persistence: a recorded expression owns what it reads in the backward sweep --------------
+
+/// Repoints every reference to a plain tile (a mask, labels, an int weight: a tile<bool/int/
+/// float> lvalue) at a copy on the tape. The record outlives the variable: the sweep runs after
+/// the loop that changed it or the scope that held it ended. Adjoint tiles' values are already
+/// on the tape and never change; temporaries and numbers are held by value.
+template <class N>
+void persist(N& n, tape& tp) {
+  using D = std::remove_cvref_t<N>;
+  if constexpr (requires { typename D::value_type; n.p; } &&
+                std::is_same_v<D, tile_ref<value_of_t<D>, shape_of_t<D>>>) {
+    using T = value_of_t<D>;
+    constexpr int size = shape_of_t<D>::size;
+    T* copy = tp.alloc<T>(size);
+    std::copy_n(n.p, size, copy);
+    n.p = copy;
+  } else if constexpr (requires { n.es; }) {
+    std::apply([&tp](auto&... e) { (persist(e, tp), ...); }, n.es);
+  } else if constexpr (requires { n.e; }) {
+    persist(n.e, tp);
+  }
+}
+
+template <class N>
+N persisted(N n, tape& tp) {
+  persist(n, tp);
+  return n;
+}
+
 // ---- activity: whether a primal expression has a leaf that can carry an adjoint ---------------
 
 template <class N>
@@ -185,11 +215,24 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g);
 /// Stands for "the result of this node is not at hand: recompute it".
 struct no_result {};
 
+/// A rule's contribution where the adjoint g is exactly zero is exactly zero: the rule of the
+/// branch where() did not take, or of a masked lane, must not turn 0 * inf or 0 / 0 (log at 0,
+/// an overflowed exp, a division by an empty count) into NaN. Rules that are +-g or a select
+/// of g need no guard.
+template <class Op, class V>
+TILEGRAD_INLINE V zero_stays_zero(V const& g, V const& contribution) {
+  if constexpr (Op::passes_adjoint)
+    return contribution;
+  else
+    return ops::detail::select(g == V(0), V(0), contribution);
+}
+
 template <int W, class Op, class... Es, std::size_t... I, class V, class Y = no_result>
 TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V const& g,
                                   std::index_sequence<I...>, Y const& known = {}) {
   using T = typename map_node<Op, Es...>::operand_type;
   auto const x = std::make_tuple(std::get<I>(n.es).template load<W>(r, c)...);
+  auto const z = [&g](V const& contribution) { return zero_stays_zero<Op>(g, contribution); };
   if constexpr (std::is_same_v<Op, ops::where_op>) {
     auto const m = simd::mask_for<T, W>(std::get<0>(x));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
@@ -203,7 +246,7 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
       else
         return known;
     }();
-    backprop<W>(std::get<0>(n.es), r, c, Op::grad(std::get<0>(x), y, g));
+    backprop<W>(std::get<0>(n.es), r, c, z(Op::grad(std::get<0>(x), y, g)));
   } else if constexpr (sizeof...(Es) == 2) {
     auto const& a = std::get<0>(x);
     auto const& b = std::get<1>(x);
@@ -214,20 +257,20 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
         return known;
     }();
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
-      backprop<W>(std::get<0>(n.es), r, c, Op::grad0(a, b, y, g));
+      backprop<W>(std::get<0>(n.es), r, c, z(Op::grad0(a, b, y, g)));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(std::get<1>(n.es), r, c, Op::grad1(a, b, y, g));
+      backprop<W>(std::get<1>(n.es), r, c, z(Op::grad1(a, b, y, g)));
   } else {
     static_assert(std::is_same_v<Op, ops::fma_op>);
     auto const& a = std::get<0>(x);
     auto const& b = std::get<1>(x);
     auto const& cc = std::get<2>(x);
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
-      backprop<W>(std::get<0>(n.es), r, c, Op::grad0(a, b, cc, g));
+      backprop<W>(std::get<0>(n.es), r, c, z(Op::grad0(a, b, cc, g)));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(std::get<1>(n.es), r, c, Op::grad1(a, b, cc, g));
+      backprop<W>(std::get<1>(n.es), r, c, z(Op::grad1(a, b, cc, g)));
     if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
-      backprop<W>(std::get<2>(n.es), r, c, Op::grad2(a, b, cc, g));
+      backprop<W>(std::get<2>(n.es), r, c, z(Op::grad2(a, b, cc, g)));
   }
   (void)sizeof(T);
 }

@@ -17,6 +17,7 @@
 #include "tilegrad/ad/tile.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/pointer.hpp"
+#include "tilegrad/tile/elementwise.hpp"
 
 #include <cstring>
 #include <optional>
@@ -315,7 +316,16 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
   if (lanes)
     lanes->finish();
   T* a = e ? record_load<T, S>(*st, *e, p.base.data(), loc) : nullptr;
-  return detail::tile_t<adjoint<T>, S>::from_buffers(v, a);
+  auto loaded = detail::tile_t<adjoint<T>, S>::from_buffers(v, a);
+  if constexpr (!std::is_same_v<Other, detail::no_mask>) {
+    // A tile given as `other` passes its adjoint to the masked-off lanes, as in forward mode.
+    if constexpr (is_active_v<decltype(to_primal(other))>)
+      if (any_active(to_primal(other)))
+        return detail::tile_t<adjoint<T>, S>(
+            where(detail::broadcast_mask<S>(mask), loaded,
+                  detail::bcast<S>(detail::convert_as<adjoint<T>>(other))));
+  }
+  return loaded;
 }
 
 template <class A, class Off, class Val, class Mask>

@@ -99,7 +99,7 @@ auto reduce(E&& e) {
     if constexpr (is_active_v<decltype(p)>) {
       if (any_active(p)) {
         ya = tp.alloc_zero<T>(R::size);
-        tp.push<sum_expr_record<C, a, decltype(p)>>(p, ya);
+        tp.push<sum_expr_record<C, a, decltype(p)>>(persisted(p, tp), ya);
       }
     }
     return detail::tile_t<adjoint<T>, R>::from_buffers(yv, ya);

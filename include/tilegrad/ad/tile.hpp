@@ -6,6 +6,7 @@
 #include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/expr.hpp"
+#include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/eval.hpp"
 #include "tilegrad/tile/expr.hpp"
 #include "tilegrad/tile/tile.hpp"
@@ -14,6 +15,9 @@
 #include <utility>
 
 namespace tilegrad {
+
+template <class T>
+class adjoint_item;
 
 template <class T, int... Ns>
 class tile<adjoint<T>, Ns...> : public node_base {
@@ -30,6 +34,8 @@ public:
   tile() : values_(ad::current_tape().template alloc_zero<T>(size)) {}
   explicit tile(uninitialized_t) : values_(ad::current_tape().template alloc<T>(size)) {}
   explicit tile(value_type const& v) : tile(uninitialized) { std::fill_n(values_, size, v.v); }
+  /// Every element the item of a rank-0 tile, its adjoint flowing back to that tile.
+  explicit tile(adjoint_item<T> const& v) { assign_from(broadcast_node<adjoint_leaf<T, shape<>>, shape_type>{{}, v.as_expr_node()}); }
 
   template <tile_expression E>
     requires(!std::is_same_v<std::remove_cvref_t<E>, tile>)
@@ -66,10 +72,13 @@ public:
     ((f += static_cast<int>(idx) * shape_type::stride(a++)), ...);
     return value_type(values_[f]);
   }
-  value_type item() const
+  /// The element of a rank-0 tile, still on the tape: it compares as a number, and its
+  /// derivative flows on through full(), tile(v), expressions and its own arithmetic. Converting
+  /// it to a plain number (T(x.item()), float(x.item())) detaches it, and must be written.
+  adjoint_item<T> item() const
     requires(rank == 0)
   {
-    return value_type(values_[0]);
+    return adjoint_item<T>(values_, adj_);
   }
 
   // Node protocol, for code that reads the values of a tile it was handed.
@@ -91,7 +100,7 @@ private:
     if constexpr (ad::is_active_v<decltype(p)>) {
       if (ad::any_active(p)) {
         a = tp.template alloc_zero<T>(size);
-        tp.template push<ad::expr_record<shape_type, decltype(p)>>(p, a, v);
+        tp.template push<ad::expr_record<shape_type, decltype(p)>>(ad::persisted(p, tp), a, v);
       }
     }
     values_ = v;
@@ -101,5 +110,107 @@ private:
   T* values_ = nullptr;
   T* adj_ = nullptr;
 };
+
+/// What item() of a rank-0 adjoint tile returns (see there).
+template <class T>
+class adjoint_item {
+public:
+  using scalar_tag = void; // meets a tile as a number does, through as_expr_node()
+
+  adjoint_item(T const* value, T* adj) : value_(value), adj_(adj) {}
+
+  T primal() const { return *value_; }
+  adjoint_leaf<T, shape<>> as_expr_node() const { return {{}, value_, adj_}; }
+
+  template <class U>
+    requires std::is_arithmetic_v<U>
+  explicit operator U() const {
+    return static_cast<U>(*value_);
+  }
+  template <class U>
+  explicit operator adjoint<U>() const {
+    return adjoint<U>(*value_);
+  }
+
+private:
+  T const* value_;
+  T* adj_;
+};
+
+namespace detail {
+template <class X>
+inline constexpr bool is_adjoint_item_v = false;
+template <class T>
+inline constexpr bool is_adjoint_item_v<adjoint_item<T>> = true;
+
+template <class X>
+concept item_operand = is_adjoint_item_v<X> || std::is_arithmetic_v<X> || adjoint_scalar<X>;
+template <class A, class B>
+concept item_operands = (is_adjoint_item_v<std::remove_cvref_t<A>> ||
+                         is_adjoint_item_v<std::remove_cvref_t<B>>) &&
+                        item_operand<std::remove_cvref_t<A>> && item_operand<std::remove_cvref_t<B>>;
+
+template <class X>
+auto item_value(X const& x) {
+  if constexpr (is_adjoint_item_v<X>)
+    return x.primal();
+  else if constexpr (adjoint_scalar<X>)
+    return x.v;
+  else
+    return x;
+}
+
+// An item in arithmetic: a rank-0 expression of adjoint tiles, evaluated (and recorded) at once.
+template <class X>
+auto item_node(X const& x) {
+  if constexpr (is_adjoint_item_v<X>)
+    return x.as_expr_node();
+  else
+    return x;
+}
+template <class E>
+auto item_of(E const& e) {
+  using T = primal_of_t<value_of_t<E>>;
+  return tile<adjoint<T>>(e).item();
+}
+} // namespace detail
+
+#define TILEGRAD_ITEM_COMPARISON(OP)                                                               \
+  template <class A, class B>                                                                      \
+    requires detail::item_operands<A, B>                                                           \
+  bool operator OP(A const& a, B const& b) {                                                       \
+    return detail::item_value(a) OP detail::item_value(b);                                         \
+  }
+TILEGRAD_ITEM_COMPARISON(==)
+TILEGRAD_ITEM_COMPARISON(!=)
+TILEGRAD_ITEM_COMPARISON(<)
+TILEGRAD_ITEM_COMPARISON(<=)
+TILEGRAD_ITEM_COMPARISON(>)
+TILEGRAD_ITEM_COMPARISON(>=)
+#undef TILEGRAD_ITEM_COMPARISON
+
+#define TILEGRAD_ITEM_ARITHMETIC(OP)                                                               \
+  template <class A, class B>                                                                      \
+    requires detail::item_operands<A, B>                                                           \
+  auto operator OP(A const& a, B const& b) {                                                       \
+    return detail::item_of(detail::item_node(a) OP detail::item_node(b));                          \
+  }
+TILEGRAD_ITEM_ARITHMETIC(+)
+TILEGRAD_ITEM_ARITHMETIC(-)
+TILEGRAD_ITEM_ARITHMETIC(*)
+TILEGRAD_ITEM_ARITHMETIC(/)
+#undef TILEGRAD_ITEM_ARITHMETIC
+
+template <class T>
+auto operator-(adjoint_item<T> const& a) {
+  return detail::item_of(-a.as_expr_node());
+}
+
+/// full<fp32<T>, N...>(x.item()): the item's adjoint collects the tile's.
+template <class T, int... Ns>
+  requires adjoint_scalar<T>
+tile<T, Ns...> full(adjoint_item<primal_of_t<T>> const& v) {
+  return tile<T, Ns...>(v);
+}
 
 } // namespace tilegrad

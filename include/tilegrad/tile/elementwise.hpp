@@ -19,13 +19,15 @@ template <class X>
 using elem_t = value_of_t<node_t<X>>;
 
 // Element type a plain number takes when it meets a tile of T (Triton: the tile's type wins,
-// except that a float constant makes an integer tile float).
+// except that a float constant makes an integer tile float). A number that carries derivatives
+// (a dual, an adjoint item) keeps them: the two promote.
 template <class TileT, class ScalarT>
-using scalar_meets_t =
+using scalar_meets_t = std::conditional_t<
+    !is_builtin_v<ScalarT> && is_builtin_v<TileT>, promote_t<TileT, ScalarT>,
     std::conditional_t<!is_builtin_v<TileT>, TileT,
                        std::conditional_t<std::is_floating_point_v<ScalarT> && !is_floating_v<TileT>,
                                           float, std::conditional_t<std::is_same_v<TileT, bool>,
-                                                                    promote_t<bool, bool>, TileT>>>;
+                                                                    promote_t<bool, bool>, TileT>>>>;
 
 // The element type two operands compute in.
 template <class A, class B>

@@ -49,6 +49,9 @@ struct predicate {
 /// Ops that keep their operands' element type.
 struct same_type {
   static constexpr bool differentiable = true;
+  /// Whether every reverse rule is +-g or a select of g and 0, so that a zero adjoint gives a
+  /// zero contribution whatever the operands (others are guarded in reverse mode).
+  static constexpr bool passes_adjoint = false;
   template <class T>
   using result = T;
   template <class T>
@@ -91,6 +94,7 @@ TILEGRAD_UNARY_MATH(erf_op, erf(x), g* V(std::numbers::inv_sqrtpi * 2) * exp(-(x
 #undef TILEGRAD_UNARY_MATH
 
 struct abs_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "abs";
   static constexpr bool floating_only = false;
   template <class V>
@@ -109,6 +113,7 @@ struct abs_op : same_type {
 };
 
 struct neg_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "neg";
   static constexpr bool floating_only = false;
   template <class V>
@@ -139,6 +144,7 @@ TILEGRAD_INLINE xsimd::batch<T, A> round_bf16(xsimd::batch<T, A> const& x) {
 /// to<bf16> inside a mode that carries derivatives: the value rounded to bf16 precision, kept
 /// at its own width; the rounding is differentiated as the identity.
 struct round_bf16_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "round_bf16";
   static constexpr bool floating_only = true;
   template <class V>
@@ -171,6 +177,7 @@ struct invert_op : same_type {
 // ---------------------------------------------------------------------------------------------
 
 struct add_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "add";
   template <class V>
   TILEGRAD_INLINE static V apply(V const& a, V const& b) {
@@ -187,6 +194,7 @@ struct add_op : same_type {
 };
 
 struct sub_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "sub";
   template <class V>
   TILEGRAD_INLINE static V apply(V const& a, V const& b) {
@@ -264,6 +272,7 @@ struct mod_op : same_type {
 
 /// maximum/minimum: on ties the gradient goes to the first operand (documented, deterministic).
 struct maximum_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "maximum";
   template <class V>
   TILEGRAD_INLINE static V apply(V const& a, V const& b) {
@@ -280,6 +289,7 @@ struct maximum_op : same_type {
 };
 
 struct minimum_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "minimum";
   template <class V>
   TILEGRAD_INLINE static V apply(V const& a, V const& b) {
@@ -339,6 +349,7 @@ TILEGRAD_COMPARISON(ge_op, >=)
 
 /// where(c, a, b): a where c holds, else b. The mask gets no gradient.
 struct where_op : same_type {
+  static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "where";
   template <class M, class V>
   TILEGRAD_INLINE static V apply(M const& c, V const& a, V const& b) {
