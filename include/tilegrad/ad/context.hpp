@@ -370,6 +370,27 @@ inline program_state*& current_state() {
   return s;
 }
 
+/// Whether the sweep running on this thread propagates magnitudes: every rule's contribution is
+/// |g * d| (dot's operands are taken as absolute values), so that, seeded with |cotangents|, the
+/// sweep yields the gradient of the same kernel taken on absolute values, |J|^T |w|: the weight
+/// of each element's running error bound (check_backward's pass rule).
+inline bool& magnitude_sweep() {
+  thread_local bool m = false;
+  return m;
+}
+
+/// Makes the vjp calls on this thread, while it lives, sweep magnitudes (see magnitude_sweep).
+class magnitude_scope {
+public:
+  magnitude_scope() : saved_(magnitude_sweep()) { magnitude_sweep() = true; }
+  ~magnitude_scope() { magnitude_sweep() = saved_; }
+  magnitude_scope(magnitude_scope const&) = delete;
+  magnitude_scope& operator=(magnitude_scope const&) = delete;
+
+private:
+  bool saved_;
+};
+
 /// The tape adjoint tiles record on: the running program's, or a per-thread scratch tape for
 /// adjoint tiles used outside vjp (recorded, never swept).
 inline tape& current_tape() {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "tilegrad/ad/adjoint.hpp"
+#include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/tape.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/tile/creation.hpp"
@@ -219,12 +220,15 @@ struct no_result {};
 /// branch where() did not take, or of a masked lane, must not turn 0 * inf or 0 / 0 (log at 0,
 /// an overflowed exp, a division by an empty count) into NaN. Rules that are +-g or a select
 /// of g need no guard.
+/// In a magnitude sweep (magnitude_sweep()), the contribution's absolute value.
 template <class Op, class V>
 TILEGRAD_INLINE V zero_stays_zero(V const& g, V const& contribution) {
-  if constexpr (Op::passes_adjoint)
-    return contribution;
-  else
-    return ops::detail::select(g == V(0), V(0), contribution);
+  V c = contribution;
+  if constexpr (!Op::passes_adjoint)
+    c = ops::detail::select(g == V(0), V(0), c);
+  if (magnitude_sweep()) [[unlikely]]
+    c = ops::abs_op::apply(c);
+  return c;
 }
 
 template <int W, class Op, class... Es, std::size_t... I, class V, class Y = no_result>

@@ -10,6 +10,7 @@
 #include "tilegrad/tile/dot.hpp"
 #include "tilegrad/tile/reduce.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -185,6 +186,16 @@ struct dot_record final : record {
       : av(av_), bv(bv_), aa(aa_), ba(ba_), acca(acca_), ca(ca_) {}
   void backward() override {
     tape& tp = current_tape();
+    T const* av = this->av;
+    T const* bv = this->bv;
+    if (magnitude_sweep()) { // |dC| @ |B|^T and |A|^T @ |dC| (dC is already non-negative)
+      T* a = tp.alloc<T>(M * K);
+      T* b = tp.alloc<T>(K * N);
+      for (int i = 0; i < M * K; ++i) a[i] = std::abs(av[i]);
+      for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);
+      av = a;
+      bv = b;
+    }
     if (aa) { // dA += dC @ B^T
       T* bt = tp.alloc<T>(N * K);
       for (int k = 0; k < K; ++k)

@@ -276,6 +276,7 @@ template <class Kernel, class... Args>
 auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
   using T = typename ad::first_float<std::remove_cvref_t<Args>...>::type;
   static_assert(std::is_floating_point_v<T>, "tilegrad::vjp: no float tensor among the arguments");
+  bool const magnitudes = ad::magnitude_sweep();
 
   std::vector<ad::tensor_entry> entries;
   std::vector<std::string> names;
@@ -362,6 +363,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
           state.direct = !applying && next == me;
           if (state.direct) applying = true;
         }
+        ad::magnitude_sweep() = magnitudes; // the caller's choice, on whichever thread
         state.t.sweep();
         if (any_stream && state.direct) simd::stream_fence();
       } catch (...) {

@@ -137,7 +137,17 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     auto const refs = storage ? " on copies of the bfloat16 inputs and cotangents (the same "
                                 "kernel; bf16 rounding differentiated as identity)"
                               : "";
-    if (rule == pass_rule::baseline) {
+    if (rule == pass_rule::error_bound) {
+      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max(" << o.k_bound << ", "
+         << o.k << " * the units g_ref32 is off by at worst), u = 2^"
+         << std::ilogb(dtype.eps) - 1 << " (the unit roundoff of " << dtype.name
+         << "); |J|^T |w|: vjp of the forward in float64 with every partial and cotangent taken "
+            "by its magnitude (a running error bound's weights); g_ref64, g_ref32: vjp in float64 and "
+         << dtype_name<W>()
+         << refs;
+      if (o.floor_abs)
+        os << "; + " << o.floor_abs;
+    } else if (rule == pass_rule::baseline) {
       os << "max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor, k = " << o.k
          << ", floor = " << o.floor_ulps << " * eps(" << dtype.name << ") * max|g_ref64|"
          << (o.floor_abs ? " + " + std::to_string(o.floor_abs) : std::string())
@@ -199,7 +209,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
   struct pending {
     std::size_t seed_index = 0;
     gradient_set got;
-    std::vector<std::vector<double>> ref64, ref32; // per input marked in
+    std::vector<std::vector<double>> ref64, ref32, mag; // per input marked in
     std::optional<gradient_set> zero, twice;       // first seed: scaled cotangents
   };
   std::vector<pending> later;
@@ -280,13 +290,17 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     }
 
     // The references, on copies, with the same cotangents.
-    std::optional<gradients<double>> g64;
+    std::optional<gradients<double>> g64, gmag;
     std::optional<gradients<W>> g32; // only the baseline rule reads it
     try {
-      auto reference = [&]<class U>(std::deque<owned_tensor<U>>& keep) {
+      auto reference = [&]<class U>(std::deque<owned_tensor<U>>& keep, bool magnitudes = false) {
         std::deque<owned_tensor<U>> cot_copies;
-        for (auto const& c : cots)
+        for (auto const& c : cots) {
           cot_copies.push_back(detail::copy_as<U>(c.cview()));
+          if (magnitudes)
+            for (U& v : cot_copies.back())
+              v = std::abs(v);
+        }
         auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
           for (std::size_t j = 0; j < outs.size(); ++j)
             if (outs[j].name == name)
@@ -296,12 +310,19 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         auto args = std::apply(
             [&](auto const&... a) { return std::make_tuple(detail::rebind<U>(a, keep, cot)...); },
             fwd.args);
+        std::optional<ad::magnitude_scope> scope;
+        if (magnitudes)
+          scope.emplace();
         return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
                           args);
       };
       std::deque<owned_tensor<double>> keep64;
       g64.emplace(reference(keep64));
-      if (rule == pass_rule::baseline) {
+      if (rule == pass_rule::error_bound) {
+        std::deque<owned_tensor<double>> keepm;
+        gmag.emplace(reference(keepm, true));
+      }
+      if (rule == pass_rule::baseline || rule == pass_rule::error_bound) {
         std::deque<owned_tensor<W>> keep32;
         g32.emplace(reference(keep32));
       }
@@ -324,6 +345,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     for (auto const& n : ins) {
       pd.ref64.push_back(detail::values_of((*g64)[n.name]));
       pd.ref32.push_back(g32 ? detail::values_of((*g32)[n.name]) : std::vector<double>{});
+      pd.mag.push_back(gmag ? detail::values_of((*gmag)[n.name]) : std::vector<double>{});
     }
 
     if (si != 0)
@@ -375,11 +397,16 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
 
   // The reference's own relative error at the working precision, the largest over the seeds:
   // one seed of a small tensor can be lucky (a few elements rounding the same way).
-  std::vector<double> pooled(ins.size(), 0.0);
+  std::vector<double> pooled(ins.size(), 0.0), pooled_units(ins.size(), 0.0);
   for (auto const& pd : later)
-    for (std::size_t q = 0; q < ins.size(); ++q)
+    for (std::size_t q = 0; q < ins.size(); ++q) {
       if (double const scale = detail::max_abs(pd.ref64[q]); scale > 0)
         pooled[q] = std::max(pooled[q], detail::max_abs_diff(pd.ref32[q], pd.ref64[q]) / scale);
+      if (!pd.mag[q].empty())
+        pooled_units[q] =
+            std::max(pooled_units[q], detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q],
+                                                          dtype.eps / 2));
+    }
 
   for (auto& pd : later) {
     seed_report& sr = rep.seeds[pd.seed_index];
@@ -394,7 +421,10 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         finite = finite && std::isfinite(v);
       if (!finite)
         sr.problems.push_back("the reference gradient of '" + n.name + "' holds NaN or Inf");
-      if (!ref64.empty() && detail::max_abs(ref64) == 0) {
+      // All zeros with a non-zero |J|^T |w|: the kernel reads the input and the terms cancel
+      // (attention over one key), which is no capture.
+      bool const cancels = !pd.mag[q].empty() && detail::max_abs(pd.mag[q]) > 0;
+      if (!ref64.empty() && detail::max_abs(ref64) == 0 && !cancels) {
         auto msg = "the reference gradient of '" + n.name +
                    "' is all zeros: does the kernel capture it instead of taking it as an "
                    "argument, or not depend on it?";
@@ -419,7 +449,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         sr.gradients.push_back(std::move(r));
         continue;
       }
-      auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q]);
+      auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q],
+                                      pd.mag[q].empty() ? nullptr : &pd.mag[q], pooled_units[q]);
       tols.emplace_back(n.name, tol);
       auto r = compare_gradient(*e, ref64, tol, o);
       // A bf16 input's gradient may be handed back wider (kept in float, say).
@@ -467,7 +498,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       }
       for (std::int64_t i = 0; i < e.numel(); ++i) {
         auto const u = static_cast<std::size_t>(i);
-        if (!(std::abs(t2->values[u] - 2 * e.values[u]) <= 2 * tol->bound(e.values[u]))) {
+        if (!(std::abs(t2->values[u] - 2 * e.values[u]) <= 2 * tol->bound(e.values[u], i))) {
           sr.problems.push_back("not linear in the cotangent: doubling the cotangents makes '" +
                                 e.name + "' " + std::to_string(t2->values[u]) + " at " +
                                 detail::coordinates_of(e, i) + ", not 2 * " +

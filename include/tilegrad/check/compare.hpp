@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -39,6 +40,15 @@ inline double max_abs(std::vector<double> const& v) {
     m = std::max(m, std::abs(x));
   return m;
 }
+// The largest |a - b| / (unit * m) over the elements where m > 0 (a empty: 0).
+inline double error_units(std::vector<double> const& a, std::vector<double> const& b,
+                          std::vector<double> const& m, double unit) {
+  double r = 0;
+  for (std::size_t i = 0; i < a.size() && i < m.size(); ++i)
+    if (m[i] > 0)
+      r = std::max(r, abs_err(a[i], b[i]) / (unit * m[i]));
+  return r;
+}
 inline double max_abs_diff(std::vector<double> const& a, std::vector<double> const& b) {
   double m = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -62,11 +72,20 @@ struct tolerance {
   double ref32_err_seed = 0; ///< this seed's own max|g_ref32 - g_ref64| (ref32_err may pool)
   double scale = 0;          ///< max|g_ref64| (baseline, normwise)
   double atol = 0, rtol = 0; // atol_rtol, normwise
+  // error_bound: element i may be off by k_bound * unit * magnitude[i] (+ floor_abs)
+  double k_bound = 0, unit = 0;
+  double ref_units = 0; ///< max |g_ref32 - g_ref64| / (unit * magnitude), over the seeds
+  std::shared_ptr<std::vector<double> const> magnitude; ///< |J|^T |w|, per element
+  double max_magnitude = 0;
 
-  /// The largest error allowed where the reference is `want`; one bound for the whole tensor
-  /// under the baseline and normwise rules.
-  double bound(double want) const {
+  /// The largest error allowed at element i (flat index; -1: the tensor's largest) where the
+  /// reference is `want`; one bound for the whole tensor under the baseline and normwise rules.
+  double bound(double want, std::int64_t i = -1) const {
     switch (rule) {
+    case pass_rule::error_bound:
+      return k_bound * unit *
+                 (i < 0 || !magnitude ? max_magnitude : (*magnitude)[static_cast<std::size_t>(i)]) +
+             floor;
     case pass_rule::baseline:
       return k * ref32_err + floor;
     case pass_rule::normwise:
@@ -78,7 +97,13 @@ struct tolerance {
   std::string describe() const {
     std::ostringstream os;
     os.precision(3);
-    if (rule == pass_rule::baseline) {
+    if (rule == pass_rule::error_bound) {
+      os << "|err| <= k " << k_bound << " * u " << unit << " * (|J|^T |w|) elementwise";
+      if (ref_units > 0)
+        os << " (the fp32 reference is " << ref_units << " units off at worst)";
+      if (floor)
+        os << " + " << floor;
+    } else if (rule == pass_rule::baseline) {
       os << "tol " << bound(0) << " = k " << k << " * max|g_ref32 - g_ref64| " << ref32_err;
       if (ref32_err > 1.01 * ref32_err_seed)
         os << " (pooled over the seeds; this seed " << ref32_err_seed << ")";
@@ -101,6 +126,10 @@ struct gradient_report {
   tolerance tol;
   double max_abs_err = 0, max_rel_err = 0, mean_abs_err = 0;
   element_error at_max_abs, at_max_rel;
+  /// The element closest to (or furthest over) its bound: error / bound, the bound, and under
+  /// error_bound the |J|^T |w| it was formed from.
+  double worst_ratio = 0, worst_ratio_bound = 0, worst_ratio_magnitude = 0;
+  element_error at_worst_ratio;
   std::int64_t mismatches = 0, nonfinite = 0;
   std::vector<element_error> worst; ///< the largest errors first
   block_map map;
@@ -115,13 +144,30 @@ struct gradient_report {
 /// @param ref32 the reference at the working precision; read by the baseline rule only
 /// @param pooled_rel the largest max|g_ref32 - g_ref64| / max|g_ref64| over all seeds, which
 ///   stands in for this seed's when larger
+/// @param magnitude error_bound: |J|^T |w| per element (the magnitude sweep of the reference)
 inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
                                 std::vector<double> const& ref64, std::vector<double> const& ref32,
-                                double pooled_rel = 0) {
+                                double pooled_rel = 0,
+                                std::vector<double> const* magnitude = nullptr,
+                                double pooled_units = 0) {
   tolerance t;
   t.rule = o.rule.value_or(dtype.rule);
   t.scale = detail::max_abs(ref64);
-  if (t.rule == pass_rule::baseline) {
+  if (t.rule == pass_rule::error_bound) {
+    t.unit = dtype.eps / 2;
+    t.floor = o.floor_abs;
+    if (magnitude) {
+      t.magnitude = std::make_shared<std::vector<double> const>(*magnitude);
+      t.max_magnitude = detail::max_abs(*magnitude);
+    }
+    // The forward's own roundings (an exp amplifies its argument's) reach the gradient through
+    // values the magnitude sweep takes as exact; the reference at the working precision suffers
+    // them too, so the kernel may be k times as many units off as the reference is.
+    t.ref_units = std::max(pooled_units, magnitude ? detail::error_units(ref32, ref64, *magnitude,
+                                                                        t.unit)
+                                                   : 0.0);
+    t.k_bound = std::max(o.k_bound, o.k * t.ref_units);
+  } else if (t.rule == pass_rule::baseline) {
     t.k = o.k;
     t.ref32_err_seed = detail::max_abs_diff(ref32, ref64);
     t.ref32_err = std::max(t.ref32_err_seed, pooled_rel * t.scale);
@@ -153,7 +199,7 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   r.map = block_map(rows, cols, std::move(lead), o.map_rows, o.map_cols);
 
   double sum = 0;
-  std::int64_t i_abs = 0, i_rel = -1;
+  std::int64_t i_abs = 0, i_rel = -1, i_ratio = -1;
   std::vector<std::int64_t> order;
   for (std::int64_t i = 0; i < r.numel; ++i) {
     double const g = got.values[static_cast<std::size_t>(i)];
@@ -170,7 +216,13 @@ inline gradient_report compare_gradient(erased_gradient const& got,
       r.max_rel_err = e / std::abs(w);
       i_rel = i;
     }
-    if (!(e <= tol.bound(w))) {
+    double const b = tol.bound(w, i);
+    if (b > 0 ? e / b > r.worst_ratio : e > 0) {
+      r.worst_ratio = b > 0 ? e / b : std::numeric_limits<double>::infinity();
+      r.worst_ratio_bound = b;
+      i_ratio = i;
+    }
+    if (!(e <= b)) {
       ++r.mismatches;
       std::int64_t const row = i / cols, col = i % cols;
       r.map.mark(row, col);
@@ -191,6 +243,11 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     r.at_max_abs = element(i_abs);
   if (i_rel >= 0)
     r.at_max_rel = element(i_rel);
+  if (i_ratio >= 0) {
+    r.at_worst_ratio = element(i_ratio);
+    if (tol.magnitude)
+      r.worst_ratio_magnitude = (*tol.magnitude)[static_cast<std::size_t>(i_ratio)];
+  }
   auto const k =
       std::min<std::size_t>(static_cast<std::size_t>(std::max(o.worst, 0)), order.size());
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),

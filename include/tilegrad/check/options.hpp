@@ -15,6 +15,12 @@ namespace tilegrad {
 
 /// How a hand-written gradient is judged against the fp64 reference.
 enum class pass_rule {
+  /// |g - g_ref64| <= k_bound * u * m elementwise, m = (|J|^T |w|) at that element: the gradient of
+  /// the same kernel taken on absolute values (every partial and cotangent by its magnitude),
+  /// which weighs each rounding a float evaluation of the gradient makes; u the working dtype's
+  /// unit roundoff. A running error bound per element: it holds for a correct kernel whatever
+  /// order it sums in, and is 0 only where nothing reaches the element.
+  error_bound,
   /// max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor: the kernel may be off by k times
   /// what the reference itself loses at the working precision (the FlashAttention tests' rule).
   baseline,
@@ -51,9 +57,9 @@ constexpr dtype_rules rules_for() {
   if constexpr (std::is_same_v<T, bf16>)
     return {"bfloat16", 0x1p-7, pass_rule::normwise, 1e-5, 1.6e-2, units * 0x1p-8};
   else if constexpr (std::is_same_v<T, float>)
-    return {"float32", 0x1p-23, pass_rule::baseline, 1e-5, 1.3e-6, units * 0x1p-24};
+    return {"float32", 0x1p-23, pass_rule::error_bound, 1e-5, 1.3e-6, units * 0x1p-24};
   else
-    return {"float64", 0x1p-52, pass_rule::baseline, 1e-7, 1e-7, units * 0x1p-53};
+    return {"float64", 0x1p-52, pass_rule::error_bound, 1e-7, 1e-7, units * 0x1p-53};
 }
 
 /// Draws one input element; called in row-major order, per tensor, with a generator seeded
@@ -72,9 +78,12 @@ struct check_options {
   int seeds = 3;
   unsigned first_seed = 0;
 
-  /// Unset: the working dtype's default (baseline for float32 and float64, normwise for
+  /// Unset: the working dtype's default (error_bound for float32 and float64, normwise for
   /// bfloat16; see rules_for).
   std::optional<pass_rule> rule = {};
+  /// error_bound: the multiple of u * (|J|^T |w|) an element's error may reach (docs/checking.md
+  /// has the sweep that sets it).
+  double k_bound = 16;
   /// baseline: the multiple of the reference's own fp32 error the kernel may have.
   double k = 3;
   /// baseline: floor = floor_ulps * epsilon(working dtype) * max|g_ref64| + floor_abs, the
