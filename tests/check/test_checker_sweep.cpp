@@ -136,6 +136,10 @@ TEST(CheckerSweep, LibraryAttentionBackwardsPassEveryRun) {
       ++failures;
       ADD_FAILURE() << c.name() << "\n" << r;
     }
+    if ((i + 1) % 100 == 0) {
+      std::printf("%d runs, %d failures\n", i + 1, failures);
+      std::fflush(stdout);
+    }
   }
   for (auto const& [kernel, w] : worst)
     std::printf("%-40s runs %4d  worst err/bound %.3f\n", kernel.c_str(), w.second, w.first);

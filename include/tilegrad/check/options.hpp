@@ -83,7 +83,7 @@ struct check_options {
   std::optional<pass_rule> rule = {};
   /// error_bound: the multiple of u * (|J|^T |w|) an element's error may reach (docs/checking.md
   /// has the sweep that sets it).
-  double k_bound = 16;
+  double k_bound = 32;
   /// baseline: the multiple of the reference's own fp32 error the kernel may have.
   double k = 3;
   /// baseline: floor = floor_ulps * epsilon(working dtype) * max|g_ref64| + floor_abs, the
