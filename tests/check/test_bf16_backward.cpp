@@ -224,7 +224,7 @@ TEST(CheckBf16, FloatKernelKeepsTheBaselineRuleAndItsReport) {
                    ctx.output("y"), ctx.cotangent("y"), dx.view());
         return {{"x", dx}};
       },
-      {.inputs = tg::uniform(-3, 3)});
+      {.rule = tg::pass_rule::baseline, .inputs = tg::uniform(-3, 3)});
   ASSERT_BACKWARD_OK(r);
   EXPECT_EQ(r.launch, "grid (33); in x float32 (33, 100); out y float32 (33, 100)");
   EXPECT_EQ(r.rule, "max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor, k = 3, floor = 4 * "

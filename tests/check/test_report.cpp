@@ -62,12 +62,39 @@ TEST(CheckReport, CorrectHostBackwardPassesAndPrintsTheRule) {
   EXPECT_EQ(r.seeds.size(), 3u);
   auto const s = r.str();
   EXPECT_NE(s.find("check_backward: PASS"), std::string::npos);
-  EXPECT_NE(s.find("k * max|g_ref32 - g_ref64| + floor, k = 3"), std::string::npos) << s;
+  EXPECT_NE(s.find("|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max(32, 3 * "),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("closest to its bound: "), std::string::npos) << s;
   EXPECT_NE(s.find("in x float32 (37, 20); in w float32 (20); out y float32 (37)"),
             std::string::npos)
       << s;
   EXPECT_NE(s.find("seed 2: pass"), std::string::npos);
   // The numbers the rule used are in the report and consistent.
+  auto const* g = r.gradient("w", 1);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->tol.rule, tg::pass_rule::error_bound);
+  EXPECT_GE(g->tol.k_bound, 32);
+  EXPECT_EQ(g->tol.unit, 0x1p-24);
+  ASSERT_TRUE(g->tol.magnitude);
+  EXPECT_EQ(g->tol.magnitude->size(), std::size_t{d});
+  // dw(j) sums |x(i, j) * dy(i)| over the rows: every magnitude is positive.
+  for (double m : *g->tol.magnitude)
+    EXPECT_GT(m, 0);
+  EXPECT_LE(g->worst_ratio, 1);
+  EXPECT_NEAR(g->worst_ratio_bound,
+              g->tol.k_bound * g->tol.unit * g->worst_ratio_magnitude + g->tol.floor, 1e-18);
+}
+
+TEST(CheckReport, TheBaselineRuleStaysAvailable) {
+  auto const r = check(
+      [](tg::backward_context<float>& ctx) -> tg::gradient_set {
+        auto g = correct(ctx);
+        return {{"x", g.dx}, {"w", g.dw}};
+      },
+      {.rule = tg::pass_rule::baseline});
+  ASSERT_TRUE(r) << r;
+  EXPECT_NE(r.str().find("k * max|g_ref32 - g_ref64| + floor, k = 3"), std::string::npos) << r;
   auto const* g = r.gradient("w", 1);
   ASSERT_NE(g, nullptr);
   EXPECT_GT(g->tol.ref32_err, 0);

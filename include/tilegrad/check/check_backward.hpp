@@ -424,6 +424,10 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       // All zeros with a non-zero |J|^T |w|: the kernel reads the input and the terms cancel
       // (attention over one key), which is no capture.
       bool const cancels = !pd.mag[q].empty() && detail::max_abs(pd.mag[q]) > 0;
+      if (!ref64.empty() && detail::max_abs(ref64) == 0 && cancels)
+        rep.warnings.push_back("the reference gradient of '" + n.name +
+                               "' is all zeros by cancellation (|J|^T |w| is not): the kernel "
+                               "reads it, and its terms cancel");
       if (!ref64.empty() && detail::max_abs(ref64) == 0 && !cancels) {
         auto msg = "the reference gradient of '" + n.name +
                    "' is all zeros: does the kernel capture it instead of taking it as an "
