@@ -107,8 +107,8 @@ struct user_kernel {
     // The float instantiation records the same tape with adjoint<float>.
     auto xf = to_float(x), zf = to_float(z), wf = to_float(w);
     owned<float> yf({N}, "y");
-    auto gf = tg::vjp(tg::cdiv(N, B), kernel, tg::in("x", xf), tg::in("z", zf),
-                      tg::out("y", yf, wf));
+    auto gf =
+        tg::vjp(tg::cdiv(N, B), kernel, tg::in("x", xf), tg::in("z", zf), tg::out("y", yf, wf));
     for (std::int64_t i = 0; i < N; ++i) {
       EXPECT_NEAR(gf["x"](i), gx(i), 1e-4 * (1 + std::abs(gx(i)))) << "float dx(" << i << ")";
       EXPECT_NEAR(gf["z"](i), gz(i), 1e-4 * (1 + std::abs(gz(i)))) << "float dz(" << i << ")";
@@ -178,8 +178,12 @@ auto const cross_entropy = []<class T>(tg::program const& p, tg::tensor<T const>
   }
 };
 
-TEST(UserKernels, MaskMadeInsideTheLoop) { make(mask_in_loop, 1).check(11); }
-TEST(UserKernels, IntegerWeightsUpdatedInTheLoop) { make(int_weights_in_loop, 2).check(12); }
+TEST(UserKernels, MaskMadeInsideTheLoop) {
+  make(mask_in_loop, 1).check(11);
+}
+TEST(UserKernels, IntegerWeightsUpdatedInTheLoop) {
+  make(int_weights_in_loop, 2).check(12);
+}
 TEST(UserKernels, CrossEntropyWithLabelTilesMadeInsideTheLoop) {
   make(cross_entropy, 3).check(13);
 }
@@ -201,7 +205,7 @@ auto const group_mean = []<class T>(tg::program const& p, tg::tensor<T const> x,
   auto const o = p.program_id(0) * B + tg::arange<0, B>();
   auto const in = o < x.size(0);
   auto const v = tg::load(x + o, in);
-  auto const keep = v > 0;                           // lanes that count
+  auto const keep = v > 0; // lanes that count
   auto const g = tg::reshape<B / 4, 4>(tg::where(keep, v, 0.0) * tg::load(z + o, in));
   auto const cnt = tg::sum<1>(tg::reshape<B / 4, 4>(tg::to<tg::fp32<T>>(keep)));
   auto const s = tg::sum<1>(g);
@@ -257,7 +261,9 @@ auto const other_tile = []<class T>(tg::program const& p, tg::tensor<T const> x,
   tg::store(y + o, v * v, in);
 };
 
-TEST(UserKernels, ATileAsOtherReceivesTheMaskedOffLanesGradient) { make(other_tile, 7).check(17); }
+TEST(UserKernels, ATileAsOtherReceivesTheMaskedOffLanesGradient) {
+  make(other_tile, 7).check(17);
+}
 
 // ---- item() passed back into tiles ------------------------------------------------------------
 

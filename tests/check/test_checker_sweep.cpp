@@ -85,8 +85,10 @@ tg::check_report check_attention(attention_case const& c, corruption const& corr
 
 tg::check_report check_attention(attention_case const& c, corruption const& corrupt = {}) {
   if (c.d == 32)
-    return c.causal ? check_attention<32, true>(c, corrupt) : check_attention<32, false>(c, corrupt);
-  return c.causal ? check_attention<128, true>(c, corrupt) : check_attention<128, false>(c, corrupt);
+    return c.causal ? check_attention<32, true>(c, corrupt)
+                    : check_attention<32, false>(c, corrupt);
+  return c.causal ? check_attention<128, true>(c, corrupt)
+                  : check_attention<128, false>(c, corrupt);
 }
 
 double worst_ratio(tg::check_report const& r) {
@@ -152,17 +154,16 @@ TEST(CheckerSweep, SoftmaxFromOneColumnPasses) {
   for (std::int64_t cols : {1, 2, 3, 7, 63, 64}) {
     for (std::int64_t rows : {1, 5}) {
       tg::owned_tensor<float> x({rows, cols}, "x"), y({rows, cols}, "y");
-      auto const r = tg::check_backward(
-          tg::forward(static_cast<int>(rows), tk::softmax_fwd<Block>, tg::in("x", x),
-                      tg::out("y", y)),
-          [](tg::backward_context<float>& ctx) {
-            auto const yv = ctx.output("y"), dy = ctx.cotangent("y");
-            tg::owned_tensor<float> dx(yv.shape().data(), 2);
-            tg::launch(ctx.options(), static_cast<int>(yv.size(0)), tk::softmax_bwd<Block>, yv, dy,
-                       dx.view());
-            ctx.set_gradient("x", dx);
-          },
-          {.seeds = 3});
+      auto const r = tg::check_backward(tg::forward(static_cast<int>(rows), tk::softmax_fwd<Block>,
+                                                    tg::in("x", x), tg::out("y", y)),
+                                        [](tg::backward_context<float>& ctx) {
+                                          auto const yv = ctx.output("y"), dy = ctx.cotangent("y");
+                                          tg::owned_tensor<float> dx(yv.shape().data(), 2);
+                                          tg::launch(ctx.options(), static_cast<int>(yv.size(0)),
+                                                     tk::softmax_bwd<Block>, yv, dy, dx.view());
+                                          ctx.set_gradient("x", dx);
+                                        },
+                                        {.seeds = 3});
       EXPECT_BACKWARD_OK(r) << rows << " x " << cols;
       worst = std::max(worst, worst_ratio(r));
     }

@@ -379,10 +379,12 @@ inline bool& magnitude_sweep() {
   return m;
 }
 
-/// Makes the vjp calls on this thread, while it lives, sweep magnitudes (see magnitude_sweep).
+/// While it lives, the sweeps on this thread (and the vjp calls made from it, which pass the
+/// choice on to their worker threads) sweep magnitudes or not (see magnitude_sweep); the flag is
+/// restored after, so a worker thread never keeps it.
 class magnitude_scope {
 public:
-  magnitude_scope() : saved_(magnitude_sweep()) { magnitude_sweep() = true; }
+  explicit magnitude_scope(bool on = true) : saved_(magnitude_sweep()) { magnitude_sweep() = on; }
   ~magnitude_scope() { magnitude_sweep() = saved_; }
   magnitude_scope(magnitude_scope const&) = delete;
   magnitude_scope& operator=(magnitude_scope const&) = delete;

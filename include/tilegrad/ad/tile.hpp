@@ -35,7 +35,9 @@ public:
   explicit tile(uninitialized_t) : values_(ad::current_tape().template alloc<T>(size)) {}
   explicit tile(value_type const& v) : tile(uninitialized) { std::fill_n(values_, size, v.v); }
   /// Every element the item of a rank-0 tile, its adjoint flowing back to that tile.
-  explicit tile(adjoint_item<T> const& v) { assign_from(broadcast_node<adjoint_leaf<T, shape<>>, shape_type>{{}, v.as_expr_node()}); }
+  explicit tile(adjoint_item<T> const& v) {
+    assign_from(broadcast_node<adjoint_leaf<T, shape<>>, shape_type>{{}, v.as_expr_node()});
+  }
 
   template <tile_expression E>
     requires(!std::is_same_v<std::remove_cvref_t<E>, tile>)
@@ -148,7 +150,8 @@ concept item_operand = is_adjoint_item_v<X> || std::is_arithmetic_v<X> || adjoin
 template <class A, class B>
 concept item_operands = (is_adjoint_item_v<std::remove_cvref_t<A>> ||
                          is_adjoint_item_v<std::remove_cvref_t<B>>) &&
-                        item_operand<std::remove_cvref_t<A>> && item_operand<std::remove_cvref_t<B>>;
+                        item_operand<std::remove_cvref_t<A>> &&
+                        item_operand<std::remove_cvref_t<B>>;
 
 template <class X>
 auto item_value(X const& x) {

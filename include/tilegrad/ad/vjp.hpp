@@ -363,8 +363,10 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
           state.direct = !applying && next == me;
           if (state.direct) applying = true;
         }
-        ad::magnitude_sweep() = magnitudes; // the caller's choice, on whichever thread
-        state.t.sweep();
+        {
+          ad::magnitude_scope const sweeping(magnitudes); // the caller's choice, on this thread
+          state.t.sweep();
+        }
         if (any_stream && state.direct) simd::stream_fence();
       } catch (...) {
         ad::current_state() = saved;

@@ -142,9 +142,9 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
          << o.k << " * the units g_ref32 is off by at worst), u = 2^"
          << std::ilogb(dtype.eps) - 1 << " (the unit roundoff of " << dtype.name
          << "); |J|^T |w|: vjp of the forward in float64 with every partial and cotangent taken "
-            "by its magnitude (a running error bound's weights); g_ref64, g_ref32: vjp in float64 and "
-         << dtype_name<W>()
-         << refs;
+            "by its magnitude (a running error bound's weights); g_ref64, g_ref32: vjp in "
+            "float64 and "
+         << dtype_name<W>() << refs;
       if (o.floor_abs)
         os << "; + " << o.floor_abs;
     } else if (rule == pass_rule::baseline) {
