@@ -239,6 +239,39 @@ TEST(Aliasing, TransposedWeightAndStridedInoutAccumulator) {
                                                     inner(r["c"], uc.cview()));
 }
 
+// y[i, j] = x[i, n - 1 - j] * x[i, 3 j mod n]: a row read backwards and a gather, through x's
+// strides (the lanes of a transposed view's row are a run with a negative step, and lanes that
+// follow no axis).
+constexpr auto reverse_gather = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                            tg::tensor<T> y) {
+  std::int64_t const i = p.program_id(0);
+  int const n = static_cast<int>(x.size(1));
+  auto const j = tg::arange<0, 16>();
+  auto const m = j < n;
+  auto const row = x + i * x.stride(0);
+  auto const a = tg::load(row + (n - 1 - j) * x.stride(1), m, 0.0);
+  auto const b = tg::load(row + ((3 * j) % n) * x.stride(1), m, 0.0);
+  tg::store(y + i * y.stride(0) + j * y.stride(1), a * b, m);
+};
+
+TEST(Aliasing, TransposedViewReadBackwardsAndGathered) {
+  int const rows = 7, n = 13;
+  owned<double> storage({n, rows}, "storage"), y({rows, n}, "y"), dy({rows, n}, "dy");
+  fill(storage, 29), fill(dy, 30);
+  tg::tensor<double const> const x(storage.data(), {rows, n}, {1, rows}, "x"); // storage.T
+  auto const r = tg::vjp(rows, reverse_gather, tg::in("x", x), tg::out("y", y, dy));
+  auto loss = [&] {
+    owned<double> out({rows, n});
+    tg::launch(rows, reverse_gather, x, out.view());
+    return inner(dy, out.cview());
+  };
+  expect_central("x", x, r["x"], loss);
+  auto const u = random_like(x, 31);
+  owned<double> y2({rows, n});
+  auto const t = tg::jvp(rows, reverse_gather, tg::tangent_in("x", x, u), tg::tangent_out("y", y2));
+  expect_dot_product(inner(dy, t["y"].cview()), inner(r["x"], u.cview()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inputs and outputs interleaved in one buffer.
 // ---------------------------------------------------------------------------------------------
