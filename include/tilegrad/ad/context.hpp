@@ -21,15 +21,22 @@ namespace tilegrad::ad {
 
 enum class role { passive, in, out, inout };
 
-/// A float tensor of a vjp launch, by address range.
+/// A float tensor of a vjp launch, by address range (and by element, where ranges overlap).
 struct tensor_entry {
   std::byte const* lo = nullptr; // first byte of its data
   std::byte const* hi = nullptr; // one past the last element it spans
   int index = 0;
   role r = role::passive;
   bool writable = false; // the kernel receives it non-const: its accesses are tracked
+  // Its address range overlaps another tensor's (views of one buffer that share no element):
+  // an address in the range is its own only if it is one of its elements.
+  bool shared_range = false;
+  // A gradient of a tensor that is not contiguous: runs of elements (offsets in memory) are
+  // mapped to the row-major indices of the gradient, which has the tensor's logical shape.
+  bool strided_grad = false;
+  std::uint32_t bytes = 0; // per element
   char const* name = "";
-  tensor<std::byte const> layout;       // shape and strides, for naming elements in messages
+  tensor<std::byte const> layout;       // shape and strides: elements, and their names in messages
   void const* cotangent = nullptr;      // out / inout: indexed by the tensor's element offset
   std::uint32_t* stamp = nullptr;       // writable: the last writer, (program + 1) << 1 | atomic
   std::uint64_t* readers = nullptr;     // writable, once loaded: the first two readers + 1
@@ -41,6 +48,54 @@ struct tensor_entry {
   }
   bool wants_grad() const { return r == role::in || r == role::inout; }
   bool has_cotangent() const { return r == role::out || r == role::inout; }
+
+  /// Whether address b (in [lo, hi)) is one of this tensor's elements. (Out of line: only
+  /// tensors whose ranges overlap take it, and the loads and stores that look tensors up stay
+  /// small.)
+  [[gnu::noinline]] bool holds(std::byte const* b) const {
+    std::int64_t const d = b - lo;
+    return d % bytes == 0 && layout.contains(d / bytes);
+  }
+
+  /// The row-major index of the element at offset `off` (a valid element: the layout nests,
+  /// which vjp checks before any program runs), and its coordinate along axis `axis` in *at.
+  std::int64_t logical_index(std::int64_t off, int axis, std::int64_t* at) const {
+    // Dividing by the strides from the largest down finds the coordinates of a nested layout.
+    extents const& n = layout.shape();
+    extents const& st = layout.strides();
+    std::int64_t idx[max_tensor_rank] = {};
+    std::int64_t rem = off;
+    for (int i = 0; i < layout.rank(); ++i) {
+      int const a = by_stride[i];
+      if (n[a] > 1) {
+        idx[a] = rem / st[a];
+        rem -= idx[a] * st[a];
+      }
+    }
+    std::int64_t l = 0;
+    for (int a = 0; a < layout.rank(); ++a)
+      l = l * n[a] + idx[a];
+    if (at)
+      *at = idx[axis];
+    return l;
+  }
+  // Axes by decreasing stride (set with strided_grad), and each axis's stride in the gradient.
+  int by_stride[max_tensor_rank] = {0, 1, 2, 3};
+  std::int64_t grad_stride[max_tensor_rank] = {1, 1, 1, 1};
+
+  /// Sets up strided_grad for a tensor with a gradient that is not contiguous.
+  void set_strided_grad() {
+    strided_grad = true;
+    int const n = layout.rank();
+    for (int i = 1; i < n; ++i) // insertion sort of at most 4 axes
+      for (int j = i; j > 0 && layout.stride(by_stride[j - 1]) < layout.stride(by_stride[j]); --j)
+        std::swap(by_stride[j - 1], by_stride[j]);
+    std::int64_t s = 1;
+    for (int a = n - 1; a >= 0; --a) {
+      grad_stride[a] = s;
+      s *= layout.size(a);
+    }
+  }
 };
 
 /// A run of n lanes of a tile, pos, pos+1, ..., addressing elements offset, offset + step, ...
@@ -109,6 +164,42 @@ private:
   std::vector<run>& out_;
   run last_ = none;
 };
+
+/// The runs `in` of tensor e (offsets in memory from its first element) as runs of row-major
+/// indices of its gradient, for a tensor with strided_grad (in a per-thread buffer, valid until
+/// the next call). A run along one axis (a row, or a column of a transposed view) stays one
+/// run; others are taken lane by lane.
+inline std::vector<run> const& logical_runs(tensor_entry const& e, std::vector<run> const& in) {
+  thread_local std::vector<run> out;
+  run_builder b(out);
+  for (run const& r : in) {
+    if (r.count == 1 || r.step == 0) {
+      b.add(run{r.pos, r.count, e.logical_index(r.offset, 0, nullptr), r.step == 0 ? 0 : 1});
+      continue;
+    }
+    std::int64_t const s = r.step < 0 ? -r.step : r.step;
+    extents const& n = e.layout.shape();
+    int axis = -1;
+    for (int a = 0; a < e.layout.rank() && axis < 0; ++a)
+      if (n[a] > 1 && e.layout.strides()[a] == s)
+        axis = a;
+    if (axis >= 0) {
+      std::int64_t at = 0;
+      std::int64_t const l = e.logical_index(r.offset, axis, &at);
+      std::int64_t const last = at + (r.step < 0 ? 1 - r.count : r.count - 1);
+      if (last >= 0 && last < n[axis]) {
+        std::int64_t const g = e.grad_stride[axis];
+        b.add(run{r.pos, r.count, l, r.step < 0 ? -g : g});
+        continue;
+      }
+    }
+    for (int k = 0; k < r.count; ++k)
+      if (e.layout.contains(r.element(k))) // (an access outside the tensor, unchecked, is lost)
+        b.add(r.pos + k, e.logical_index(r.element(k), 0, nullptr));
+  }
+  b.finish();
+  return out;
+}
 
 enum class access_kind : std::uint8_t { load, store, atomic };
 
@@ -338,12 +429,14 @@ struct program_state {
   /// This program's stamp on the elements it stores.
   std::uint32_t stamp() const { return id << 1; }
 
-  /// The tensor whose memory holds address p (null for memory of no vjp tensor).
+  /// The tensor whose memory holds address p (null for memory of no vjp tensor): the one whose
+  /// range holds it, or where ranges overlap (views of one buffer), whose elements hold it.
   tensor_entry const* find(void const* p) const {
     if (!tensors) return nullptr;
     auto const* b = static_cast<std::byte const*>(p);
     for (auto const& e : *tensors)
-      if (b >= e.lo && b < e.hi) return &e;
+      if (b >= e.lo && b < e.hi && (!e.shared_range || e.holds(b)))
+        return &e;
     return nullptr;
   }
 

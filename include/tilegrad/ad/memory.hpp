@@ -108,10 +108,15 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
   shift_runs<T>(st.scratch, e, base);
   tape& tp = st.t;
   std::vector<run> const& lanes = st.scratch;
+  // The gradient of a tensor that is not contiguous is indexed by coordinates, not by offset.
+  auto grad_runs = [&e](std::vector<run> const& r) -> std::vector<run> const& {
+    return e.strided_grad ? logical_runs(e, r) : r;
+  };
   if (!e.writable) { // an input: every lane reads the tensor's own value
     T* adj = tp.alloc_zero<T>(S::size);
-    tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, lanes), static_cast<int>(lanes.size()),
-                            nullptr, 0);
+    std::vector<run> const& g = grad_runs(lanes);
+    tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, g), static_cast<int>(g.size()), nullptr,
+                            0);
     return adj;
   }
   // A tensor the kernel may write: lane by lane, a value this program stored or the initial one.
@@ -154,7 +159,8 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
   if (routed.empty() && initial.empty())
     return nullptr;
   T* adj = tp.alloc_zero<T>(S::size);
-  tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, initial), static_cast<int>(initial.size()),
+  std::vector<run> const& g = grad_runs(initial);
+  tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, g), static_cast<int>(g.size()),
                           copy_to_tape(tp, routed), static_cast<int>(routed.size()));
   return adj;
 }
@@ -371,6 +377,7 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
   auto const old = detail::atomic_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, f, what, loc);
   if (program_state* st = current_state()) {
     if (tensor_entry const* e = tracked_write(st, p.base.data())) {
+      st->out->reads |= std::uint64_t{1} << e->index; // an atomic reads the old value
       auto const maskb = detail::broadcast_mask<S>(mask);
       run_builder b(st->scratch);
       pointer_lanes<S>(fp, maskb)([&](int pos, std::int64_t off, int n) { b.add(pos, off, n); },

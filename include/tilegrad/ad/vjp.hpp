@@ -5,6 +5,7 @@
 // in program order, so gradients are bitwise identical for any thread count.
 #pragma once
 
+#include "tilegrad/ad/aliasing.hpp"
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/expr.hpp"
 #include "tilegrad/ad/memory.hpp"
@@ -98,8 +99,9 @@ public:
     return it->second;
   }
   bool contains(std::string const& name) const { return grads_.count(name) != 0; }
-  /// Inputs marked `in` that no program loaded from: usually a tensor captured by the kernel
-  /// instead of passed as an argument, whose gradient is then silently zero.
+  /// Tensors marked `in` or `inout` that no program read (loaded, or updated with an atomic,
+  /// which reads the old value): usually a tensor captured by the kernel instead of passed as an
+  /// argument, whose gradient is then silently zero (or, for inout, only its cotangent).
   std::vector<std::string> const& unread() const { return unread_; }
   /// The largest tape of any program, in bytes.
   std::size_t peak_tape_bytes() const { return peak_tape_; }
@@ -169,6 +171,7 @@ void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::
     e.index = static_cast<int>(entries.size());
     e.r = r;
     e.writable = writable;
+    e.bytes = static_cast<std::uint32_t>(sizeof(T));
     e.name = name;
     e.layout = tensor<std::byte const>(e.lo, t.rank(), t.shape(), t.strides(), name);
     tensor_shadow<T> sh;
@@ -200,6 +203,58 @@ void add_entry(X const& x, std::vector<tensor_entry>& entries, std::vector<std::
     } else {
       push(x, role::passive, !std::is_const_v<typename D::element_type>, nullptr, x.name());
     }
+  }
+}
+
+inline char const* role_name(role r, bool writable) {
+  switch (r) {
+  case role::in:
+    return "in";
+  case role::out:
+    return "out";
+  case role::inout:
+    return "inout";
+  default:
+    return writable ? "passive, written" : "passive";
+  }
+}
+
+/// What vjp says to write instead when two tensors share elements.
+inline constexpr char const* shared_memory_hint =
+    "An in-place kernel takes the buffer once, as one tensor marked inout (tg::inout(\"x\", x, "
+    "dx): elements read before a store are inputs); views of one buffer (q, k, v of a packed "
+    "qkv) may share it as long as they share no element.";
+
+/// Refuses tensors of a launch that share elements (before any program runs) and marks those
+/// whose address ranges overlap another's, to be looked up by element.
+inline void check_shared_memory(std::vector<tensor_entry>& entries) {
+  std::vector<memory_ref> refs;
+  for (auto const& e : entries)
+    refs.push_back({e.name, role_name(e.r, e.writable), e.lo, e.layout, e.bytes,
+                    e.writable || e.r != role::passive, e.r != role::passive});
+  std::vector<bool> const shared = check_overlaps(refs, "tilegrad::vjp", shared_memory_hint);
+  for (std::size_t i = 0; i < entries.size(); ++i)
+    entries[i].shared_range = shared[i];
+}
+
+/// The memory of a float tensor argument of type T, for check_shared_memory before the
+/// arguments are copied (a vjp of bf16 tensors runs on float copies, which share nothing).
+template <class T, class X>
+void add_memory_ref(X const& x, std::vector<memory_ref>& refs) {
+  using D = std::remove_cvref_t<X>;
+  auto push = [&](auto const& t, role r, bool writable, char const* name) {
+    refs.push_back({name, role_name(r, writable), reinterpret_cast<std::byte const*>(t.data()),
+                    tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
+                                            t.shape(), t.strides(), name),
+                    sizeof(T), writable || r != role::passive, r != role::passive});
+  };
+  if constexpr (std::is_same_v<typename float_of<D>::type, T>) {
+    if constexpr (requires { x.cotangent; })
+      push(x.t, x.r, x.r != role::in, x.name);
+    else if constexpr (requires { x.view(); })
+      push(x.view(), role::passive, true, x.name());
+    else
+      push(x, role::passive, !std::is_const_v<typename D::element_type>, x.name());
   }
 }
 
@@ -287,6 +342,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       if (!names[i].empty() && names[i] == names[j])
         throw std::invalid_argument("tilegrad::vjp: the name '" + names[i] + "' is given twice");
   if (entries.size() > 63) throw std::invalid_argument("tilegrad::vjp: at most 63 float tensors");
+  ad::check_shared_memory(entries);
   if (g.size() >= 0x7fffffff) throw std::invalid_argument("tilegrad::vjp: grid too large");
 
   gradients<T> result;
@@ -298,7 +354,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   for (auto& e : entries) {
     if (!e.wants_grad()) continue;
     if (!e.layout.is_contiguous())
-      throw std::invalid_argument(std::string("tilegrad::vjp: '") + e.name + "' must be contiguous");
+      e.set_strided_grad(); // (its layout nests: checked above)
     auto [it, ok] = result.grads_.emplace(
         e.name, owned_tensor<T>(uninitialized, e.layout.shape().data(),
                                 static_cast<std::size_t>(e.layout.rank()), e.name));
@@ -416,10 +472,13 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     if (e.r != ad::role::inout) continue;
     T* gr = static_cast<T*>(sinks[static_cast<std::size_t>(e.index)].data);
     T const* cot = static_cast<T const*>(e.cotangent);
-    for (std::int64_t el = 0; el < e.layout.numel(); ++el) {
-      std::uint32_t const s = e.stamp[el];
-      if (s == 0 || (s & ad::atomic_stamp)) gr[el] += cot[el];
-    }
+    std::int64_t el = 0; // stamps and the cotangent by offset, the gradient by row-major index
+    ad::for_each_offset(e.layout, [&](std::int64_t off) {
+      std::uint32_t const s = e.stamp[off];
+      if (s == 0 || (s & ad::atomic_stamp))
+        gr[el] += cot[off];
+      ++el;
+    });
   }
   for (auto const& e : entries)
     if (e.wants_grad() && !(reads & (std::uint64_t{1} << e.index))) result.unread_.emplace_back(e.name);
@@ -468,6 +527,9 @@ auto widen_arg(X const& x, std::deque<owned_tensor<float>>& keep,
 template <class Kernel, class... Args>
   requires std::is_same_v<typename ad::first_float<std::remove_cvref_t<Args>...>::type, bf16>
 auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
+  std::vector<ad::memory_ref> refs; // the float copies share nothing: check the originals
+  (ad::add_memory_ref<bf16>(args, refs), ...);
+  ad::check_overlaps(refs, "tilegrad::vjp", ad::shared_memory_hint);
   std::deque<owned_tensor<float>> keep;
   std::vector<std::pair<tensor<bf16>, owned_tensor<float> const*>> back;
   std::tuple<decltype(ad::widen_arg(args, keep, back))...> wide{

@@ -3,6 +3,7 @@
 // kernel in float64 (g_ref64) and at the working precision (g_ref32); plus structural checks.
 #pragma once
 
+#include "tilegrad/ad/aliasing.hpp"
 #include "tilegrad/ad/vjp.hpp"
 #include "tilegrad/check/compare.hpp"
 #include "tilegrad/check/context.hpp"
@@ -182,6 +183,42 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
           rep.warnings.push_back("the name '" + n.name + "' is given twice");
       names.push_back(n.name);
     }
+  {
+    // Tensors that share elements (an in-place forward marked in and out) fail before anything
+    // runs: the references run on separate copies and could not see it.
+    std::vector<ad::memory_ref> refs;
+    auto ref = [&](char const* name, char const* role, auto const& t, bool tracked, bool distinct) {
+      auto const* lo = reinterpret_cast<std::byte const*>(t.data());
+      refs.push_back({name, role, lo,
+                      tensor<std::byte const>(lo, t.rank(), t.shape(), t.strides(), name),
+                      sizeof(T), tracked, distinct});
+    };
+    for (auto const* group : {&ins, &passives, &outs})
+      for (auto const& n : *group) {
+        bool const marked = n.role != "passive";
+        ref(n.name.c_str(), n.role.c_str(), n.t, marked, marked);
+      }
+    std::apply(
+        [&](auto const&... a) {
+          auto unmarked = [&]<class X>(X const& x) {
+            if constexpr (detail::arg_kind<X>::float_tensor)
+              ref(x.name(), "unmarked", x, !std::is_const_v<typename X::element_type>, false);
+          };
+          (unmarked(a), ...);
+        },
+        fwd.args);
+    try {
+      ad::check_overlaps(refs, "tilegrad::check_backward",
+                         "Give the forward an output buffer of its own: the gradients of an "
+                         "in-place kernel are those of the same kernel writing elsewhere, as "
+                         "long as no program reads what another writes.");
+    } catch (std::invalid_argument const& e) {
+      seed_report& sr = rep.seeds.emplace_back();
+      sr.seed = o.first_seed;
+      sr.problems.push_back(e.what());
+      return rep;
+    }
+  }
   if (ins.empty())
     rep.warnings.push_back("no tensor is marked in: there is nothing to check");
   if (outs.empty())
