@@ -35,6 +35,13 @@
 #define TILEGRAD_INLINE inline
 #endif
 
+// Slow paths kept out of line, so that the fast path they branch off stays small.
+#if defined(__GNUC__) || defined(__clang__)
+#define TILEGRAD_NOINLINE __attribute__((noinline))
+#else
+#define TILEGRAD_NOINLINE
+#endif
+
 namespace tilegrad {
 inline namespace v0 {}
 } // namespace tilegrad

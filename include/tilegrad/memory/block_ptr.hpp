@@ -8,6 +8,7 @@
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/memory/tracking.hpp"
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/expr.hpp"
 #include "tilegrad/tile/reduce.hpp"
@@ -146,15 +147,15 @@ template <class T, int... Bs>
 
 // Walks the block's innermost rows. For each row: `row(r, mem_offset_of_col0, lo, hi)` with
 // [lo, hi) the columns inside the tensor; rows outside (on a checked axis) get lo = hi = 0.
+// Checks that the block stays inside the tensor when chk.
 template <class Check, class T, int... Bs, class F>
 void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
-                        std::source_location const& loc, F&& row) {
+                        std::source_location const& loc, bool chk, F&& row) {
   static_assert(Check::template within<sizeof...(Bs)>(),
                 "tilegrad: boundary_check names an axis the block does not have");
   using S = shape<Bs...>;
   constexpr int R = S::rank;
   constexpr int L = S::inner;
-  bool const chk = checked();
   auto const& shp = bp.shape();
   auto const& str = bp.strides();
   auto const& off = bp.offsets();
@@ -228,17 +229,17 @@ V block_fill(padding pad) {
 
 // The body of a block load: writes the block to o (Bs... elements, row-major), wherever o is (a
 // tile, or reverse mode's tape). `row(r, mem, lo, hi)` sees each row as it is read (reverse mode
-// records the lanes read from it; the fast path passes a no-op).
+// and race tracking record the lanes read from it; the fast path passes a no-op).
 template <class Check, class V, class T, int... Bs, class Row>
 TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, padding pad,
-                                     std::source_location const& loc, Row&& row) {
+                                     std::source_location const& loc, bool chk, Row&& row) {
   using S = shape<Bs...>;
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<V>;
   T* base = bp.base().data();
   std::int64_t const sc = bp.strides()[S::rank - 1];
   V const fill = block_fill<V>(pad);
-  for_each_block_row<Check>(bp, "load", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+  for_each_block_row<Check>(bp, "load", loc, chk, [&](int r, std::int64_t mem, int lo, int hi) {
     V* d = o + r * L;
     for (int c = 0; c < lo; ++c) d[c] = fill;
     if (sc == 1) {
@@ -255,6 +256,28 @@ TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, paddin
   });
 }
 
+// The lanes of a block row, for the race tracking's recorder.
+template <class T, int... Bs>
+auto record_rows(access_recorder& rec, block_ptr<T, Bs...> const& bp) {
+  std::int64_t const sc = bp.strides()[sizeof...(Bs) - 1];
+  return [&rec, sc](int, std::int64_t mem, int lo, int hi) {
+    if (sc == 1)
+      rec(0, mem + lo, hi - lo);
+    else
+      for (int c = lo; c < hi; ++c)
+        rec(0, mem + c * sc, 1);
+  };
+}
+
+// A block load in a launch that checks bounds or races: always checked, recorded when tracked.
+template <class Check, class V, class T, int... Bs>
+TILEGRAD_NOINLINE void load_block_hooked(access_hooks const& h, V* o, block_ptr<T, Bs...> const& bp,
+                                         padding pad, std::source_location const& loc) {
+  access_recorder rec(h, bp.base().data(), sizeof(T));
+  load_block_into<Check>(o, bp, pad, loc, true, record_rows(rec, bp));
+  rec.commit(op_load, loc);
+}
+
 } // namespace detail
 
 /// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
@@ -266,8 +289,11 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
   } else {
     tile<std::remove_const_t<T>, Bs...> out(uninitialized);
-    detail::load_block_into<boundary_check<Axes...>>(out.data(), bp, pad, loc,
-                                                     [](int, std::int64_t, int, int) {});
+    if (detail::access_hooks const* h = detail::current_hooks()) [[unlikely]]
+      detail::load_block_hooked<boundary_check<Axes...>>(*h, out.data(), bp, pad, loc);
+    else
+      detail::load_block_into<boundary_check<Axes...>>(out.data(), bp, pad, loc, checked(),
+                                                       [](int, std::int64_t, int, int) {});
     return out;
   }
 }
@@ -275,17 +301,17 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
 namespace detail {
 
 // The body of a block store of the contiguous values v (Bs... elements, row-major). `row(r, mem,
-// lo, hi)` sees each row as it is written (reverse mode records the lanes; the fast path passes
-// a no-op).
+// lo, hi)` sees each row as it is written (reverse mode and race tracking record the lanes; the
+// fast path passes a no-op).
 template <class Check, class T, int... Bs, class Row>
 TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
-                                      std::source_location const& loc, Row&& row) {
+                                      std::source_location const& loc, bool chk, Row&& row) {
   using S = shape<Bs...>;
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<T>;
   T* base = bp.base().data();
   std::int64_t const sc = bp.strides()[S::rank - 1];
-  for_each_block_row<Check>(bp, "store", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+  for_each_block_row<Check>(bp, "store", loc, chk, [&](int r, std::int64_t mem, int lo, int hi) {
     T const* s = v + r * L;
     if (sc == 1) {
       T* dst = base + mem;
@@ -298,6 +324,15 @@ TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
     }
     row(r, mem, lo, hi);
   });
+}
+
+// A block store in a launch that checks bounds or races: always checked, recorded when tracked.
+template <class Check, class T, int... Bs>
+TILEGRAD_NOINLINE void store_block_hooked(access_hooks const& h, block_ptr<T, Bs...> const& bp,
+                                          T const* v, std::source_location const& loc) {
+  access_recorder rec(h, bp.base().data(), sizeof(T));
+  store_block_from<Check>(bp, v, loc, true, record_rows(rec, bp));
+  rec.commit(op_store, loc);
 }
 
 } // namespace detail
@@ -321,8 +356,11 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
       else
         return tile<T, Bs...>(to<T>(std::forward<E>(value)));
     }();
-    detail::store_block_from<boundary_check<Axes...>>(bp, vals.data(), loc,
-                                                      [](int, std::int64_t, int, int) {});
+    if (detail::access_hooks const* h = detail::current_hooks()) [[unlikely]]
+      detail::store_block_hooked<boundary_check<Axes...>>(*h, bp, vals.data(), loc);
+    else
+      detail::store_block_from<boundary_check<Axes...>>(bp, vals.data(), loc, checked(),
+                                                        [](int, std::int64_t, int, int) {});
   }
 }
 
