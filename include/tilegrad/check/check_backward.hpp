@@ -77,6 +77,11 @@ std::vector<double> values_of(owned_tensor<T> const& t) {
 /// overwrites the inputs (in and passive) with seeded random values and the outputs with the
 /// forward's results.
 ///
+/// The forward, the references and every launch the backward makes (from the calling thread)
+/// check bounds whatever checked() says; the backward's launches are also checked for races
+/// between their programs (reported, not thrown: the launch runs to its end), and their writes
+/// are traced, so that the determinism check excuses what only the order of atomic_add explains.
+///
 /// With bf16 tensors the kernel runs as it will in use (bf16 storage, float compute); the inputs
 /// and cotangents are drawn and rounded to bf16, and the references run the same kernel on
 /// float and double copies of them: bf16 rounding is differentiated as identity.

@@ -114,7 +114,7 @@ struct launch_options {
   /// programs, the tensor, the element and the source lines. The programs record their accesses
   /// to the tensors the kernel takes as non-const views and run in waves; after each wave the
   /// records are replayed in program order, so the same race is reported whatever ran first and
-  /// whatever the thread count. Costs a record per access and 20 bytes per element touched.
+  /// whatever the thread count. Costs a record per access and 16 bytes per element touched.
   bool check_races = false;
 };
 
@@ -209,6 +209,21 @@ inline program program_at(grid const& g, std::int64_t linear) {
 
 // ----- executors: each calls run(linear) for every linear id in [0, n) ----------------------
 
+/// What an executor runs: a reference to a callable taking a linear program id. The executors
+/// are compiled once, not once per kernel and way of running it (TBB's parallel_for is heavy to
+/// instantiate); the indirect call costs a few ns per program, next to ~50 ns of scheduling.
+class program_runner {
+public:
+  template <class F>
+  explicit program_runner(F& f)
+      : obj_(&f), fn_([](void* o, std::int64_t i) { (*static_cast<F*>(o))(i); }) {}
+  void operator()(std::int64_t i) const { fn_(obj_, i); }
+
+private:
+  void* obj_;
+  void (*fn_)(void*, std::int64_t);
+};
+
 template <class Run>
 void run_sequential(std::int64_t n, Run& run) {
   for (std::int64_t i = 0; i < n; ++i)
@@ -283,8 +298,7 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
 #endif
 
 /// Runs run(linear) for every linear id in [0, n) with the executor of opts.
-template <class Run>
-void run_programs(launch_options const& opts, std::int64_t n, Run& run) {
+inline void run_programs(launch_options const& opts, std::int64_t n, program_runner run) {
   switch (opts.exec) {
   case executor::tbb:
 #if TILEGRAD_USE_TBB
@@ -312,7 +326,13 @@ void launch_untracked(launch_options const& opts, grid g, Call&& call,
     program_scope const scope(p, hooks);
     call(p);
   };
-  run_programs(opts, g.size(), run);
+  run_programs(opts, g.size(), program_runner(run));
+}
+
+/// The program logs of tracked launches, kept by the thread between launches.
+inline std::vector<program_log>& spare_logs() {
+  thread_local std::vector<program_log> logs;
+  return logs;
 }
 
 /// Runs call(p) for every program p of g with access tracking: in waves, each program recording
@@ -340,11 +360,10 @@ void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
   std::int64_t const wave = std::min<std::int64_t>(total, std::max(64, 4 * threads));
   // The logs are kept by the thread from launch to launch, so their buffers are reused (taken
   // out while in use: a tracked launch nested in a program finds none and makes its own).
-  thread_local std::vector<program_log> spare;
   struct give_back {
     std::vector<program_log> logs;
-    ~give_back() { spare = std::move(logs); }
-  } held{std::move(spare)};
+    ~give_back() { spare_logs() = std::move(logs); }
+  } held{std::move(spare_logs())};
   std::vector<program_log>& logs = held.logs;
   if (logs.size() < static_cast<std::size_t>(wave))
     logs.resize(static_cast<std::size_t>(wave));
@@ -359,7 +378,7 @@ void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
       observer_scope const nested(nullptr); // a launch inside a program is not observed
       call(p);
     };
-    run_programs(opts, n, run);
+    run_programs(opts, n, program_runner(run));
     if (!tracker.race())
       tracker.check(w0, logs.data(), n);
     if (tracker.race() && !observer)
@@ -392,7 +411,10 @@ template <class Kernel, class... Args>
 void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args) {
   detail::validate(opts, g);
   std::tuple<detail::held_arg_t<Args&&>...> held{detail::prepare_arg(std::forward<Args>(args))...};
-  auto call = [&](program const& p) { std::apply([&](auto&... a) { kernel(p, a...); }, held); };
+  // Out of line: the kernel is compiled once, whichever way its programs are run.
+  auto call = [&](program const& p) TILEGRAD_NOINLINE_LAMBDA {
+    std::apply([&](auto&... a) { kernel(p, a...); }, held);
+  };
   if (opts.check_races || detail::current_observer()) [[unlikely]] {
     detail::launch_tracker tracker(g);
     std::apply([&](auto const&... a) { (tracker.add_arg(a), ...); }, held);

@@ -256,26 +256,59 @@ TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, paddin
   });
 }
 
-// The lanes of a block row, for the race tracking's recorder.
-template <class T, int... Bs>
-auto record_rows(access_recorder& rec, block_ptr<T, Bs...> const& bp) {
-  std::int64_t const sc = bp.strides()[sizeof...(Bs) - 1];
-  return [&rec, sc](int, std::int64_t mem, int lo, int hi) {
-    if (sc == 1)
+// Records the rows of a block access of a tracked launch, after the access (which checked its
+// bounds): one function for every block shape and element type, so tracking adds no code per
+// access site beyond the call.
+TILEGRAD_NOINLINE inline void record_block(access_hooks const& h, void const* base,
+                                           std::size_t elem, int rank, int const* dims,
+                                           std::int64_t const* shape, std::int64_t const* strides,
+                                           std::int64_t const* offsets, unsigned checked_axes,
+                                           std::uint8_t op, std::source_location const& loc) {
+  access_recorder rec(h, base, elem);
+  if (!rec.active())
+    return;
+  int rows = 1;
+  for (int a = 0; a < rank - 1; ++a)
+    rows *= dims[a];
+  int const L = dims[rank - 1];
+  std::int64_t const sc = strides[rank - 1];
+  for (int r = 0; r < rows; ++r) {
+    int rem = r;
+    std::int64_t mem = 0;
+    bool inside = true;
+    for (int a = rank - 2; a >= 0; --a) {
+      std::int64_t const c = offsets[a] + rem % dims[a];
+      rem /= dims[a];
+      inside &= c >= 0 && c < shape[a]; // outside only on a checked axis: the row is skipped
+      mem += c * strides[a];
+    }
+    if (!inside)
+      continue;
+    std::int64_t const c0 = offsets[rank - 1];
+    int lo = 0, hi = L;
+    if (checked_axes >> (rank - 1) & 1u) {
+      lo = static_cast<int>(std::clamp<std::int64_t>(-c0, 0, L));
+      hi = static_cast<int>(std::clamp<std::int64_t>(shape[rank - 1] - c0, 0, L));
+    }
+    mem += c0 * sc;
+    if (sc == 1 && hi > lo)
       rec(0, mem + lo, hi - lo);
     else
       for (int c = lo; c < hi; ++c)
         rec(0, mem + c * sc, 1);
-  };
+  }
+  rec.commit(op, loc);
 }
 
-// A block load in a launch that checks bounds or races: always checked, recorded when tracked.
-template <class Check, class V, class T, int... Bs>
-TILEGRAD_NOINLINE void load_block_hooked(access_hooks const& h, V* o, block_ptr<T, Bs...> const& bp,
-                                         padding pad, std::source_location const& loc) {
-  access_recorder rec(h, bp.base().data(), sizeof(T));
-  load_block_into<Check>(o, bp, pad, loc, true, record_rows(rec, bp));
-  rec.commit(op_load, loc);
+template <class Check, class T, int... Bs>
+void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uint8_t op,
+                  std::source_location const& loc) {
+  constexpr int dims[] = {Bs...};
+  unsigned axes = 0;
+  for (int a = 0; a < static_cast<int>(sizeof...(Bs)); ++a)
+    axes |= Check::has(a) ? 1u << a : 0u;
+  record_block(h, bp.base().data(), sizeof(T), static_cast<int>(sizeof...(Bs)), dims,
+               bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc);
 }
 
 } // namespace detail
@@ -289,11 +322,12 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
   } else {
     tile<std::remove_const_t<T>, Bs...> out(uninitialized);
-    if (detail::access_hooks const* h = detail::current_hooks()) [[unlikely]]
-      detail::load_block_hooked<boundary_check<Axes...>>(*h, out.data(), bp, pad, loc);
-    else
-      detail::load_block_into<boundary_check<Axes...>>(out.data(), bp, pad, loc, checked(),
-                                                       [](int, std::int64_t, int, int) {});
+    // In a launch that checks (hooks set): bounds always checked, rows recorded when tracked.
+    detail::access_hooks const* const h = detail::current_hooks();
+    detail::load_block_into<boundary_check<Axes...>>(
+        out.data(), bp, pad, loc, checked() | (h != nullptr), [](int, std::int64_t, int, int) {});
+    if (h) [[unlikely]]
+      detail::record_block<boundary_check<Axes...>>(*h, bp, detail::op_load, loc);
     return out;
   }
 }
@@ -326,15 +360,6 @@ TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
   });
 }
 
-// A block store in a launch that checks bounds or races: always checked, recorded when tracked.
-template <class Check, class T, int... Bs>
-TILEGRAD_NOINLINE void store_block_hooked(access_hooks const& h, block_ptr<T, Bs...> const& bp,
-                                          T const* v, std::source_location const& loc) {
-  access_recorder rec(h, bp.base().data(), sizeof(T));
-  store_block_from<Check>(bp, v, loc, true, record_rows(rec, bp));
-  rec.commit(op_store, loc);
-}
-
 } // namespace detail
 
 /// store(bp, value[, bounds<axes...>]): writes the block (value cast to the tensor's type);
@@ -356,11 +381,11 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
       else
         return tile<T, Bs...>(to<T>(std::forward<E>(value)));
     }();
-    if (detail::access_hooks const* h = detail::current_hooks()) [[unlikely]]
-      detail::store_block_hooked<boundary_check<Axes...>>(*h, bp, vals.data(), loc);
-    else
-      detail::store_block_from<boundary_check<Axes...>>(bp, vals.data(), loc, checked(),
-                                                        [](int, std::int64_t, int, int) {});
+    detail::access_hooks const* const h = detail::current_hooks();
+    detail::store_block_from<boundary_check<Axes...>>(
+        bp, vals.data(), loc, checked() | (h != nullptr), [](int, std::int64_t, int, int) {});
+    if (h) [[unlikely]]
+      detail::record_block<boundary_check<Axes...>>(*h, bp, detail::op_store, loc);
   }
 }
 

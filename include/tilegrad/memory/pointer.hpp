@@ -271,14 +271,20 @@ TILEGRAD_INLINE auto broadcast_mask(Mask const& mask) {
     return bcast<S>(mask);
 }
 
-// A load in a launch that checks bounds or races: always checked, and recorded when tracked.
-template <class S, class V, class T, class Off, class Mask, class Other>
-TILEGRAD_NOINLINE void load_hooked(access_hooks const& h, V* o, ptr_tile<T, Off> const& p,
-                                   Mask const& mask, Other const& other,
-                                   std::source_location const& loc) {
+// Records the lanes of a pointer-tile access of a tracked launch, after the access: a walk over
+// the addresses alone, so the access itself stays the fast path's code (compiled once).
+template <class S, class T, class Off, class Mask>
+TILEGRAD_NOINLINE void record_lanes(access_hooks const& h, ptr_tile<T, Off> const& p,
+                                    Mask const& mask, std::uint8_t op,
+                                    std::source_location const& loc) {
   access_recorder rec(h, p.base.data(), sizeof(T));
-  load_into<S>(o, p, mask, other, loc, true, rec);
-  rec.commit(op_load, loc);
+  if (!rec.active())
+    return;
+  constexpr int W = access_width<std::remove_const_t<T>, Mask, no_mask>;
+  for_each_access<S, W>(
+      p, mask, [&](int, int, std::int64_t e) { rec(0, e, 1); },
+      [&](int, int, std::int64_t e) { rec(0, e, W); });
+  rec.commit(op, loc);
 }
 
 template <class T, class Off, class Mask, class Other>
@@ -288,12 +294,15 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
     return ad::load_ptr(p, mask_in, other_in, loc);
   } else {
     using S = access_shape_t<Off, Mask>;
+    auto const mask = broadcast_mask<S>(mask_in);
     tile_t<loaded_t<T>, S> out(uninitialized);
-    if (access_hooks const* h = current_hooks()) [[unlikely]]
-      load_hooked<S>(*h, out.data(), p, broadcast_mask<S>(mask_in), other_in, loc);
-    else
-      load_into<S>(out.data(), p, broadcast_mask<S>(mask_in), other_in, loc, checked(),
-                   [](int, std::int64_t, int) {});
+    // In a launch that checks (hooks set): bounds always checked, lanes recorded when tracked.
+    access_hooks const* const h = current_hooks();
+    // (No branch on h before the access: the compiler keeps one copy of its code.)
+    load_into<S>(out.data(), p, mask, other_in, loc, checked() | (h != nullptr),
+                 [](int, std::int64_t, int) {});
+    if (h) [[unlikely]]
+      record_lanes<S>(*h, p, mask, op_load, loc);
     return out;
   }
 }
@@ -324,16 +333,6 @@ TILEGRAD_INLINE void store_from(ptr_tile<T, Off> const& p, Val const& val_in, Ma
       });
 }
 
-// A store in a launch that checks bounds or races: always checked, and recorded when tracked.
-template <class S, class T, class Off, class Mask, class Val>
-TILEGRAD_NOINLINE void store_hooked(access_hooks const& h, ptr_tile<T, Off> const& p,
-                                    Val const& val, Mask const& mask,
-                                    std::source_location const& loc) {
-  access_recorder rec(h, p.base.data(), sizeof(T));
-  store_from<S>(p, val, mask, loc, true, rec);
-  rec.commit(op_store, loc);
-}
-
 template <class T, class Off, class Mask, class Val>
 void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in,
                 std::source_location const& loc) {
@@ -342,11 +341,11 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
     ad::store_ptr(p, val_in, mask_in, loc);
   } else {
     using S = access_shape_t<Off, Mask>;
-    if (access_hooks const* h = current_hooks()) [[unlikely]]
-      store_hooked<S>(*h, p, val_in, broadcast_mask<S>(mask_in), loc);
-    else
-      store_from<S>(p, val_in, broadcast_mask<S>(mask_in), loc, checked(),
-                    [](int, std::int64_t, int) {});
+    auto const mask = broadcast_mask<S>(mask_in);
+    access_hooks const* const h = current_hooks();
+    store_from<S>(p, val_in, mask, loc, checked() | (h != nullptr), [](int, std::int64_t, int) {});
+    if (h) [[unlikely]]
+      record_lanes<S>(*h, p, mask, op_store, loc);
   }
 }
 
@@ -461,22 +460,36 @@ auto atomic_ref_to(T& x) {
     return locked_ref<T>(x);
 }
 
-// The body of an atomic of shape S: old[lane] = f(element, value) for every lane on. Checks
-// bounds when chk; `lane(pos, offset, value)` sees each lane as it is updated.
-template <class S, class T, class Off, class Val, class Mask, class F, class Lane>
+// The body of an atomic of shape S: old[lane] = f(element, value) for every lane on, one
+// element at a time. Checks bounds when chk (a contiguous run of W lanes at once); `lane(pos,
+// offset, n)` sees the lanes as they are updated, `value(v)` each lane's value after it.
+template <int W, class S, class T, class Off, class Val, class Mask, class F, class Lane,
+          class Value>
 TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& val,
                                  Mask const& mask, F& f, char const* what,
-                                 std::source_location const& loc, bool chk, Lane&& lane) {
+                                 std::source_location const& loc, bool chk, Lane&& lane,
+                                 Value&& value) {
   T* base = p.base.data();
-  for_each_access<S, 1>(
+  auto one = [&](int r, int c, std::int64_t e) {
+    T const v = val.template load<1>(r, c);
+    old[r * S::inner + c] = f(atomic_ref_to(base[e]), v);
+    value(v);
+  };
+  for_each_access<S, W>(
       p, mask,
       [&](int r, int c, std::int64_t e) {
-        if (chk) check_offset(p.base, e, what, loc);
-        T const v = val.template load<1>(r, c);
-        old[r * S::inner + c] = f(atomic_ref_to(base[e]), v);
-        lane(r * S::inner + c, e, v);
+        if (chk)
+          check_offset(p.base, e, what, loc);
+        lane(r * S::inner + c, e, 1);
+        one(r, c, e);
       },
-      [](int, int, std::int64_t) {});
+      [&](int r, int c, std::int64_t e) {
+        if (chk)
+          check_run(p.base, e, W, what, loc);
+        lane(r * S::inner + c, e, W);
+        for (int l = 0; l < W; ++l)
+          one(r, c + l, e + l);
+      });
 }
 
 // An atomic in a launch that checks bounds or races: always checked, and recorded when tracked
@@ -489,11 +502,11 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
   bool const add = std::string_view(what) == "atomic_add";
   if (std::is_floating_point_v<T> && add)
     rec.expect_values(S::size);
-  atomic_into<S>(old, p, val, mask, f, what, loc, true, [&](int pos, std::int64_t e, T const& v) {
-    rec(pos, e, 1);
+  // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
+  constexpr int W = access_width<T, Mask, no_mask>;
+  atomic_into<W, S>(old, p, val, mask, f, what, loc, true, rec, [&](T const& v) {
     if constexpr (std::is_floating_point_v<T>)
-      if (add)
-        rec.value(static_cast<double>(v));
+      rec.value(static_cast<double>(v));
   });
   rec.commit(add ? op_atomic_add : op_atomic, loc);
 }
@@ -519,8 +532,9 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     if (access_hooks const* h = current_hooks()) [[unlikely]]
       atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc);
     else
-      atomic_into<S>(old.data(), p, val, mask, f, what, loc, checked(),
-                     [](int, std::int64_t, T const&) {});
+      atomic_into<1, S>(
+          old.data(), p, val, mask, f, what, loc, checked(), [](int, std::int64_t, int) {},
+          [](T const&) {});
     return old;
   }
 }
