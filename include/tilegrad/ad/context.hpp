@@ -6,6 +6,7 @@
 
 #include "tilegrad/ad/tape.hpp"
 #include "tilegrad/core/simd.hpp"
+#include "tilegrad/memory/runs.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
 #include <algorithm>
@@ -98,72 +99,9 @@ struct tensor_entry {
   }
 };
 
-/// A run of n lanes of a tile, pos, pos+1, ..., addressing elements offset, offset + step, ...
-/// of a tensor (step 0: one element, n times).
-struct run {
-  int pos;
-  int count;
-  std::int64_t offset;
-  std::int64_t step;
-  std::int64_t element(int k) const { return offset + step * k; }
-};
-
-/// Appends lanes to a list of runs, merging a lane into the last run where it continues it.
-/// The last run is kept aside until finish() (or the builder's end), so that the common case,
-/// a lane continuing it, touches no vector.
-class run_builder {
-public:
-  explicit run_builder(std::vector<run>& out) : out_(out) { out_.clear(); }
-  run_builder(run_builder const&) = delete;
-  run_builder& operator=(run_builder const&) = delete;
-  ~run_builder() { finish(); }
-  /// Lanes pos..pos+n-1 at elements off..off+n-1.
-  void add(int pos, std::int64_t off, int n) {
-    run& b = last_; // (a run of one lane has step 1; with none, pos -1 continues nothing)
-    if (b.pos + b.count == pos && b.step == 1 && b.offset + b.count == off) {
-      b.count += n;
-      return;
-    }
-    start({pos, n, off, 1});
-  }
-  /// Lane pos at element off.
-  void add(int pos, std::int64_t off) {
-    run& b = last_;
-    if (b.pos + b.count == pos) {
-      if (b.count == 1) {
-        b.step = off - b.offset;
-        b.count = 2;
-        return;
-      }
-      if (b.element(b.count) == off) {
-        ++b.count;
-        return;
-      }
-    }
-    start({pos, 1, off, 1});
-  }
-  /// The lanes of run r.
-  void add(run const& r) {
-    if (r.step == 1 || r.count == 1)
-      add(r.pos, r.offset, r.count);
-    else
-      start(r);
-  }
-  /// Moves the last run to the list; the list is complete.
-  void finish() {
-    if (last_.count != 0) out_.push_back(last_);
-    last_ = none;
-  }
-
-private:
-  static constexpr run none{-1, 0, 0, 1};
-  void start(run const& r) {
-    if (last_.count != 0) out_.push_back(last_);
-    last_ = r;
-  }
-  std::vector<run>& out_;
-  run last_ = none;
-};
+// Runs of lanes (memory/runs.hpp) are shared with the access tracking of plain launches.
+using detail::run;
+using detail::run_builder;
 
 /// The runs `in` of tensor e (offsets in memory from its first element) as runs of row-major
 /// indices of its gradient, for a tensor with strided_grad (in a per-thread buffer, valid until

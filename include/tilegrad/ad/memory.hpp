@@ -316,9 +316,9 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
     lanes.emplace(st->scratch);
   auto const lane = gather_lanes(lanes);
   if constexpr (std::is_same_v<Other, detail::no_mask>)
-    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), other, loc, lane);
+    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), other, loc, true, lane);
   else
-    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), to_primal(other), loc, lane);
+    detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), to_primal(other), loc, true, lane);
   if (lanes)
     lanes->finish();
   T* a = e ? record_load<T, S>(*st, *e, p.base.data(), loc) : nullptr;
@@ -348,7 +348,7 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
   if (e)
     lanes.emplace(st->scratch);
   detail::store_from<S>(fp, tile_ref<T, S>{{}, v.values()}, detail::broadcast_mask<S>(mask), loc,
-                        gather_lanes(lanes));
+                        true, gather_lanes(lanes));
   if (!e)
     return;
   lanes->finish();
@@ -414,7 +414,7 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
   if (e)
     lanes.emplace(st->scratch);
   std::int64_t const sc = fbp.strides()[S::rank - 1];
-  detail::load_block_into<boundary_check<Axes...>>(v, fbp, pad, loc,
+  detail::load_block_into<boundary_check<Axes...>>(v, fbp, pad, loc, true,
                                                    [&](int r, std::int64_t mem, int lo, int hi) {
                                                      if (!lanes || lo >= hi)
                                                        return;
@@ -445,7 +445,7 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
     lanes.emplace(st->scratch);
   std::int64_t const sc = fbp.strides()[S::rank - 1];
   detail::store_block_from<boundary_check<Axes...>>(
-      fbp, v.values(), loc, [&](int r, std::int64_t mem, int lo, int hi) {
+      fbp, v.values(), loc, true, [&](int r, std::int64_t mem, int lo, int hi) {
         if (!lanes || lo >= hi)
           return;
         if (sc == 1)

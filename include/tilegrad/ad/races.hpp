@@ -24,20 +24,6 @@
 
 namespace tilegrad {
 
-/// Two programs of one vjp launch touch one element in a way whose result depends on their order.
-class race_error : public access_error {
-public:
-  race_error(std::string const& what, std::string program, std::string other, std::string tensor,
-             std::string element, std::source_location where)
-      : access_error(what, std::move(program), std::move(tensor), std::move(element), where),
-        other_(std::move(other)) {}
-  /// The other program of the pair.
-  std::string const& other_program() const { return other_; }
-
-private:
-  std::string other_;
-};
-
 namespace ad {
 
 /// The other program reading element el (besides `me`), 0 if none.

@@ -381,19 +381,24 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   std::uint64_t reads = 0;
   std::mutex merge;
   std::vector<char> done(static_cast<std::size_t>(std::min(wave, total)));
+  // vjp checks its own races; its programs always check bounds (hooks without a tracker), and
+  // its launches are never tracked as plain ones, whatever the options or the thread's observer.
+  detail::check_executor(opts.exec, "tilegrad::vjp");
+  detail::check_num_threads(opts.num_threads, "tilegrad::vjp");
+  detail::access_hooks bounds_only;
 
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
     std::int64_t const n = std::min(wave, total - w0);
     std::fill(done.begin(), done.end(), 0);
     std::int64_t next = 0; // the next program whose contributions are added
     bool applying = false;
-    launch(opts, static_cast<int>(n), [&](program const& local) {
+    detail::launch_untracked(opts, grid(static_cast<int>(n)), [&](program const& local) {
       std::int64_t const lin = w0 + local.program_id(0);
       int const x = static_cast<int>(lin % g.dims[0]);
       int const y = static_cast<int>((lin / g.dims[0]) % g.dims[1]);
       int const z = static_cast<int>(lin / (std::int64_t{g.dims[0]} * g.dims[1]));
       program const p({x, y, z}, g.dims);
-      detail::program_scope scope(p);
+      detail::program_scope scope(p, &bounds_only);
       thread_local ad::program_state state;
       ad::program_result& res = results[static_cast<std::size_t>(local.program_id(0))];
       res.clear();

@@ -7,11 +7,13 @@
 #include "tilegrad/ad/vjp.hpp"
 #include "tilegrad/check/compare.hpp"
 #include "tilegrad/check/context.hpp"
+#include "tilegrad/check/determinism.hpp"
 #include "tilegrad/check/forward.hpp"
 #include "tilegrad/check/gradient_set.hpp"
 #include "tilegrad/check/options.hpp"
 #include "tilegrad/check/report.hpp"
 #include "tilegrad/grid/launch.hpp"
+#include "tilegrad/memory/tracking.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -75,6 +77,11 @@ std::vector<double> values_of(owned_tensor<T> const& t) {
 /// working dtype (for bf16 tensors: bf16, float or double) and the input's shape. The checker
 /// overwrites the inputs (in and passive) with seeded random values and the outputs with the
 /// forward's results.
+///
+/// The forward, the references and every launch the backward makes (from the calling thread)
+/// check bounds whatever checked() says; the backward's launches are also checked for races
+/// between their programs (reported, not thrown: the launch runs to its end), and their writes
+/// are traced, so that the determinism check excuses what only the order of atomic_add explains.
 ///
 /// With bf16 tensors the kernel runs as it will in use (bf16 storage, float compute); the inputs
 /// and cotangents are drawn and rounded to bf16, and the references run the same kernel on
@@ -277,47 +284,73 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     }
 
     try {
+      // Bounds checked whatever checked() says: an access outside is a message, not a crash.
+      launch_options checked_launch = o.launch;
+      checked_launch.check_bounds = true;
       std::apply(
-          [&](auto const&... a) { launch(o.launch, fwd.g, fwd.kernel, detail::launch_arg(a)...); },
+          [&](auto const&... a) {
+            launch(checked_launch, fwd.g, fwd.kernel, detail::launch_arg(a)...);
+          },
           fwd.args);
     } catch (std::exception const& e) {
       sr.problems.push_back(std::string("the forward threw: ") + e.what());
       continue;
     }
 
-    // The user's backward, on given cotangents; nullopt (and the message) if it threw.
-    auto run_backward = [&](std::vector<owned_tensor<T>> const& c,
-                            std::string& error) -> std::optional<gradient_set> {
+    // The user's backward, on given cotangents. Every launch it makes is tracked: bounds are
+    // checked and races kept (in `launches`) rather than thrown, so the launch runs to its end.
+    // What it handed over is kept even when it threw.
+    struct backward_run {
+      gradient_set got;
+      std::optional<std::string> error;
+      detail::launch_observer launches;
+    };
+    auto run_backward = [&](std::vector<owned_tensor<T>> const& c) {
+      backward_run r;
       typename backward_context<T>::named cn;
       for (std::size_t j = 0; j < outs.size(); ++j)
         cn.emplace_back(outs[j].name, c[j].cview());
       backward_context<T> ctx(inputs_named, outputs_named, cn, seed, o.launch);
-      try {
-        if constexpr (std::is_void_v<result_t>) {
-          backward(ctx);
-        } else {
-          gradient_set r = backward(ctx);
-          ctx.gradients().merge(r);
+      {
+        detail::observer_scope const tracked(&r.launches);
+        try {
+          if constexpr (std::is_void_v<result_t>) {
+            backward(ctx);
+          } else {
+            gradient_set g = backward(ctx);
+            ctx.gradients().merge(g);
+          }
+        } catch (std::exception const& e) {
+          r.error = e.what();
+        } catch (...) {
+          r.error = "an exception not derived from std::exception";
         }
-        return std::move(ctx.gradients());
-      } catch (std::exception const& e) {
-        error = e.what();
-      } catch (...) {
-        error = "an exception not derived from std::exception";
       }
-      return std::nullopt;
+      r.got = std::move(ctx.gradients());
+      return r;
     };
-    std::string error;
-    auto const got = run_backward(cots, error);
-    if (!got) {
-      sr.problems.push_back("the backward threw: " + error);
-      continue;
-    }
+    backward_run first = run_backward(cots);
+    if (first.error)
+      sr.problems.push_back("the backward threw: " + *first.error);
+    for (std::size_t l = 0; l < first.launches.launches.size(); ++l)
+      if (auto const& race = first.launches.launches[l].race) {
+        auto const& d = first.launches.launches[l].g;
+        std::string grid_dims = std::to_string(d.dims[0]);
+        for (int a = 1; a < d.rank; ++a)
+          grid_dims += ", " + std::to_string(d.dims[static_cast<std::size_t>(a)]);
+        sr.problems.push_back("race in launch " + std::to_string(l + 1) +
+                              " of the backward (grid (" + grid_dims + ")): " + race->message);
+      }
+    gradient_set const* got = &first.got;
     for (auto const& d : got->duplicates())
       sr.problems.push_back("the backward set gradient '" + d + "' more than once");
+    // A backward that threw before handing anything over is said once; one that threw after
+    // handing some over gets the others named.
     for (auto const& n : ins)
-      if (!got->contains(n.name))
-        sr.problems.push_back("missing gradient '" + n.name + "' (the forward marks it in)");
+      if (!got->contains(n.name) && !(first.error && got->entries().empty()))
+        sr.problems.push_back(
+            first.error ? "no gradient '" + n.name + "': the backward threw before handing it over"
+                        : "missing gradient '" + n.name + "' (the forward marks it in)");
     for (auto const& e : got->entries()) {
       auto const role = role_of(e.name);
       if (role != "in")
@@ -378,14 +411,14 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
 
     pending& pd = later.emplace_back();
     pd.seed_index = rep.seeds.size() - 1;
-    pd.got = *got;
+    pd.got = first.got;
     for (auto const& n : ins) {
       pd.ref64.push_back(detail::values_of((*g64)[n.name]));
       pd.ref32.push_back(g32 ? detail::values_of((*g32)[n.name]) : std::vector<double>{});
       pd.mag.push_back(gmag ? detail::values_of((*gmag)[n.name]) : std::vector<double>{});
     }
 
-    if (si != 0)
+    if (si != 0 || first.error)
       continue;
     // Structural checks on the first seed: a second run must give the same bits; zero
     // cotangents must give zero gradients and doubled ones doubled gradients.
@@ -399,36 +432,33 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       return c;
     };
     if (o.check_determinism) {
-      if (auto again = run_backward(cots, error)) {
-        for (auto const& e : got->entries()) {
-          auto const* e2 = again->find(e.name);
-          if (!e2 || e2->bits.size() != e.bits.size())
-            continue;
-          std::int64_t diff = 0, first = -1;
-          std::size_t const w =
-              e.bits.size() / static_cast<std::size_t>(std::max<std::int64_t>(e.numel(), 1));
-          for (std::int64_t i = 0; i < e.numel(); ++i)
-            if (std::memcmp(e.bits.data() + static_cast<std::size_t>(i) * w,
-                            e2->bits.data() + static_cast<std::size_t>(i) * w, w) != 0) {
-              ++diff;
-              if (first < 0)
-                first = i;
-            }
-          if (diff)
-            sr.problems.push_back("not deterministic: two runs on the same data differ in " +
-                                  std::to_string(diff) + " of " + std::to_string(e.numel()) +
-                                  " elements of '" + e.name + "', the first at " +
-                                  detail::coordinates_of(e, first));
-        }
+      // Elements that differ are traced to the launches that wrote them: atomic_add alone, by
+      // no more than reordering its additions explains, is a note; anything else fails.
+      backward_run again = run_backward(cots);
+      if (again.error) {
+        sr.problems.push_back("the backward threw when run a second time: " + *again.error);
       } else {
-        sr.problems.push_back("the backward threw when run a second time: " + error);
+        for (auto const& e : got->entries())
+          if (auto const* e2 = again.got.find(e.name)) {
+            auto const v = detail::compare_runs(e, *e2, first.launches, again.launches);
+            if (!v.problem.empty())
+              sr.problems.push_back(v.problem);
+            if (!v.note.empty())
+              rep.notes.push_back("seed " + std::to_string(seed) + ": " + v.note);
+          }
       }
     }
     if (o.check_linearity) {
-      pd.zero = run_backward(scaled(0), error);
-      pd.twice = pd.zero ? run_backward(scaled(2), error) : std::nullopt;
-      if (!pd.zero || !pd.twice)
-        sr.problems.push_back("the backward threw on scaled cotangents: " + error);
+      auto scaled_run = [&](double f) -> std::optional<gradient_set> {
+        backward_run r = run_backward(scaled(f));
+        if (r.error) {
+          sr.problems.push_back("the backward threw on scaled cotangents: " + *r.error);
+          return std::nullopt;
+        }
+        return std::move(r.got);
+      };
+      pd.zero = scaled_run(0);
+      pd.twice = pd.zero ? scaled_run(2) : std::nullopt;
     }
   }
 
@@ -530,6 +560,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         continue;
       for (std::int64_t i = 0; i < e.numel(); ++i) {
         auto const u = static_cast<std::size_t>(i);
+        if (!std::isfinite(e.values[u]))
+          continue; // reported as NaN/Inf already
         if (!(std::abs(z->values[u]) <= tol->bound(0))) {
           sr.problems.push_back("not linear in the cotangent: with zero cotangents '" + e.name +
                                 "' is " + std::to_string(z->values[u]) + " at " +
@@ -539,6 +571,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       }
       for (std::int64_t i = 0; i < e.numel(); ++i) {
         auto const u = static_cast<std::size_t>(i);
+        if (!std::isfinite(e.values[u]))
+          continue;
         if (!(std::abs(t2->values[u] - 2 * e.values[u]) <= 2 * tol->bound(e.values[u], i))) {
           sr.problems.push_back("not linear in the cotangent: doubling the cotangents makes '" +
                                 e.name + "' " + std::to_string(t2->values[u]) + " at " +

@@ -54,9 +54,23 @@ struct erased_gradient {
   extents shape{0, 1, 1, 1};
   std::vector<double> values;
   std::vector<unsigned char> bits;
+  /// The memory the values were copied from, kept as addresses only: the checker traces a
+  /// difference between two runs to the launches that wrote it (atomic_add alone, or not).
+  void const* source = nullptr;
+  extents source_strides{1, 1, 1, 1};
+  std::size_t elem_size = 0;
 
   std::int64_t numel() const { return static_cast<std::int64_t>(values.size()); }
   std::string shape_string() const { return tuple_string(shape.data(), rank); }
+  /// The address element i (row-major) was copied from.
+  void const* source_of(std::int64_t i) const {
+    std::int64_t off = 0;
+    for (int a = rank - 1; a >= 0; --a) {
+      off += (i % shape[a]) * source_strides[a];
+      i /= shape[a];
+    }
+    return static_cast<unsigned char const*>(source) + off * static_cast<std::int64_t>(elem_size);
+  }
 };
 
 /// Copies a view of any element type into an erased gradient (row-major, whatever the strides).
@@ -68,6 +82,9 @@ erased_gradient erase_gradient(std::string name, tensor<U> t) {
   g.dtype = dtype_name<V>();
   g.rank = t.rank();
   g.shape = t.shape();
+  g.source = t.data();
+  g.source_strides = t.strides();
+  g.elem_size = sizeof(V);
   std::int64_t const n = t.numel();
   g.values.resize(static_cast<std::size_t>(n));
   g.bits.resize(static_cast<std::size_t>(n) * sizeof(V));

@@ -33,6 +33,7 @@ public:
   std::string rule;   ///< the pass rule in words
   std::vector<seed_report> seeds;
   std::vector<std::string> warnings; ///< printed; they do not fail the check
+  std::vector<std::string> notes;    ///< what was seen and found harmless (atomic reordering)
 
   bool ok() const {
     if (seeds.empty())
@@ -61,14 +62,15 @@ public:
         out.push_back("seed " + std::to_string(s.seed) + ": " + p);
     return out;
   }
-  /// Whether some problem or warning contains `text`.
+  /// Whether some problem, warning or note contains `text`.
   bool mentions(std::string const& text) const {
     for (auto const& p : problems())
       if (p.find(text) != std::string::npos)
         return true;
-    for (auto const& w : warnings)
-      if (w.find(text) != std::string::npos)
-        return true;
+    for (auto const* list : {&warnings, &notes})
+      for (auto const& w : *list)
+        if (w.find(text) != std::string::npos)
+          return true;
     return false;
   }
 
@@ -83,6 +85,8 @@ public:
        << "\n  rule:   " << r.rule << "\n";
     for (auto const& w : r.warnings)
       os << "  warning: " << w << "\n";
+    for (auto const& n : r.notes)
+      os << "  note: " << n << "\n";
     for (auto const& s : r.seeds) {
       os << "  seed " << s.seed << ": " << (s.ok() ? "pass" : "FAIL") << "\n";
       for (auto const& p : s.problems)

@@ -35,6 +35,16 @@
 #define TILEGRAD_INLINE inline
 #endif
 
+// Slow paths kept out of line, so that the fast path they branch off stays small (and code
+// reached from two paths is compiled once).
+#if defined(__GNUC__) || defined(__clang__)
+#define TILEGRAD_NOINLINE __attribute__((noinline))
+#define TILEGRAD_NOINLINE_LAMBDA __attribute__((noinline))
+#else
+#define TILEGRAD_NOINLINE
+#define TILEGRAD_NOINLINE_LAMBDA
+#endif
+
 namespace tilegrad {
 inline namespace v0 {}
 } // namespace tilegrad

@@ -5,6 +5,7 @@
 
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/tracking.hpp"
 
 #include <array>
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if TILEGRAD_USE_TBB
 #include <tbb/blocked_range.h>
@@ -104,6 +106,16 @@ struct launch_options {
   /// enclosing task arena, so a nested launch inherits its caller's limit; OpenMP:
   /// omp_get_max_threads(), which OMP_NUM_THREADS sets). Ignored by the sequential executor.
   int num_threads = detail::default_num_threads.load(std::memory_order_relaxed);
+  /// Check every load, store and atomic of the launch against its tensor (access_error), whatever
+  /// checked() says.
+  bool check_bounds = false;
+  /// Check the launch for races, and bounds: two programs writing one element (unless both only
+  /// with atomics), or one reading an element another writes, throws race_error naming both
+  /// programs, the tensor, the element and the source lines. The programs record their accesses
+  /// to the tensors the kernel takes as non-const views and run in waves; after each wave the
+  /// records are replayed in program order, so the same race is reported whatever ran first and
+  /// whatever the thread count. Costs a record per access and 16 bytes per element touched.
+  bool check_races = false;
 };
 
 /// Process-wide default executor of launch(grid, ...) and of launch_options{}.
@@ -197,6 +209,21 @@ inline program program_at(grid const& g, std::int64_t linear) {
 
 // ----- executors: each calls run(linear) for every linear id in [0, n) ----------------------
 
+/// What an executor runs: a reference to a callable taking a linear program id. The executors
+/// are compiled once, not once per kernel and way of running it (TBB's parallel_for is heavy to
+/// instantiate); the indirect call costs a few ns per program, next to ~50 ns of scheduling.
+class program_runner {
+public:
+  template <class F>
+  explicit program_runner(F& f)
+      : obj_(&f), fn_([](void* o, std::int64_t i) { (*static_cast<F*>(o))(i); }) {}
+  void operator()(std::int64_t i) const { fn_(obj_, i); }
+
+private:
+  void* obj_;
+  void (*fn_)(void*, std::int64_t);
+};
+
 template <class Run>
 void run_sequential(std::int64_t n, Run& run) {
   for (std::int64_t i = 0; i < n; ++i)
@@ -270,6 +297,97 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
 }
 #endif
 
+/// Runs run(linear) for every linear id in [0, n) with the executor of opts.
+inline void run_programs(launch_options const& opts, std::int64_t n, program_runner run) {
+  switch (opts.exec) {
+  case executor::tbb:
+#if TILEGRAD_USE_TBB
+    run_tbb(n, opts.num_threads, run);
+#endif
+    return;
+  case executor::openmp:
+#if TILEGRAD_USE_OPENMP
+    run_openmp(n, opts.num_threads, run);
+#endif
+    return;
+  case executor::sequential:
+    run_sequential(n, run);
+    return;
+  }
+}
+
+/// Runs call(p) for every program p of g, each inside a program_scope with the given hooks
+/// (none: the fast path; a hooks object without tracker: bounds checked).
+template <class Call>
+void launch_untracked(launch_options const& opts, grid g, Call&& call,
+                      access_hooks* hooks = nullptr) {
+  auto run = [&](std::int64_t linear) {
+    program const p = program_at(g, linear);
+    program_scope const scope(p, hooks);
+    call(p);
+  };
+  run_programs(opts, g.size(), program_runner(run));
+}
+
+/// The program logs of tracked launches, kept by the thread between launches.
+inline std::vector<program_log>& spare_logs() {
+  thread_local std::vector<program_log> logs;
+  return logs;
+}
+
+/// Runs call(p) for every program p of g with access tracking: in waves, each program recording
+/// into its own log, the logs replayed in program order after each wave. A race throws, or goes
+/// to the thread's launch_observer, which also keeps what the launch wrote.
+template <class Call>
+void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker, Call& call) {
+  launch_observer* const observer = current_observer();
+  std::int64_t const total = g.size();
+  if (tracker.empty()) { // nothing the kernel may write: bounds only
+    access_hooks bounds_only;
+    launch_untracked(
+        opts, g,
+        [&](program const& p) {
+          observer_scope const nested(nullptr);
+          call(p);
+        },
+        &bounds_only);
+    if (observer)
+      observer->add(tracker, g);
+    return;
+  }
+  // Waves bound the records kept; the verdict does not depend on their size.
+  int const threads = opts.num_threads > 0 ? opts.num_threads : 64;
+  std::int64_t const wave = std::min<std::int64_t>(total, std::max(64, 4 * threads));
+  // The logs are kept by the thread from launch to launch, so their buffers are reused (taken
+  // out while in use: a tracked launch nested in a program finds none and makes its own).
+  struct give_back {
+    std::vector<program_log> logs;
+    ~give_back() { spare_logs() = std::move(logs); }
+  } held{std::move(spare_logs())};
+  std::vector<program_log>& logs = held.logs;
+  if (logs.size() < static_cast<std::size_t>(wave))
+    logs.resize(static_cast<std::size_t>(wave));
+  for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
+    std::int64_t const n = std::min(wave, total - w0);
+    auto run = [&](std::int64_t i) {
+      program const p = program_at(g, w0 + i);
+      program_log& log = logs[static_cast<std::size_t>(i)];
+      log.clear();
+      access_hooks h{&tracker, &log};
+      program_scope const scope(p, &h);
+      observer_scope const nested(nullptr); // a launch inside a program is not observed
+      call(p);
+    };
+    run_programs(opts, n, program_runner(run));
+    if (!tracker.race())
+      tracker.check(w0, logs.data(), n);
+    if (tracker.race() && !observer)
+      throw tracker.race()->error();
+  }
+  if (observer)
+    observer->add(tracker, g);
+}
+
 } // namespace detail
 
 /// Runs `kernel(p, args...)` once for every program `p` of grid `g`, in any order and possibly
@@ -286,31 +404,25 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
 ///   success.
 /// A launch from inside a running program (nested launch) is allowed with every executor; a
 /// nested OpenMP launch runs on one thread unless nested parallelism is enabled (the OpenMP
-/// default).
+/// default). A nested launch is not part of its parent's race check.
+/// @throws race_error with opts.check_races (or inside check_backward, which reports it
+///   instead) when two programs race; programs of later waves are then skipped.
 template <class Kernel, class... Args>
 void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args) {
   detail::validate(opts, g);
   std::tuple<detail::held_arg_t<Args&&>...> held{detail::prepare_arg(std::forward<Args>(args))...};
-  auto run = [&](std::int64_t linear) {
-    program const p = detail::program_at(g, linear);
-    detail::program_scope const scope(p);
+  // Out of line: the kernel is compiled once, whichever way its programs are run.
+  auto call = [&](program const& p) TILEGRAD_NOINLINE_LAMBDA {
     std::apply([&](auto&... a) { kernel(p, a...); }, held);
   };
-  switch (opts.exec) {
-  case executor::tbb:
-#if TILEGRAD_USE_TBB
-    detail::run_tbb(g.size(), opts.num_threads, run);
-#endif
-    return;
-  case executor::openmp:
-#if TILEGRAD_USE_OPENMP
-    detail::run_openmp(g.size(), opts.num_threads, run);
-#endif
-    return;
-  case executor::sequential:
-    detail::run_sequential(g.size(), run);
+  if (opts.check_races || detail::current_observer()) [[unlikely]] {
+    detail::launch_tracker tracker(g);
+    std::apply([&](auto const&... a) { (tracker.add_arg(a), ...); }, held);
+    detail::launch_tracked(opts, g, tracker, call);
     return;
   }
+  detail::access_hooks bounds_only;
+  detail::launch_untracked(opts, g, call, opts.check_bounds ? &bounds_only : nullptr);
 }
 
 /// launch with default_options(). (The constraint keeps `launch({}, g, kernel)` unambiguous: a

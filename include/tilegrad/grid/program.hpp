@@ -55,11 +55,30 @@ inline program const*& current_program() {
   return p;
 }
 
-/// Sets the current program for the lifetime of the guard.
+struct access_hooks; // memory/tracking.hpp
+
+/// The access hooks of the program running on this thread: null in a plain launch, where loads
+/// and stores take their fast path; set, they check bounds whatever checked() says, and record
+/// the accesses of a launch that checks for races. One pointer read per load or store call.
+inline access_hooks*& current_hooks() {
+  thread_local access_hooks* h = nullptr;
+  return h;
+}
+
+/// Sets the current program, and its access hooks (none by default: a launch nested in a
+/// tracked program is not recorded as part of it), for the lifetime of the guard.
 struct program_scope {
   program const* saved;
-  explicit program_scope(program const& p) : saved(current_program()) { current_program() = &p; }
-  ~program_scope() { current_program() = saved; }
+  access_hooks* saved_hooks;
+  explicit program_scope(program const& p, access_hooks* hooks = nullptr)
+      : saved(current_program()), saved_hooks(current_hooks()) {
+    current_program() = &p;
+    current_hooks() = hooks;
+  }
+  ~program_scope() {
+    current_program() = saved;
+    current_hooks() = saved_hooks;
+  }
   program_scope(program_scope const&) = delete;
   program_scope& operator=(program_scope const&) = delete;
 };

@@ -8,6 +8,7 @@
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/memory/tracking.hpp"
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/expr.hpp"
 #include "tilegrad/tile/reduce.hpp"
@@ -146,15 +147,15 @@ template <class T, int... Bs>
 
 // Walks the block's innermost rows. For each row: `row(r, mem_offset_of_col0, lo, hi)` with
 // [lo, hi) the columns inside the tensor; rows outside (on a checked axis) get lo = hi = 0.
+// Checks that the block stays inside the tensor when chk.
 template <class Check, class T, int... Bs, class F>
 void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
-                        std::source_location const& loc, F&& row) {
+                        std::source_location const& loc, bool chk, F&& row) {
   static_assert(Check::template within<sizeof...(Bs)>(),
                 "tilegrad: boundary_check names an axis the block does not have");
   using S = shape<Bs...>;
   constexpr int R = S::rank;
   constexpr int L = S::inner;
-  bool const chk = checked();
   auto const& shp = bp.shape();
   auto const& str = bp.strides();
   auto const& off = bp.offsets();
@@ -228,17 +229,17 @@ V block_fill(padding pad) {
 
 // The body of a block load: writes the block to o (Bs... elements, row-major), wherever o is (a
 // tile, or reverse mode's tape). `row(r, mem, lo, hi)` sees each row as it is read (reverse mode
-// records the lanes read from it; the fast path passes a no-op).
+// and race tracking record the lanes read from it; the fast path passes a no-op).
 template <class Check, class V, class T, int... Bs, class Row>
 TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, padding pad,
-                                     std::source_location const& loc, Row&& row) {
+                                     std::source_location const& loc, bool chk, Row&& row) {
   using S = shape<Bs...>;
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<V>;
   T* base = bp.base().data();
   std::int64_t const sc = bp.strides()[S::rank - 1];
   V const fill = block_fill<V>(pad);
-  for_each_block_row<Check>(bp, "load", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+  for_each_block_row<Check>(bp, "load", loc, chk, [&](int r, std::int64_t mem, int lo, int hi) {
     V* d = o + r * L;
     for (int c = 0; c < lo; ++c) d[c] = fill;
     if (sc == 1) {
@@ -255,6 +256,61 @@ TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, paddin
   });
 }
 
+// Records the rows of a block access of a tracked launch, after the access (which checked its
+// bounds): one function for every block shape and element type, so tracking adds no code per
+// access site beyond the call.
+TILEGRAD_NOINLINE inline void record_block(access_hooks const& h, void const* base,
+                                           std::size_t elem, int rank, int const* dims,
+                                           std::int64_t const* shape, std::int64_t const* strides,
+                                           std::int64_t const* offsets, unsigned checked_axes,
+                                           std::uint8_t op, std::source_location const& loc) {
+  access_recorder rec(h, base, elem);
+  if (!rec.active())
+    return;
+  int rows = 1;
+  for (int a = 0; a < rank - 1; ++a)
+    rows *= dims[a];
+  int const L = dims[rank - 1];
+  std::int64_t const sc = strides[rank - 1];
+  for (int r = 0; r < rows; ++r) {
+    int rem = r;
+    std::int64_t mem = 0;
+    bool inside = true;
+    for (int a = rank - 2; a >= 0; --a) {
+      std::int64_t const c = offsets[a] + rem % dims[a];
+      rem /= dims[a];
+      inside &= c >= 0 && c < shape[a]; // outside only on a checked axis: the row is skipped
+      mem += c * strides[a];
+    }
+    if (!inside)
+      continue;
+    std::int64_t const c0 = offsets[rank - 1];
+    int lo = 0, hi = L;
+    if (checked_axes >> (rank - 1) & 1u) {
+      lo = static_cast<int>(std::clamp<std::int64_t>(-c0, 0, L));
+      hi = static_cast<int>(std::clamp<std::int64_t>(shape[rank - 1] - c0, 0, L));
+    }
+    mem += c0 * sc;
+    if (sc == 1 && hi > lo)
+      rec(0, mem + lo, hi - lo);
+    else
+      for (int c = lo; c < hi; ++c)
+        rec(0, mem + c * sc, 1);
+  }
+  rec.commit(op, loc);
+}
+
+template <class Check, class T, int... Bs>
+void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uint8_t op,
+                  std::source_location const& loc) {
+  constexpr int dims[] = {Bs...};
+  unsigned axes = 0;
+  for (int a = 0; a < static_cast<int>(sizeof...(Bs)); ++a)
+    axes |= Check::has(a) ? 1u << a : 0u;
+  record_block(h, bp.base().data(), sizeof(T), static_cast<int>(sizeof...(Bs)), dims,
+               bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc);
+}
+
 } // namespace detail
 
 /// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
@@ -266,8 +322,12 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
   } else {
     tile<std::remove_const_t<T>, Bs...> out(uninitialized);
-    detail::load_block_into<boundary_check<Axes...>>(out.data(), bp, pad, loc,
-                                                     [](int, std::int64_t, int, int) {});
+    // In a launch that checks (hooks set): bounds always checked, rows recorded when tracked.
+    detail::access_hooks const* const h = detail::current_hooks();
+    detail::load_block_into<boundary_check<Axes...>>(
+        out.data(), bp, pad, loc, checked() | (h != nullptr), [](int, std::int64_t, int, int) {});
+    if (h) [[unlikely]]
+      detail::record_block<boundary_check<Axes...>>(*h, bp, detail::op_load, loc);
     return out;
   }
 }
@@ -275,17 +335,17 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
 namespace detail {
 
 // The body of a block store of the contiguous values v (Bs... elements, row-major). `row(r, mem,
-// lo, hi)` sees each row as it is written (reverse mode records the lanes; the fast path passes
-// a no-op).
+// lo, hi)` sees each row as it is written (reverse mode and race tracking record the lanes; the
+// fast path passes a no-op).
 template <class Check, class T, int... Bs, class Row>
 TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
-                                      std::source_location const& loc, Row&& row) {
+                                      std::source_location const& loc, bool chk, Row&& row) {
   using S = shape<Bs...>;
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<T>;
   T* base = bp.base().data();
   std::int64_t const sc = bp.strides()[S::rank - 1];
-  for_each_block_row<Check>(bp, "store", loc, [&](int r, std::int64_t mem, int lo, int hi) {
+  for_each_block_row<Check>(bp, "store", loc, chk, [&](int r, std::int64_t mem, int lo, int hi) {
     T const* s = v + r * L;
     if (sc == 1) {
       T* dst = base + mem;
@@ -321,8 +381,11 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
       else
         return tile<T, Bs...>(to<T>(std::forward<E>(value)));
     }();
-    detail::store_block_from<boundary_check<Axes...>>(bp, vals.data(), loc,
-                                                      [](int, std::int64_t, int, int) {});
+    detail::access_hooks const* const h = detail::current_hooks();
+    detail::store_block_from<boundary_check<Axes...>>(
+        bp, vals.data(), loc, checked() | (h != nullptr), [](int, std::int64_t, int, int) {});
+    if (h) [[unlikely]]
+      detail::record_block<boundary_check<Axes...>>(*h, bp, detail::op_store, loc);
   }
 }
 

@@ -1,5 +1,6 @@
 // Checked memory access: the switch, and the error an out-of-bounds access throws (naming the
-// program, the tensor, the element, the extent and the source line of the load or store).
+// program, the tensor, the element, the extent and the source line of the load or store), and
+// the error a race between two programs throws.
 #pragma once
 
 #include "tilegrad/core/config.hpp"
@@ -60,6 +61,22 @@ public:
 private:
   std::string program_, tensor_, element_;
   std::source_location where_;
+};
+
+/// Two programs of one launch touch one element in a way whose result depends on their order
+/// (found by vjp, and by a launch that checks for races): both programs, the tensor, the
+/// element and the source line of the access that found it.
+class race_error : public access_error {
+public:
+  race_error(std::string const& what, std::string program, std::string other, std::string tensor,
+             std::string element, std::source_location where)
+      : access_error(what, std::move(program), std::move(tensor), std::move(element), where),
+        other_(std::move(other)) {}
+  /// The other program of the pair.
+  std::string const& other_program() const { return other_; }
+
+private:
+  std::string other_;
 };
 
 namespace detail {

@@ -10,6 +10,7 @@
 #include "tilegrad/memory/affine.hpp"
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/memory/tracking.hpp"
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/expr.hpp"
 #include "tilegrad/tile/reduce.hpp"
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <mutex>
 #include <source_location>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -231,15 +233,14 @@ TILEGRAD_INLINE void for_each_access(ptr_tile<T, P> const& p, Mask const& mask, 
 }
 
 // The body of a pointer-tile load of shape S: writes the loaded tile to o, wherever o is (a
-// tile, or reverse mode's tape). `lane(pos, offset, n)` sees the n lanes pos.. read from
-// offset.. (n > 1: contiguous) as they are read (reverse mode records them; the fast path passes
-// a no-op).
+// tile, or reverse mode's tape). Checks bounds when chk. `lane(pos, offset, n)` sees the n lanes
+// pos.. read from offset.. (n > 1: contiguous) as they are read (reverse mode and race tracking
+// record them; the fast path passes a no-op).
 template <class S, class V, class T, class Off, class Mask, class Other, class Lane>
 TILEGRAD_INLINE void load_into(V* o, ptr_tile<T, Off> const& p, Mask const& mask,
-                               Other const& other_in, std::source_location const& loc,
+                               Other const& other_in, std::source_location const& loc, bool chk,
                                Lane&& lane) {
   T* base = p.base.data();
-  bool const chk = checked();
   constexpr int W = access_width<V, Mask, no_mask>;
   if constexpr (!std::is_same_v<Mask, no_mask>) {
     // Masked-off lanes read `other` (zero without one).
@@ -270,6 +271,22 @@ TILEGRAD_INLINE auto broadcast_mask(Mask const& mask) {
     return bcast<S>(mask);
 }
 
+// Records the lanes of a pointer-tile access of a tracked launch, after the access: a walk over
+// the addresses alone, so the access itself stays the fast path's code (compiled once).
+template <class S, class T, class Off, class Mask>
+TILEGRAD_NOINLINE void record_lanes(access_hooks const& h, ptr_tile<T, Off> const& p,
+                                    Mask const& mask, std::uint8_t op,
+                                    std::source_location const& loc) {
+  access_recorder rec(h, p.base.data(), sizeof(T));
+  if (!rec.active())
+    return;
+  constexpr int W = access_width<std::remove_const_t<T>, Mask, no_mask>;
+  for_each_access<S, W>(
+      p, mask, [&](int, int, std::int64_t e) { rec(0, e, 1); },
+      [&](int, int, std::int64_t e) { rec(0, e, W); });
+  rec.commit(op, loc);
+}
+
 template <class T, class Off, class Mask, class Other>
 auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& other_in,
                std::source_location const& loc) {
@@ -277,25 +294,30 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
     return ad::load_ptr(p, mask_in, other_in, loc);
   } else {
     using S = access_shape_t<Off, Mask>;
+    auto const mask = broadcast_mask<S>(mask_in);
     tile_t<loaded_t<T>, S> out(uninitialized);
-    load_into<S>(out.data(), p, broadcast_mask<S>(mask_in), other_in, loc,
+    // In a launch that checks (hooks set): bounds always checked, lanes recorded when tracked.
+    access_hooks const* const h = current_hooks();
+    // (No branch on h before the access: the compiler keeps one copy of its code.)
+    load_into<S>(out.data(), p, mask, other_in, loc, checked() | (h != nullptr),
                  [](int, std::int64_t, int) {});
+    if (h) [[unlikely]]
+      record_lanes<S>(*h, p, mask, op_load, loc);
     return out;
   }
 }
 
-// The body of a pointer-tile store of shape S (mask already broadcast to S). `lane(pos, offset,
-// n)` sees the lanes written as they are written (reverse mode records them; the fast path
-// passes a no-op).
+// The body of a pointer-tile store of shape S (mask already broadcast to S). Checks bounds when
+// chk. `lane(pos, offset, n)` sees the lanes written as they are written (reverse mode and race
+// tracking record them; the fast path passes a no-op).
 template <class S, class T, class Off, class Mask, class Val, class Lane>
 TILEGRAD_INLINE void store_from(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask,
-                                std::source_location const& loc, Lane&& lane) {
+                                std::source_location const& loc, bool chk, Lane&& lane) {
   static_assert(broadcastable_v<shape_of_t<Val>, S>,
                 "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
   // Triton casts the stored value to the pointer's element type.
   auto val = bcast<S>(convert_as<T>(val_in));
   T* base = p.base.data();
-  bool const chk = checked();
   constexpr int W = access_width<T, Mask, decltype(val)>;
   for_each_access<S, W>(
       p, mask,
@@ -319,7 +341,11 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
     ad::store_ptr(p, val_in, mask_in, loc);
   } else {
     using S = access_shape_t<Off, Mask>;
-    store_from<S>(p, val_in, broadcast_mask<S>(mask_in), loc, [](int, std::int64_t, int) {});
+    auto const mask = broadcast_mask<S>(mask_in);
+    access_hooks const* const h = current_hooks();
+    store_from<S>(p, val_in, mask, loc, checked() | (h != nullptr), [](int, std::int64_t, int) {});
+    if (h) [[unlikely]]
+      record_lanes<S>(*h, p, mask, op_store, loc);
   }
 }
 
@@ -434,6 +460,57 @@ auto atomic_ref_to(T& x) {
     return locked_ref<T>(x);
 }
 
+// The body of an atomic of shape S: old[lane] = f(element, value) for every lane on, one
+// element at a time. Checks bounds when chk (a contiguous run of W lanes at once); `lane(pos,
+// offset, n)` sees the lanes as they are updated, `value(v)` each lane's value after it.
+template <int W, class S, class T, class Off, class Val, class Mask, class F, class Lane,
+          class Value>
+TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& val,
+                                 Mask const& mask, F& f, char const* what,
+                                 std::source_location const& loc, bool chk, Lane&& lane,
+                                 Value&& value) {
+  T* base = p.base.data();
+  auto one = [&](int r, int c, std::int64_t e) {
+    T const v = val.template load<1>(r, c);
+    old[r * S::inner + c] = f(atomic_ref_to(base[e]), v);
+    value(v);
+  };
+  for_each_access<S, W>(
+      p, mask,
+      [&](int r, int c, std::int64_t e) {
+        if (chk)
+          check_offset(p.base, e, what, loc);
+        lane(r * S::inner + c, e, 1);
+        one(r, c, e);
+      },
+      [&](int r, int c, std::int64_t e) {
+        if (chk)
+          check_run(p.base, e, W, what, loc);
+        lane(r * S::inner + c, e, W);
+        for (int l = 0; l < W; ++l)
+          one(r, c + l, e + l);
+      });
+}
+
+// An atomic in a launch that checks bounds or races: always checked, and recorded when tracked
+// (an atomic_add of float or double values with the magnitude of each value).
+template <class S, class T, class Off, class Val, class Mask, class F>
+TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, Off> const& p,
+                                     Val const& val, Mask const& mask, F& f, char const* what,
+                                     std::source_location const& loc) {
+  access_recorder rec(h, p.base.data(), sizeof(T));
+  bool const add = std::string_view(what) == "atomic_add";
+  if (std::is_floating_point_v<T> && add)
+    rec.expect_values(S::size);
+  // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
+  constexpr int W = access_width<T, Mask, no_mask>;
+  atomic_into<W, S>(old, p, val, mask, f, what, loc, true, rec, [&](T const& v) {
+    if constexpr (std::is_floating_point_v<T>)
+      rec.value(static_cast<double>(v));
+  });
+  rec.commit(add ? op_atomic_add : op_atomic, loc);
+}
+
 template <class T, class Off, class Val, class Mask, class F>
 auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
                  char const* what, std::source_location const& loc) {
@@ -441,27 +518,24 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
   if constexpr (adjoint_scalar<T>) {
     return ad::atomic_ptr(p, val_in, mask_in, std::forward<F>(f), what, loc);
   } else {
-  static_assert(std::is_arithmetic_v<T> || (!is_builtin_v<T> && std::is_trivially_copyable_v<T>),
-                "tilegrad: atomics work on float, double, integer and custom scalar tensors");
-  using S = access_shape_t<Off, Mask>;
-  auto mask = [&] {
-    if constexpr (std::is_same_v<Mask, no_mask>)
-      return no_mask{};
+    static_assert(std::is_arithmetic_v<T> || (!is_builtin_v<T> && std::is_trivially_copyable_v<T>),
+                  "tilegrad: atomics work on float, double, integer and custom scalar tensors");
+    using S = access_shape_t<Off, Mask>;
+    auto mask = [&] {
+      if constexpr (std::is_same_v<Mask, no_mask>)
+        return no_mask{};
+      else
+        return bcast<S>(mask_in);
+    }();
+    auto val = bcast<S>(convert_as<T>(val_in));
+    tile_t<T, S> old;
+    if (access_hooks const* h = current_hooks()) [[unlikely]]
+      atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc);
     else
-      return bcast<S>(mask_in);
-  }();
-  auto val = bcast<S>(convert_as<T>(val_in));
-  tile_t<T, S> old;
-  T* base = p.base.data();
-  bool const chk = checked();
-  for_each_access<S, 1>(
-      p, mask,
-      [&](int r, int c, std::int64_t e) {
-        if (chk) check_offset(p.base, e, what, loc);
-        old.data()[r * S::inner + c] = f(atomic_ref_to(base[e]), val.template load<1>(r, c));
-      },
-      [](int, int, std::int64_t) {});
-  return old;
+      atomic_into<1, S>(
+          old.data(), p, val, mask, f, what, loc, checked(), [](int, std::int64_t, int) {},
+          [](T const&) {});
+    return old;
   }
 }
 

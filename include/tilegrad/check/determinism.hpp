@@ -1,0 +1,125 @@
+// check_backward's determinism check: the same backward run twice on the same data must give the
+// same bits, except where only the order of atomic additions can differ. Each run's launches are
+// tracked (memory/tracking.hpp), so an element that differs is traced to the last launch that
+// wrote it: written by atomic_add alone in both runs, and by no more than reordering its
+// additions can change a sum, it is reported as such and passes; anything else fails.
+#pragma once
+
+#include "tilegrad/check/gradient_set.hpp"
+#include "tilegrad/memory/tracking.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+
+namespace tilegrad::detail {
+
+/// The unit roundoff of a dtype as reports name it (0 for integers: their additions are exact).
+inline double unit_roundoff(std::string const& dtype) {
+  if (dtype == "float32")
+    return 0x1p-24;
+  if (dtype == "float64")
+    return 0x1p-53;
+  if (dtype == "bfloat16")
+    return 0x1p-8;
+  return 0;
+}
+
+/// What two runs of one gradient showed: a problem (fails the check), a note, or neither.
+struct determinism_verdict {
+  std::string problem, note;
+};
+
+/// Compares gradient a of one run with b of another on the same data; la and lb are the runs'
+/// launches. An element written last by atomic_add alone in both runs may differ by the order
+/// of its n additions: recursive summation of x0 + v1 + ... + vn in any order is within
+/// n u (|x0| + sum|v|) of the exact sum, so two orders within twice that; the initial value x0
+/// is not known, but |x0| <= |g| + sum|v| for the sum g. The bound is 2 n u (|g| + 2 sum|v|).
+inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradient const& b,
+                                        launch_observer const& la, launch_observer const& lb) {
+  determinism_verdict v;
+  std::int64_t const n = a.numel();
+  if (b.numel() != n || b.bits.size() != a.bits.size() || n == 0)
+    return v;
+  std::size_t const w = a.bits.size() / static_cast<std::size_t>(n);
+  double const u = unit_roundoff(a.dtype);
+  std::int64_t diff = 0, unexplained = 0, first = -1, over = 0, first_over = -1, worst = -1;
+  double worst_ratio = -1, worst_bound = 0, over_bound = 0;
+  std::uint32_t most_adds = 0, over_adds = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    auto const at = static_cast<std::size_t>(i);
+    if (std::memcmp(a.bits.data() + at * w, b.bits.data() + at * w, w) == 0)
+      continue;
+    ++diff;
+    add_sum sa{}, sb{};
+    bool const atomic = la.last_write(a.source_of(i), a.elem_size, sa) == op_atomic_add &&
+                        lb.last_write(b.source_of(i), b.elem_size, sb) == op_atomic_add;
+    if (!atomic) {
+      if (unexplained++ == 0)
+        first = i;
+      continue;
+    }
+    std::uint32_t const adds = std::max(sa.n, sb.n);
+    double const mag = std::max<double>(sa.abs, sb.abs);
+    double const g = std::max(std::abs(a.values[at]), std::abs(b.values[at]));
+    double const bound = 2 * adds * u * (g + 2 * mag);
+    double const d = std::abs(a.values[at] - b.values[at]);
+    double const ratio =
+        d <= bound ? (bound > 0 ? d / bound : 0) : std::numeric_limits<double>::infinity();
+    most_adds = std::max(most_adds, adds);
+    if (!(d <= bound) && over++ == 0) {
+      first_over = i;
+      over_bound = bound;
+      over_adds = adds;
+    }
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      worst = i;
+      worst_bound = bound;
+    }
+  }
+  if (diff == 0)
+    return v;
+  auto coords = [&](std::int64_t i) {
+    std::int64_t c[max_tensor_rank] = {};
+    for (int ax = a.rank - 1; ax >= 0; --ax) {
+      c[ax] = i % a.shape[ax];
+      i /= a.shape[ax];
+    }
+    return tuple_string(c, a.rank);
+  };
+  auto delta = [&](std::int64_t i) {
+    return std::abs(a.values[static_cast<std::size_t>(i)] - b.values[static_cast<std::size_t>(i)]);
+  };
+  std::ostringstream os;
+  os.precision(3);
+  if (unexplained) {
+    os << "not deterministic: two runs on the same data differ in " << unexplained << " of " << n
+       << " elements of '" << a.name << "', the first at " << coords(first);
+    if (diff > unexplained)
+      os << " (and in " << diff - unexplained << " that atomic_add alone wrote)";
+  } else if (over) {
+    os << "not deterministic: two runs on the same data differ in " << over << " of " << n
+       << " elements of '" << a.name
+       << "' that atomic_add alone wrote, by more than reordering the additions can: at "
+       << coords(first_over) << " by " << delta(first_over)
+       << " > 2 n u (|g| + 2 sum|v|) = " << over_bound << " (n = " << over_adds << " additions)";
+  }
+  if (unexplained || over) {
+    v.problem = os.str();
+    return v;
+  }
+  os << "'" << a.name << "' differs between two runs in " << diff << " of " << n
+     << " elements, each written by atomic_add alone (up to " << most_adds
+     << " additions): the order of the additions, not a fault; the largest difference, "
+     << delta(worst) << " at " << coords(worst) << ", is " << worst_ratio
+     << " of its bound 2 n u (|g| + 2 sum|v|) = " << worst_bound;
+  v.note = os.str();
+  return v;
+}
+
+} // namespace tilegrad::detail

@@ -1,0 +1,557 @@
+// Access tracking of a launch that checks for races (launch_options::check_races, and every
+// launch of a backward under check_backward): each program records its loads, stores and
+// atomics to the tensors the kernel may write, as runs of elements; after each wave of programs
+// the records are replayed in program order against what earlier programs did to each element.
+// The verdict depends only on what each program accessed, never on which program ran first or
+// on the thread count: the first conflict in program order is reported, naming both programs,
+// the tensor, the element and both source lines.
+#pragma once
+
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/checked.hpp"
+#include "tilegrad/memory/runs.hpp"
+#include "tilegrad/memory/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace tilegrad::detail {
+
+// What a program did to an element, as flags. Atomics other than atomic_add (max, min, xchg,
+// cas) are kept apart: only atomic_add's reordering is excused by the determinism check.
+inline constexpr std::uint8_t op_load = 1, op_store = 2, op_atomic_add = 4, op_atomic = 8;
+inline constexpr std::uint8_t op_write = op_store | op_atomic_add | op_atomic;
+
+/// One access of a program to a tracked tensor: its lanes are runs [first, first + count) of
+/// the program's log; an atomic_add of float or double values keeps the magnitude of each
+/// lane's value, from `values` on (-1: none).
+struct logged_access {
+  std::uint8_t op;
+  int tensor;
+  std::uint32_t first, count;
+  std::int64_t values;
+  std::source_location loc;
+};
+
+/// The accesses of one program, in program order; reused from wave to wave.
+struct program_log {
+  std::vector<logged_access> accesses;
+  std::vector<run> runs, scratch;
+  std::vector<float> values;
+  void clear() {
+    accesses.clear();
+    runs.clear();
+    values.clear();
+  }
+};
+
+class launch_tracker;
+
+/// What loads, stores and atomics consult (current_hooks()) while a program of a checked launch
+/// runs: with a tracker, they record into the program's log; without, they only check bounds.
+struct access_hooks {
+  launch_tracker* tracker = nullptr;
+  program_log* log = nullptr;
+};
+
+/// Zeroed blocks kept for reuse by the thread that checks launches: fresh memory costs a page
+/// fault per 4 KiB touched, on every launch (measured: a third of the time of a tracked
+/// FlashAttention backward), while a block handed back is cleared only where it was used.
+class zeroed_pool {
+public:
+  ~zeroed_pool() {
+    for (auto const& b : blocks_)
+      std::free(b.p);
+  }
+  /// A zeroed block of at least `bytes` bytes; its size in `got`.
+  void* take(std::size_t bytes, std::size_t& got) {
+    std::size_t best = blocks_.size();
+    for (std::size_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].bytes >= bytes &&
+          (best == blocks_.size() || blocks_[i].bytes < blocks_[best].bytes))
+        best = i;
+    if (best != blocks_.size()) {
+      block const b = blocks_[best];
+      blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(best));
+      got = b.bytes;
+      return b.p;
+    }
+    void* p = std::calloc(bytes, 1);
+    if (!p)
+      throw std::bad_alloc();
+    got = bytes;
+    return p;
+  }
+  /// Takes back a block whose bytes [lo, hi) may be nonzero.
+  void give(void* p, std::size_t bytes, std::size_t lo, std::size_t hi) {
+    if (blocks_.size() >= max_blocks) {
+      std::free(p);
+      return;
+    }
+    if (hi > lo)
+      std::memset(static_cast<unsigned char*>(p) + lo, 0, hi - lo);
+    blocks_.push_back({p, bytes});
+  }
+  static zeroed_pool& of_thread() {
+    thread_local zeroed_pool pool;
+    return pool;
+  }
+
+private:
+  static constexpr std::size_t max_blocks = 16;
+  struct block {
+    void* p;
+    std::size_t bytes;
+  };
+  std::vector<block> blocks_;
+};
+
+/// n zeroed values of a trivial type, from the thread's pool; `touch` marks the elements that
+/// may be written, so that only those are cleared when the array goes back.
+template <class U>
+class zeroed_array {
+public:
+  zeroed_array() = default;
+  explicit zeroed_array(std::size_t n) {
+    if (n == 0)
+      return;
+    p_ = static_cast<U*>(zeroed_pool::of_thread().take(n * sizeof(U), bytes_));
+  }
+  zeroed_array(zeroed_array&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_), lo_(o.lo_), hi_(o.hi_) {}
+  zeroed_array& operator=(zeroed_array&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(lo_, o.lo_);
+    std::swap(hi_, o.hi_);
+    return *this;
+  }
+  ~zeroed_array() {
+    if (p_)
+      zeroed_pool::of_thread().give(p_, bytes_, lo_ * sizeof(U), hi_ * sizeof(U));
+  }
+  U* get() const { return p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+  void touch(std::int64_t lo, std::int64_t hi) { // elements [lo, hi)
+    if (hi_ <= lo_) {
+      lo_ = static_cast<std::size_t>(lo);
+      hi_ = static_cast<std::size_t>(hi);
+    } else {
+      lo_ = std::min(lo_, static_cast<std::size_t>(lo));
+      hi_ = std::max(hi_, static_cast<std::size_t>(hi));
+    }
+  }
+
+private:
+  U* p_ = nullptr;
+  std::size_t bytes_ = 0, lo_ = 0, hi_ = 0;
+};
+
+/// What earlier programs (in program order) did to one element. Without a conflict so far an
+/// element holds loads by any programs, atomics by any programs, or anything by one program, so
+/// the first two programs that touched it always name one that differs from the next: each
+/// with the source line (a site, 1-based; 0 past 65535 sites) of its weightiest access (store,
+/// atomic, load). 16 bytes, no padding: a run of elements in one state is compared whole.
+struct element_state {
+  std::uint32_t first, second; // linear program id + 1; 0: none
+  std::uint16_t first_site, second_site;
+  std::uint8_t ops;
+  std::uint8_t unused[3];
+};
+static_assert(sizeof(element_state) == 16);
+
+/// The atomic_add contributions to one element: how many, and the sum of their magnitudes.
+struct add_sum {
+  float abs;
+  std::uint32_t n;
+};
+
+/// A tensor the kernel of a tracked launch may write (it takes it as a non-const view).
+struct tracked_tensor {
+  std::byte const* lo = nullptr; // its memory: lo + elem * [0, span)
+  std::byte const* hi = nullptr;
+  std::size_t elem = 0;
+  std::int64_t span = 0;
+  char const* name = "";
+  tensor<std::byte const> layout;    // shape and strides, for naming elements
+  zeroed_array<element_state> state; // allocated when the check first meets it
+  zeroed_array<add_sum> sums;        // allocated at its first atomic_add
+};
+
+/// A race the check found: the message and its parts.
+struct race_found {
+  std::string message, program, other, tensor, element;
+  std::source_location where;
+  race_error error() const { return race_error(message, program, other, tensor, element, where); }
+};
+
+/// The tensors of one launch that checks for races, and what the programs checked so far did to
+/// their elements.
+class launch_tracker {
+public:
+  explicit launch_tracker(grid g) : g_(g) {}
+  launch_tracker(launch_tracker const&) = delete;
+  launch_tracker& operator=(launch_tracker const&) = delete;
+
+  /// Tracks an argument of the launch if it is a tensor the kernel may write.
+  template <class A>
+  void add_arg(A const& a) {
+    if constexpr (is_view<std::remove_cvref_t<A>>::value)
+      if constexpr (!std::is_const_v<typename std::remove_cvref_t<A>::element_type>)
+        if (a.numel() > 0)
+          add(a);
+  }
+
+  /// The tracked tensor whose memory holds base (the data() of a view the kernel accesses),
+  /// with elements of `elem` bytes; -1 if none.
+  int find(void const* base, std::size_t elem) const {
+    auto const* b = static_cast<std::byte const*>(base);
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (b >= tensors_[i].lo && b < tensors_[i].hi && tensors_[i].elem == elem)
+        return static_cast<int>(i);
+    return -1;
+  }
+  tracked_tensor const& tensor_at(int i) const { return tensors_[static_cast<std::size_t>(i)]; }
+  std::vector<tracked_tensor>& tensors() { return tensors_; }
+  bool empty() const { return tensors_.empty(); }
+
+  /// Replays the logs of programs first, first + 1, ..., first + n - 1 in program order; stops
+  /// at the first conflict (race()).
+  void check(std::int64_t first, program_log const* logs, std::int64_t n) {
+    for (std::int64_t i = 0; i < n && !race_; ++i)
+      check_program(static_cast<std::uint32_t>(first + i + 1), logs[i]);
+  }
+  std::optional<race_found> const& race() const { return race_; }
+
+private:
+  template <class X>
+  struct is_view : std::false_type {};
+  template <class E>
+  struct is_view<tensor<E>> : std::true_type {};
+
+  template <class E>
+  void add(tensor<E> const& t) {
+    tracked_tensor e;
+    e.span = t.span();
+    e.elem = sizeof(E);
+    e.lo = reinterpret_cast<std::byte const*>(t.data());
+    e.hi = e.lo + e.span * static_cast<std::int64_t>(sizeof(E));
+    e.name = t.name();
+    e.layout = tensor<std::byte const>(e.lo, t.rank(), t.shape(), t.strides(), t.name());
+    tensors_.push_back(std::move(e));
+  }
+
+  std::uint16_t site(std::source_location const& loc) {
+    for (std::size_t i = 0; i < sites_.size(); ++i)
+      if (sites_[i].line() == loc.line() && sites_[i].column() == loc.column() &&
+          (sites_[i].file_name() == loc.file_name() ||
+           std::string_view(sites_[i].file_name()) == loc.file_name()))
+        return static_cast<std::uint16_t>(i + 1);
+    if (sites_.size() >= 0xffff)
+      return 0;
+    sites_.push_back(loc);
+    return static_cast<std::uint16_t>(sites_.size());
+  }
+
+  static int weight(std::uint8_t ops) {
+    return ops & op_store ? 3 : ops & (op_atomic_add | op_atomic) ? 2 : ops & op_load ? 1 : 0;
+  }
+
+  std::string describe(std::uint32_t id) const {
+    std::int64_t const lin = static_cast<std::int64_t>(id) - 1;
+    auto const& d = g_.dims;
+    return program({static_cast<int>(lin % d[0]), static_cast<int>((lin / d[0]) % d[1]),
+                    static_cast<int>(lin / (std::int64_t{d[0]} * d[1]))},
+                   d)
+        .describe();
+  }
+
+  void report(tracked_tensor const& t, std::int64_t el, std::uint32_t me,
+              std::source_location const& at, char const* mine, std::uint32_t other,
+              std::uint16_t site_other, char const* theirs) {
+    race_found r;
+    r.program = describe(me);
+    r.other = describe(other);
+    r.tensor = t.name;
+    r.element = t.layout.coordinates(el);
+    r.where = at;
+    r.message = "tilegrad::launch: race on tensor " + tensor_label(t.name) + ", element " +
+                r.element + ": " + r.program + " " + mine + " it at " + where_string(at) +
+                ", and " + r.other + " " + theirs +
+                (site_other ? " at " + where_string(sites_[site_other - 1u]) : std::string()) +
+                ". Within one launch each element is written by one program (or only "
+                "accumulated with atomics), and no program reads what another writes.";
+    race_ = std::move(r);
+  }
+
+  /// What makes `op` by one program conflict with `ops` done by another (null: nothing). Order
+  /// matters wherever a store meets anything, or loads meet atomics; atomics commute.
+  static char const* conflict(std::uint8_t ops, std::uint8_t op) {
+    bool const atomic = op & (op_atomic_add | op_atomic);
+    if (ops & op_store)
+      return op == op_store ? "stores it too" : "stores it";
+    if (ops & (op_atomic_add | op_atomic)) {
+      if (!atomic)
+        return "updates it atomically";
+      return ops & op_load ? "loads it" : nullptr;
+    }
+    if (ops & op_load)
+      return op == op_load ? nullptr : "loads it";
+    return nullptr;
+  }
+
+  /// Applies access `op` (at site `at`) by program me to an element in state s: the conflict it
+  /// makes (false, reported), or the new state (true).
+  bool apply(element_state& s, std::uint32_t me, std::uint8_t op, std::uint16_t at,
+             tracked_tensor const& t, std::int64_t el, logged_access const& a) {
+    // The other program in the state, if any (the first two always hold one).
+    std::uint32_t other = 0;
+    std::uint16_t other_site = 0;
+    if (s.first && s.first != me)
+      other = s.first, other_site = s.first_site;
+    else if (s.second && s.second != me)
+      other = s.second, other_site = s.second_site;
+    if (other)
+      if (char const* theirs = conflict(s.ops, op)) {
+        char const* const mine = op == op_load    ? "loads"
+                                 : op == op_store ? "stores"
+                                                  : "updates atomically";
+        report(t, el, me, a.loc, mine, other, other_site, theirs);
+        return false;
+      }
+    // Record me: first or second program, and the site of my weightiest access.
+    if (s.first == 0 || s.first == me) {
+      if (s.first == 0 || weight(op) > weight(s.ops))
+        s.first_site = at;
+      s.first = me;
+    } else if (s.second == 0) {
+      s.second = me;
+      s.second_site = at;
+    }
+    s.ops |= op;
+    return true;
+  }
+
+  void check_program(std::uint32_t me, program_log const& log) {
+    for (logged_access const& a : log.accesses) {
+      tracked_tensor& t = tensors_[static_cast<std::size_t>(a.tensor)];
+      if (!t.state)
+        t.state = zeroed_array<element_state>(static_cast<std::size_t>(t.span));
+      if (a.values >= 0 && !t.sums)
+        t.sums = zeroed_array<add_sum>(static_cast<std::size_t>(t.span));
+      std::uint16_t const at = site(a.loc);
+      float const* v = a.values >= 0 ? log.values.data() + a.values : nullptr;
+      element_state* const st = t.state.get();
+      for (std::uint32_t ri = a.first; ri < a.first + a.count; ++ri) {
+        run const& r = log.runs[ri];
+        std::int64_t const last = r.element(r.count - 1);
+        std::int64_t const lo = std::min(r.offset, last), hi = std::max(r.offset, last) + 1;
+        if (lo < 0 || hi > t.span) { // an alias reaching past the tensor: not tracked
+          if (v)
+            v += r.count;
+          continue;
+        }
+        t.state.touch(lo, hi);
+        if (v) {
+          t.sums.touch(lo, hi);
+          for (int k = 0; k < r.count; ++k) {
+            add_sum& sum = t.sums.get()[r.element(k)];
+            sum.abs += v[k];
+            ++sum.n;
+          }
+          v += r.count;
+        }
+        // Most runs meet elements that all are in one state (untouched, or written alike by
+        // the same programs): decided once. (A run repeating one element, step 0, is too: an
+        // access after my own by me changes no verdict.)
+        element_state const s0 = st[r.offset];
+        bool uniform = true;
+        for (int k = 1; k < r.count && uniform; ++k)
+          uniform = std::memcmp(&st[r.element(k)], &s0, sizeof s0) == 0;
+        if (uniform) {
+          element_state s1 = s0;
+          if (!apply(s1, me, a.op, at, t, r.offset, a))
+            return;
+          // Usually nothing changes (the next program adding atomically to the same elements).
+          if (std::memcmp(&s1, &s0, sizeof s1) != 0)
+            for (int k = 0; k < r.count; ++k)
+              std::memcpy(&st[r.element(k)], &s1, sizeof s1);
+          continue;
+        }
+        for (int k = 0; k < r.count; ++k)
+          if (!apply(st[r.element(k)], me, a.op, at, t, r.element(k), a))
+            return;
+      }
+    }
+  }
+
+  grid g_;
+  std::vector<tracked_tensor> tensors_;
+  std::vector<std::source_location> sites_;
+  std::optional<race_found> race_;
+};
+
+/// Gathers the lanes of one access of the running program into its log when the access goes to
+/// a tracked tensor, and does nothing otherwise. Called as the lane hook of the loops of loads,
+/// stores and atomics: lane(pos, offset, n) for n contiguous elements.
+class access_recorder {
+public:
+  access_recorder(access_hooks const& h, void const* base, std::size_t elem) {
+    if (!h.tracker)
+      return;
+    int const t = h.tracker->find(base, elem);
+    if (t < 0)
+      return;
+    tensor_ = t;
+    log_ = h.log;
+    auto const& e = h.tracker->tensor_at(t);
+    shift_ = (static_cast<std::byte const*>(base) - e.lo) / static_cast<std::ptrdiff_t>(elem);
+    builder_.emplace(log_->scratch);
+  }
+  access_recorder(access_recorder const&) = delete;
+  access_recorder& operator=(access_recorder const&) = delete;
+
+  bool active() const { return log_ != nullptr; }
+  void operator()(int, std::int64_t off, int n) {
+    if (!log_ || n <= 0)
+      return;
+    if (n == 1)
+      builder_->add(pos_, off + shift_);
+    else
+      builder_->add(pos_, off + shift_, n);
+    pos_ += n; // lane positions only chain the runs: consecutive calls merge by offset
+  }
+  /// Room for the values of n lanes of an atomic_add (before its lanes).
+  void expect_values(int n) {
+    if (!log_)
+      return;
+    values_ = static_cast<std::int64_t>(log_->values.size());
+    log_->values.resize(log_->values.size() + static_cast<std::size_t>(n));
+    next_ = log_->values.data() + values_;
+  }
+  /// The value an atomic_add lane adds (after its lane), for the determinism check.
+  void value(double v) {
+    if (next_)
+      *next_++ = static_cast<float>(std::abs(v));
+  }
+  /// Appends the access to the log.
+  void commit(std::uint8_t op, std::source_location const& loc) {
+    if (!log_)
+      return;
+    if (next_) // lanes masked off wrote no value
+      log_->values.resize(static_cast<std::size_t>(next_ - log_->values.data()));
+    builder_->finish();
+    if (log_->scratch.empty())
+      return; // every lane masked off
+    auto const first = static_cast<std::uint32_t>(log_->runs.size());
+    log_->runs.insert(log_->runs.end(), log_->scratch.begin(), log_->scratch.end());
+    log_->accesses.push_back({op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
+                              op == op_atomic_add ? values_ : -1, loc});
+  }
+
+private:
+  program_log* log_ = nullptr;
+  int tensor_ = -1;
+  int pos_ = 0;
+  std::int64_t shift_ = 0, values_ = -1;
+  float* next_ = nullptr;
+  std::optional<run_builder> builder_;
+};
+
+/// The writes of one tracked launch to one tensor, kept after the launch: per element (offset
+/// from the tensor's first element), what the launch's programs did to it, and for elements
+/// atomic_add reached, the count and summed magnitude of its contributions.
+struct launch_writes {
+  std::byte const* lo = nullptr;
+  std::byte const* hi = nullptr;
+  std::size_t elem = 0;
+  std::vector<std::uint8_t> ops;
+  std::vector<add_sum> sums; // empty without atomic_add
+};
+
+/// Collects what the tracked launches started on one thread found (check_backward installs one
+/// around a hand-written backward): a race is kept rather than thrown, and the launch runs to its
+/// end, so the backward still returns gradients to compare; and the writes of every launch, so
+/// that run-to-run differences can be traced to atomic_add.
+class launch_observer {
+public:
+  struct launch_record {
+    grid g;
+    std::optional<race_found> race;
+  };
+  std::vector<launch_record> launches;
+  std::vector<launch_writes> writes; // launch by launch, in order
+
+  /// Takes what a launch's tracker found.
+  void add(launch_tracker& tr, grid g) {
+    launches.push_back({g, tr.race()});
+    for (auto& t : tr.tensors()) {
+      if (!t.state)
+        continue;
+      launch_writes w{t.lo, t.hi, t.elem, {}, {}};
+      w.ops.resize(static_cast<std::size_t>(t.span));
+      bool any = false;
+      for (std::int64_t i = 0; i < t.span; ++i) {
+        w.ops[static_cast<std::size_t>(i)] = t.state.get()[i].ops;
+        any |= (t.state.get()[i].ops & op_write) != 0;
+      }
+      if (!any)
+        continue;
+      if (t.sums)
+        w.sums.assign(t.sums.get(), t.sums.get() + t.span);
+      writes.push_back(std::move(w));
+    }
+  }
+
+  /// What the last tracked launch that wrote the element at address p (of elem bytes) did to
+  /// it: 0 when no tracked launch wrote it; with op_atomic_add alone, `sum` holds its additions.
+  std::uint8_t last_write(void const* p, std::size_t elem, add_sum& sum) const {
+    auto const* b = static_cast<std::byte const*>(p);
+    for (auto it = writes.rbegin(); it != writes.rend(); ++it) {
+      if (b < it->lo || b >= it->hi || it->elem != elem)
+        continue;
+      auto const i = static_cast<std::size_t>((b - it->lo) / static_cast<std::ptrdiff_t>(elem));
+      std::uint8_t const ops = it->ops[i] & op_write;
+      if (!ops)
+        continue;
+      sum = it->sums.empty() ? add_sum{0, 0} : it->sums[i];
+      return ops;
+    }
+    return 0;
+  }
+};
+
+/// The observer of the launches started on this thread (null: a race throws race_error).
+inline launch_observer*& current_observer() {
+  thread_local launch_observer* o = nullptr;
+  return o;
+}
+
+/// Installs an observer (or none) for the launches started on this thread, for the guard's
+/// lifetime: with one, every one of them is tracked, whatever its options say.
+class observer_scope {
+public:
+  explicit observer_scope(launch_observer* o) : saved_(current_observer()) {
+    current_observer() = o;
+  }
+  ~observer_scope() { current_observer() = saved_; }
+  observer_scope(observer_scope const&) = delete;
+  observer_scope& operator=(observer_scope const&) = delete;
+
+private:
+  launch_observer* saved_;
+};
+
+} // namespace tilegrad::detail

@@ -1,0 +1,351 @@
+// Races, determinism and checked mode in check_backward and in launches that check for races.
+// The kernels: a linear attention o = (q kᵀ) v, whose backward has FlashAttention's shape (one
+// program per key tile computes dK and dV and adds each query tile's share of dQ). Adding dQ with
+// load + add + store instead of atomic_add is a race that check_backward must report, naming both
+// programs, the tensor, the element and the line, on every run, whatever the thread count; the
+// atomic version passes, and run-to-run differences from the order of its additions are noted,
+// not failed. Out-of-bounds accesses are failures with tilegrad's message, never crashes, even
+// with checking switched off; a backward that throws or returns NaN still gets a full report.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int B = 16, D = 16;
+
+// Forward: o = (q kᵀ) v, one program per query tile of B rows.
+constexpr auto lin_fwd = []<class T>(tg::program const& p, tg::tensor<T const> q,
+                                     tg::tensor<T const> k, tg::tensor<T const> v,
+                                     tg::tensor<T> o) {
+  int const q0 = p.program_id(0) * B, n = static_cast<int>(q.size(0));
+  auto const qi = tg::load(tg::make_block_ptr<B, D>(q, {q0, 0}), tg::bounds<0>);
+  auto acc = tg::zeros<T, B, D>();
+  for (int k0 = 0; k0 < n; k0 += B) {
+    auto const kj = tg::load(tg::make_block_ptr<B, D>(k, {k0, 0}), tg::bounds<0>);
+    auto const vj = tg::load(tg::make_block_ptr<B, D>(v, {k0, 0}), tg::bounds<0>);
+    acc = tg::dot(tg::dot(qi, tg::trans(kj)), vj, std::move(acc));
+  }
+  tg::store(tg::make_block_ptr<B, D>(o, {q0, 0}), acc, tg::bounds<0>);
+};
+
+enum class dq_by {
+  atomic_add,     // correct
+  load_add_store, // a race between the key-tile programs
+};
+
+int const bwd_first_line = __LINE__;
+// Backward: program p takes key tile p (or, with `reversed`, the key tiles in reverse order, so
+// that dQ receives the same additions in another order) and adds its share of dQ.
+template <dq_by How>
+constexpr auto lin_bwd = []<class T>(tg::program const& p, tg::tensor<T const> q,
+                                     tg::tensor<T const> k, tg::tensor<T const> v,
+                                     tg::tensor<T const> d_o, tg::tensor<T> dq, tg::tensor<T> dk,
+                                     tg::tensor<T> dv, bool reversed) {
+  int const n = static_cast<int>(q.size(0));
+  int const tile = reversed ? p.num_programs(0) - 1 - p.program_id(0) : p.program_id(0);
+  int const k0 = tile * B;
+  auto const kj = tg::load(tg::make_block_ptr<B, D>(k, {k0, 0}), tg::bounds<0>);
+  auto const vj = tg::load(tg::make_block_ptr<B, D>(v, {k0, 0}), tg::bounds<0>);
+  auto dk_acc = tg::zeros<T, B, D>();
+  auto dv_acc = tg::zeros<T, B, D>();
+  for (int q0 = 0; q0 < n; q0 += B) {
+    auto const qi = tg::load(tg::make_block_ptr<B, D>(q, {q0, 0}), tg::bounds<0>);
+    auto const doi = tg::load(tg::make_block_ptr<B, D>(d_o, {q0, 0}), tg::bounds<0>);
+    tg::tile<T, B, B> const s = tg::dot(qi, tg::trans(kj));
+    tg::tile<T, B, B> const ds = tg::dot(doi, tg::trans(vj));
+    dv_acc = tg::dot(tg::trans(s), doi, std::move(dv_acc));
+    dk_acc = tg::dot(tg::trans(ds), qi, std::move(dk_acc));
+    auto const rows = q0 + tg::arange<0, B>();
+    auto const at = dq + (tg::col(rows) * dq.stride(0) + tg::row(tg::arange<0, D>()));
+    if constexpr (How == dq_by::atomic_add)
+      tg::atomic_add(at, tg::dot(ds, kj), tg::col(rows) < n);
+    else
+      tg::store(at, tg::load(at, tg::col(rows) < n) + tg::dot(ds, kj), tg::col(rows) < n);
+  }
+  tg::store(tg::make_block_ptr<B, D>(dk, {k0, 0}), dk_acc, tg::bounds<0>);
+  tg::store(tg::make_block_ptr<B, D>(dv, {k0, 0}), dv_acc, tg::bounds<0>);
+};
+
+int const bwd_last_line = __LINE__;
+
+struct backward_options {
+  bool alternate = false;    // every other call takes the key tiles in reverse order
+  float extra_on_second = 0; // the second call adds this to dq(0, 0) atomically
+};
+
+// The hand-written backward: zeroed gradients, one launch, named tensors.
+template <dq_by How>
+auto backward(backward_options bo = {}) {
+  return [bo, calls = 0](tg::backward_context<float>& ctx) mutable {
+    auto const q = ctx.input("q"), k = ctx.input("k"), v = ctx.input("v");
+    auto const d_o = ctx.cotangent("o");
+    std::int64_t const n = q.size(0);
+    tg::owned_tensor<float> dq({n, D}, "dq"), dk({n, D}, "dk"), dv({n, D}, "dv");
+    bool const reversed = bo.alternate && calls % 2 == 1;
+    tg::launch(ctx.options(), tg::cdiv<int>(int(n), B), lin_bwd<How>, q, k, v, d_o, dq.view(),
+               dk.view(), dv.view(), reversed);
+    if (bo.extra_on_second != 0 && calls == 1)
+      tg::launch(
+          ctx.options(), 1,
+          [x = bo.extra_on_second](tg::program const&, tg::tensor<float> g) {
+            tg::atomic_add(g + tg::arange<0, 1>(), x);
+          },
+          dq.view());
+    ++calls;
+    ctx.set_gradient("q", dq);
+    ctx.set_gradient("k", dk);
+    ctx.set_gradient("v", dv);
+  };
+}
+
+template <class Backward>
+tg::check_report check(Backward&& bwd, std::int64_t n, tg::launch_options lo = {}, int seeds = 1) {
+  tg::owned_tensor<float> q({n, D}), k({n, D}), v({n, D}), o({n, D});
+  return tg::check_backward(tg::forward(tg::cdiv<int>(int(n), B), lin_fwd, tg::in("q", q),
+                                        tg::in("k", k), tg::in("v", v), tg::out("o", o)),
+                            std::forward<Backward>(bwd), {.seeds = seeds, .launch = lo});
+}
+
+std::vector<tg::launch_options> launch_cases() {
+  std::vector<tg::launch_options> out;
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential})
+    if (tg::executor_available(e))
+      for (int threads : {1, 2, 4})
+        out.push_back({e, threads});
+  return out;
+}
+
+// The problem line of the report that names a race ("" if none).
+std::string race_line(tg::check_report const& r) {
+  for (auto const& p : r.problems())
+    if (p.find("race in launch") != std::string::npos)
+      return p;
+  return "";
+}
+
+} // namespace
+
+TEST(BackwardRaces, LoadAddStoreIntoDqFailsNamingBothProgramsOnEveryRun) {
+  std::string first;
+  for (auto const& lo : launch_cases())
+    for (int run = 0; run < 2; ++run) {
+      auto const r = check(backward<dq_by::load_add_store>(), 40, lo);
+      ASSERT_FALSE(r) << r;
+      std::string const line = race_line(r);
+      ASSERT_FALSE(line.empty()) << r;
+      // Program 1's first dQ tile is the first access, in program order, that meets another
+      // program's: it loads what program 0 stored.
+      for (char const* piece :
+           {"race in launch 1 of the backward (grid (3)): ", "race on tensor 'dq', element (0, 0)",
+            "program (1, 0, 0) loads it at ", "program (0, 0, 0) stores it at ",
+            "test_backward_races.cpp:"})
+        EXPECT_NE(line.find(piece), std::string::npos) << piece << "\n" << line;
+      if (first.empty())
+        first = line;
+      EXPECT_EQ(line, first) << "executor " << tg::to_string(lo.exec) << ", " << lo.num_threads
+                             << " threads";
+      // Everything else is still compared: dK and dV are right.
+      EXPECT_TRUE(r.gradient("k")->ok) << r;
+      EXPECT_TRUE(r.gradient("v")->ok) << r;
+    }
+}
+
+TEST(BackwardRaces, RaceMessageNamesTheLineOfTheUpdate) {
+  auto const r = check(backward<dq_by::load_add_store>(), 40);
+  std::string const line = race_line(r);
+  // Both accesses are the one statement `tg::store(at, tg::load(at, ...) + ...)` above.
+  auto const at = line.find("test_backward_races.cpp:");
+  ASSERT_NE(at, std::string::npos) << line;
+  int const l = std::stoi(line.substr(at + std::string("test_backward_races.cpp:").size()));
+  EXPECT_GT(l, bwd_first_line);
+  EXPECT_LT(l, bwd_last_line);
+  EXPECT_NE(line.find("test_backward_races.cpp:" + std::to_string(l), at + 1), std::string::npos)
+      << line;
+}
+
+TEST(BackwardRaces, AtomicDqBackwardPasses) {
+  for (auto const& lo : launch_cases())
+    EXPECT_BACKWARD_OK(check(backward<dq_by::atomic_add>(), 40, lo, 2));
+}
+
+TEST(BackwardDeterminism, AtomicReorderingIsANoteNotAFailure) {
+  // Each call adds the key tiles' shares of dQ in the other order: dQ differs in its last bits.
+  auto const r =
+      check(backward<dq_by::atomic_add>({.alternate = true}), 40, {tg::executor::sequential, 1});
+  EXPECT_BACKWARD_OK(r);
+  EXPECT_TRUE(r.mentions("'q' differs between two runs in ")) << r;
+  EXPECT_TRUE(r.mentions("each written by atomic_add alone (up to 3 additions)")) << r;
+  EXPECT_TRUE(r.mentions("of its bound 2 n u (|g| + 2 sum|v|)")) << r;
+  EXPECT_NE(r.str().find("  note: seed 0: 'q' differs"), std::string::npos) << r;
+}
+
+TEST(BackwardDeterminism, AtomicDifferenceBeyondReorderingFails) {
+  auto const r = check(backward<dq_by::atomic_add>({.extra_on_second = 1e-3f}), 40,
+                       {tg::executor::sequential, 1});
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("not deterministic: two runs on the same data differ in 1 of 640 "
+                         "elements of 'q' that atomic_add alone wrote, by more than reordering "
+                         "the additions can: at (0, 0)"))
+      << r;
+}
+
+TEST(BackwardDeterminism, StoredDifferencesStillFail) {
+  // The racy dQ update taken in another order: the differences come from stores.
+  auto const r = check(backward<dq_by::load_add_store>({.alternate = true}), 40,
+                       {tg::executor::sequential, 1});
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("not deterministic: two runs on the same data differ in ")) << r;
+  EXPECT_TRUE(r.mentions("elements of 'q', the first at")) << r;
+}
+
+TEST(LaunchRaces, ForwardKernelRaceCheckedThroughTheLaunchOption) {
+  // Program p stores rows [2p, 2p + 4) of y: each overlaps the next program's first two rows.
+  auto overlapping = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const rows = 2 * p.program_id(0) + tg::arange<0, 4>();
+    auto const m = rows < y.size(0);
+    tg::store(y + rows, tg::load(x + rows, m) * 2.0f, m);
+  };
+  tg::owned_tensor<float> x({20}, "x"), y({20}, "y");
+  std::string first;
+  for (auto lo : launch_cases()) {
+    lo.check_races = true;
+    try {
+      tg::launch(lo, 10, overlapping, x.cview(), y.view());
+      ADD_FAILURE() << "no race reported";
+    } catch (tg::race_error const& e) {
+      std::string const what = e.what();
+      EXPECT_EQ(e.tensor(), "y");
+      EXPECT_EQ(e.element(), "(2)");
+      EXPECT_EQ(e.program(), "program (1, 0, 0)");
+      EXPECT_EQ(e.other_program(), "program (0, 0, 0)");
+      EXPECT_NE(what.find("program (1, 0, 0) stores it at "), std::string::npos) << what;
+      EXPECT_NE(what.find("program (0, 0, 0) stores it too at "), std::string::npos) << what;
+      EXPECT_NE(what.find("test_backward_races.cpp:"), std::string::npos) << what;
+      if (first.empty())
+        first = what;
+      EXPECT_EQ(what, first);
+    }
+  }
+  // Reading what another program stores (the neighbour's first element) is a race too.
+  auto reads_next = []<class T>(tg::program const& p, tg::tensor<T> y) {
+    auto const i = p.program_id(0) + tg::arange<0, 1>();
+    tg::store(y + i, tg::load(y + (i + 1), i + 1 < y.size(0)) + 1.0f);
+  };
+  try {
+    tg::launch({.check_races = true}, 20, reads_next, y.view());
+    ADD_FAILURE() << "no race reported";
+  } catch (tg::race_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("program (1, 0, 0) stores it at"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("program (0, 0, 0) loads it at"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(LaunchRaces, CorrectKernelsPassAndComputeTheSame) {
+  std::int64_t const n = 40;
+  tg::owned_tensor<float> q({n, D}), k({n, D}), v({n, D}), o1({n, D}), o2({n, D}), dq({n, D}),
+      dk({n, D}), dv({n, D});
+  for (std::int64_t i = 0; i < n * D; ++i) {
+    q.data()[i] = std::sin(0.1f * float(i));
+    k.data()[i] = std::cos(0.07f * float(i));
+    v.data()[i] = std::sin(0.05f * float(i) + 1);
+  }
+  tg::launch(4, lin_fwd, q.cview(), k.cview(), v.cview(), o1.view());
+  tg::launch({.check_races = true}, 4, lin_fwd, q.cview(), k.cview(), v.cview(), o2.view());
+  for (std::int64_t i = 0; i < n * D; ++i)
+    ASSERT_EQ(o1.data()[i], o2.data()[i]) << i;
+  // Many programs adding into one element atomically, and reading tensors they do not write.
+  EXPECT_NO_THROW(tg::launch({.check_races = true}, 3, lin_bwd<dq_by::atomic_add>, q.cview(),
+                             k.cview(), v.cview(), o1.cview(), dq.view(), dk.view(), dv.view(),
+                             false));
+}
+
+TEST(CheckedMode, OutOfBoundsInTheBackwardIsAFailureNotACrash) {
+  tg::checked_scope const off(false); // as in a release build
+  auto oob = [](tg::backward_context<float>& ctx) {
+    auto const q = ctx.input("q");
+    tg::owned_tensor<float> dq({q.size(0), D}, "dq"), dk({q.size(0), D}, "dk");
+    ctx.set_gradient("k", dk); // handed over before the launch that fails
+    // One program too many, and no mask: its block lies past the end of dq.
+    tg::launch(
+        ctx.options(), tg::cdiv<int>(int(q.size(0)), B) + 1,
+        []<class T>(tg::program const& p, tg::tensor<T> g) {
+          tg::store(tg::make_block_ptr<B, D>(g, {p.program_id(0) * B, 0}), tg::zeros<T, B, D>());
+        },
+        dq.view());
+    ctx.set_gradient("q", dq);
+  };
+  auto const r = check(oob, 32);
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("the backward threw: tilegrad: out-of-bounds block store by program "
+                         "(2, 0, 0): tensor 'dq' has shape (32, 16)"))
+      << r;
+  EXPECT_TRUE(r.mentions("no gradient 'q': the backward threw before handing it over")) << r;
+  EXPECT_TRUE(r.mentions("no gradient 'v': the backward threw before handing it over")) << r;
+  ASSERT_NE(r.gradient("k"), nullptr) << r; // what it handed over is still compared
+  EXPECT_FALSE(r.gradient("k")->ok);        // (zeros: wrong)
+}
+
+TEST(CheckedMode, OutOfBoundsInTheForwardAndInVjpIsAFailureNotACrash) {
+  tg::checked_scope const off(false);
+  // Reads one row past the end of x: unmasked.
+  auto past = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * 4 + tg::arange<0, 4>();
+    tg::store(y + i, tg::load(x + (i + 1)));
+  };
+  tg::owned_tensor<float> x({8}, "x"), y({8}, "y"), dy({8}, "dy");
+  auto const r = tg::check_backward(tg::forward(2, past, tg::in("x", x), tg::out("y", y)),
+                                    [](tg::backward_context<float>&) {});
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("the forward threw: tilegrad: out-of-bounds load by program (1, 0, 0): "
+                         "tensor 'x' has shape (8), element (8)"))
+      << r;
+  EXPECT_THROW((void)tg::vjp(2, past, tg::in("x", x), tg::out("y", y, dy)), tg::access_error);
+}
+
+TEST(BadInput, ThrowingOrNanBackwardStillGetsAFullReport) {
+  auto throws_late = [](tg::backward_context<float>& ctx) {
+    auto const q = ctx.input("q");
+    tg::owned_tensor<float> dq({q.size(0), D}, "dq"), dk({q.size(0), D}, "dk"),
+        dv({q.size(0), D}, "dv");
+    tg::launch(ctx.options(), tg::cdiv<int>(int(q.size(0)), B), lin_bwd<dq_by::atomic_add>, q,
+               ctx.input("k"), ctx.input("v"), ctx.cotangent("o"), dq.view(), dk.view(), dv.view(),
+               false);
+    ctx.set_gradient("k", dk);
+    ctx.set_gradient("v", dv);
+    throw std::runtime_error("out of workspace");
+  };
+  auto const r = check(throws_late, 40);
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("the backward threw: out of workspace")) << r;
+  EXPECT_TRUE(r.gradient("k")->ok) << r;
+  EXPECT_TRUE(r.gradient("v")->ok) << r;
+
+  auto nan = [](tg::backward_context<float>& ctx) {
+    auto const q = ctx.input("q");
+    tg::owned_tensor<float> dq({q.size(0), D}, "dq"), dk({q.size(0), D}, "dk"),
+        dv({q.size(0), D}, "dv");
+    tg::launch(ctx.options(), tg::cdiv<int>(int(q.size(0)), B), lin_bwd<dq_by::atomic_add>, q,
+               ctx.input("k"), ctx.input("v"), ctx.cotangent("o"), dq.view(), dk.view(), dv.view(),
+               false);
+    dq(3, 5) = std::numeric_limits<float>::quiet_NaN();
+    return tg::gradient_set{{"q", dq}, {"k", dk}, {"v", dv}};
+  };
+  auto const rn = check(nan, 40);
+  ASSERT_FALSE(rn);
+  EXPECT_TRUE(rn.mentions("gradient 'q' holds 1 NaN/Inf element(s), the first at (3, 5)")) << rn;
+  EXPECT_TRUE(rn.gradient("k")->ok) << rn;
+  EXPECT_TRUE(rn.gradient("v")->ok) << rn;
+}
