@@ -197,7 +197,7 @@ std::string bad_query_blocks(tg::gradient_report const* g) {
     for (int j = 0; j < g->map.cell_cols(); ++j)
       marked = marked || g->map.mismatches(i, j) > 0;
     if (marked && block != last)
-      out += (out.empty() ? "" : " ") + std::to_string(block);
+      out.append(out.empty() ? "" : " ").append(std::to_string(block));
     if (marked)
       last = block;
   }
@@ -209,7 +209,7 @@ std::string nonempty_query_blocks(tk::block_table const& t) {
   std::string out;
   for (std::int64_t r = 0; r < t.count.size(2); ++r)
     if (t.count(0, 0, r) > 0)
-      out += (out.empty() ? "" : " ") + std::to_string(r);
+      out.append(out.empty() ? "" : " ").append(std::to_string(r));
   return out;
 }
 
