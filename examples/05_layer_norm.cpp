@@ -18,7 +18,7 @@
 namespace tg = tilegrad;
 
 constexpr int BlockN = 64, Rows = 8, BG = 8;
-constexpr float eps = 1e-5f;
+constexpr double eps = 1e-5; // a double: exact in the float64 reference of check_backward
 
 int main() {
   // Neither BlockN divides N nor Rows divides M.

@@ -27,7 +27,7 @@ template <bool KeyOffByOne>
 constexpr auto attention_bwd_dq =
     []<class T>(tg::program const& p, tg::tensor<T const> q, tg::tensor<T const> k,
                 tg::tensor<T const> v, tg::tensor<T const> d_o, tg::tensor<T const> lse,
-                tg::tensor<T const> delta, tg::tensor<T> dq, float scale) {
+                tg::tensor<T const> delta, tg::tensor<T> dq, double scale) {
       int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
       int const n_k = static_cast<int>(k.size(2));
       auto const qi = tg::load(tg::make_block_ptr<BQ, D>(q[b][h], {q0, 0}), tg::bounds<0>);
@@ -50,8 +50,9 @@ constexpr auto attention_bwd_dq =
       tg::store(tg::make_block_ptr<BQ, D>(dq[b][h], {q0, 0}), acc * scale, tg::bounds<0>);
     };
 
-float scale() {
-  return 1.0f / std::sqrt(float(D));
+// A double: the fp64 reference (check_backward's float64 vjp) then runs with the exact scale.
+double scale() {
+  return 1 / std::sqrt(double(D));
 }
 
 tg::grid query_tiles(tg::tensor<float const> q) {

@@ -189,7 +189,9 @@ TYPED_TEST(DualScalar, ComparisonsAndConversions) {
   static_assert(sizeof(D) == (D::directions + 1) * sizeof(T));
   static_assert(std::is_same_v<tg::fp32<D>, D>, "fp32 in forward mode is the dual itself");
   static_assert(tg::dual_scalar<D const&> && !tg::dual_scalar<T>);
-  static_assert(std::is_same_v<tg::promote_t<D, double>, D> &&
+  // A double tile widens a dual<float> tile to dual<double>, as double widens float.
+  static_assert(std::is_same_v<tg::promote_t<D, double>, W> &&
+                std::is_same_v<tg::promote_t<D, float>, D> &&
                 std::is_same_v<tg::promote_t<F, W>, W>);
   // NaN and infinity carry zero tangents (padding values).
   D const nan = std::numeric_limits<D>::quiet_NaN();

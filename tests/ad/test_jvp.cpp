@@ -179,7 +179,7 @@ TEST(JvpExamples, DotProductTestAgainstVjp) {
         double const lhs = inner(ju.tangent("y", k), w);
         double rhs = 0, scale = abs_inner(ju.tangent("y", k), w);
         for (std::size_t a = 0; a < e.inputs.size(); ++a) {
-          auto const& g = jtw["x" + std::to_string(a)];
+          auto const& g = jtw[std::string("x").append(std::to_string(a))];
           rhs += inner(u[a][k], g);
           scale += abs_inner(u[a][k], g);
         }

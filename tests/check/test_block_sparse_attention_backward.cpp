@@ -25,8 +25,8 @@ namespace {
 
 constexpr int D = 16, BQ = 16, BK = 16;
 
-float scale() {
-  return 1.0f / std::sqrt(float(D));
+double scale() {
+  return 1 / std::sqrt(double(D));
 }
 
 // A random table: each block kept with probability `density`, the query blocks in `empty`
@@ -69,7 +69,7 @@ constexpr auto broken_dq =
     []<class T>(tg::program const& p, tg::tensor<T const> q, tg::tensor<T const> k,
                 tg::tensor<T const> v, tg::tensor<T const> d_o, tg::tensor<T const> lse,
                 tg::tensor<T const> delta, tg::tensor<std::int32_t const> kv_count,
-                tg::tensor<std::int32_t const> kv_index, tg::tensor<T> dq, float scale) {
+                tg::tensor<std::int32_t const> kv_index, tg::tensor<T> dq, double scale) {
       int const qb = p.program_id(0), q0 = qb * BQ, h = p.program_id(1), b = p.program_id(2);
       int const n_k = static_cast<int>(k.size(2));
       int const bt = kv_count.size(0) == 1 ? 0 : b;
@@ -101,7 +101,7 @@ constexpr auto broken_dkdv =
                 tg::tensor<T const> v, tg::tensor<T const> d_o, tg::tensor<T const> lse,
                 tg::tensor<T const> delta, tg::tensor<std::int32_t const> q_count,
                 tg::tensor<std::int32_t const> q_index, tg::tensor<T> dk, tg::tensor<T> dv,
-                float scale) {
+                double scale) {
       int const kb = p.program_id(0), k0 = kb * BK, h = p.program_id(1), b = p.program_id(2);
       int const n_k = static_cast<int>(k.size(2));
       int const bt = q_count.size(0) == 1 ? 0 : b, ht = q_count.size(1) == 1 ? 0 : h;
@@ -197,7 +197,7 @@ std::string bad_query_blocks(tg::gradient_report const* g) {
     for (int j = 0; j < g->map.cell_cols(); ++j)
       marked = marked || g->map.mismatches(i, j) > 0;
     if (marked && block != last)
-      out += (out.empty() ? "" : " ") + std::to_string(block);
+      out.append(out.empty() ? "" : " ").append(std::to_string(block));
     if (marked)
       last = block;
   }
@@ -209,7 +209,7 @@ std::string nonempty_query_blocks(tk::block_table const& t) {
   std::string out;
   for (std::int64_t r = 0; r < t.count.size(2); ++r)
     if (t.count(0, 0, r) > 0)
-      out += (out.empty() ? "" : " ") + std::to_string(r);
+      out.append(out.empty() ? "" : " ").append(std::to_string(r));
   return out;
 }
 

@@ -33,7 +33,7 @@ constexpr auto broken_bwd = []<class T>(tg::program const& p, tg::tensor<T const
                                         tg::tensor<T const> k, tg::tensor<T const> v,
                                         tg::tensor<T const> d_o, tg::tensor<T const> lse,
                                         tg::tensor<T const> delta, tg::tensor<T> dq,
-                                        tg::tensor<T> dk, tg::tensor<T> dv, float scale) {
+                                        tg::tensor<T> dk, tg::tensor<T> dv, double scale) {
   int const k0 = p.program_id(0) * BK, h = p.program_id(1), b = p.program_id(2);
   int const n_q = static_cast<int>(q.size(2)), n_k = static_cast<int>(k.size(2));
   auto const kj = tg::load(tg::make_block_ptr<BK, D>(k[b][h], {k0, 0}), tg::bounds<0>);
@@ -60,7 +60,7 @@ constexpr auto broken_bwd = []<class T>(tg::program const& p, tg::tensor<T const
     dv_acc = tg::dot(tg::trans(pt), doi, std::move(dv_acc));
     dk_acc = tg::dot(tg::trans(ds), qi, std::move(dk_acc));
     auto const dqh = dq[b][h];
-    float const f = B == bug::dq_unscaled ? 1 / scale : 1;
+    double const f = B == bug::dq_unscaled ? 1 / scale : 1;
     tg::atomic_add(dqh + (tg::col(offs_q) * dqh.stride(0) + tg::row(tg::arange<0, D>())),
                    tg::dot(ds, kj) * f, tg::col(offs_q) < n_q);
   }
@@ -68,8 +68,8 @@ constexpr auto broken_bwd = []<class T>(tg::program const& p, tg::tensor<T const
   tg::store(tg::make_block_ptr<BK, D>(dv[b][h], {k0, 0}), dv_acc, tg::bounds<0>);
 };
 
-float scale() {
-  return 1.0f / std::sqrt(float(D));
+double scale() {
+  return 1 / std::sqrt(double(D));
 }
 
 template <bool Causal, bug B, tk::attention_backward V = tk::attention_backward::atomic_dq>

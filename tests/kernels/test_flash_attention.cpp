@@ -68,8 +68,12 @@ TEST(FlashAttentionForward, Float32MatchesPlainAttention) {
 }
 
 TEST(FlashAttentionForward, Float64MatchesPlainAttention) {
-  for (bool causal : {false, true})
+  // At d = 32 and 128, 1/sqrt(d) is not a float: a scale passed as float is 1e-8 off.
+  for (bool causal : {false, true}) {
     check_forward<double, 16>({1, 2, 77, 77, causal}, 1e-13);
+    check_forward<double, 32>({1, 1, 77, 77, causal}, 1e-13);
+    check_forward<double, 128>({1, 1, 45, 45, causal}, 1e-13);
+  }
 }
 
 TEST(FlashAttentionForward, Bf16StorageMatchesPlainAttentionOnTheRoundedInputs) {

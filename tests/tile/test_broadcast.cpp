@@ -222,7 +222,9 @@ TEST(Promotion, IntegerTileMeetsFloatConstant) {
   static_assert(std::is_same_v<elem<decltype(i + 2.5)>, float>);
   static_assert(std::is_same_v<elem<decltype(2.5 * i)>, float>);
   static_assert(std::is_same_v<elem<decltype(i + 2)>, std::int32_t>);
-  static_assert(std::is_same_v<elem<decltype(i + 2LL)>, std::int32_t>); // the tile's type wins
+  static_assert(std::is_same_v<elem<decltype(i + short{2})>, std::int32_t>); // the tile's type
+  // wins, except over a 64-bit integer (a size or stride): int64, as in Triton.
+  static_assert(std::is_same_v<elem<decltype(i + 2LL)>, std::int64_t>);
   tile<float, 7> f = i + 2.5;
   for (int k = 0; k < 7; ++k)
     EXPECT_EQ(f(k), float(k - 3) + 2.5f) << "at (" << k << ")";

@@ -43,12 +43,15 @@ public:
     requires(!std::is_same_v<std::remove_cvref_t<E>, tile>)
   tile(E const& e) { // NOLINT: implicit, as for float tiles
     static_assert(detail::require_same_shape<shape_type, shape_of_t<E>>);
+    // The fast path's rule, so that a kernel compiles in every mode or in none.
+    static_assert(detail::require_implicit<value_type, value_of_t<E>>);
     assign_from(e);
   }
   template <tile_expression E>
     requires(!std::is_same_v<std::remove_cvref_t<E>, tile>)
   tile& operator=(E const& e) {
     static_assert(detail::require_same_shape<shape_type, shape_of_t<E>>);
+    static_assert(detail::require_implicit<value_type, value_of_t<E>>);
     assign_from(e);
     return *this;
   }

@@ -332,6 +332,8 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   using T = typename ad::first_float<std::remove_cvref_t<Args>...>::type;
   static_assert(std::is_floating_point_v<T>, "tilegrad::vjp: no float tensor among the arguments");
   bool const magnitudes = ad::magnitude_sweep();
+  constexpr bool callable =
+      detail::kernel_callable<Kernel, decltype(ad::convert_arg<T>(args))...>();
 
   std::vector<ad::tensor_entry> entries;
   std::vector<std::string> names;
@@ -342,6 +344,8 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       if (!names[i].empty() && names[i] == names[j])
         throw std::invalid_argument("tilegrad::vjp: the name '" + names[i] + "' is given twice");
   if (entries.size() > 63) throw std::invalid_argument("tilegrad::vjp: at most 63 float tensors");
+  // As launch: a negative extent throws, an extent 0 runs no program.
+  detail::validate(opts, g, "tilegrad::vjp");
   ad::check_shared_memory(entries);
   if (g.size() >= 0x7fffffff) throw std::invalid_argument("tilegrad::vjp: grid too large");
 
@@ -383,8 +387,6 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   std::vector<char> done(static_cast<std::size_t>(std::min(wave, total)));
   // vjp checks its own races; its programs always check bounds (hooks without a tracker), and
   // its launches are never tracked as plain ones, whatever the options or the thread's observer.
-  detail::check_executor(opts.exec, "tilegrad::vjp");
-  detail::check_num_threads(opts.num_threads, "tilegrad::vjp");
   detail::access_hooks bounds_only;
 
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
@@ -413,7 +415,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       ad::current_state() = &state;
       std::int64_t const me = local.program_id(0);
       try {
-        std::apply([&](auto&... a) { kernel(p, a...); }, converted);
+        if constexpr (callable) std::apply([&](auto&... a) { kernel(p, a...); }, converted);
         ad::seed_outputs<T>(state, entries);
         // Contributions are added in program order, as soon as every earlier program of the
         // wave is done: the same sums whatever ran where, while they are still in cache. One

@@ -82,6 +82,18 @@ struct shapes_do_not_broadcast {
 template <class A, class B>
 inline constexpr bool broadcastable_v = detail::broadcastable<A, B>();
 
+/// True when From broadcasts to To itself (To's rank at least From's; each extent of From equal
+/// to To's or 1): what a value stored through pointers of shape To may have.
+template <class From, class To>
+inline constexpr bool broadcasts_to_v = [] {
+  if (From::rank > To::rank) return false;
+  for (int a = 0; a < From::rank; ++a) {
+    int const x = detail::extent_from_right<From>(a), y = detail::extent_from_right<To>(a);
+    if (x != y && x != 1) return false;
+  }
+  return true;
+}();
+
 /// The broadcast shape of A and B; a compile error naming both when they do not broadcast.
 template <class A, class B>
 using broadcast_shape_t = typename std::conditional_t<

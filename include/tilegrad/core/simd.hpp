@@ -10,11 +10,23 @@
 #include <cstring>
 #include <type_traits>
 
-#if TILEGRAD_USE_XSIMD
-#include <xsimd/xsimd.hpp>
+// GCC 12's AVX-512 intrinsics warn of -Wuninitialized in their own _mm512_undefined_*() wherever
+// xsimd's AVX-512 code is inlined (GCC bug 105593, fixed in GCC 13). The warning is placed in
+// the intrinsics header: silenced for the text of these headers alone (when this is where
+// immintrin.h is first read), the warning stays on for every line of ours.
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #if defined(__SSE2__)
 #include <immintrin.h>
+#endif
+#if TILEGRAD_USE_XSIMD
+#include <xsimd/xsimd.hpp>
+#endif
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
 #endif
 
 namespace tilegrad::simd {

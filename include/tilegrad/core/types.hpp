@@ -55,16 +55,27 @@ struct promote<A, B> {
   using type =
       rebind_scalar_t<A, std::common_type_t<typename A::primal_type, typename B::primal_type>>;
 };
-// A custom scalar absorbs builtin numbers: dual<float> * 2.0f stays dual<float>.
+// A custom scalar absorbs builtin numbers (dual<float> with an int32 tile stays dual<float>),
+// except that a wider float widens it within its mode, as float with double gives double on the
+// fast path: adjoint<float> with a double tile is adjoint<double>.
+template <class A, class B>
+struct absorb {
+  using type = A;
+};
+template <rebindable_scalar A, class B>
+  requires(std::is_floating_point_v<B> && sizeof(B) > sizeof(typename A::primal_type))
+struct absorb<A, B> {
+  using type = rebind_scalar_t<A, std::common_type_t<typename A::primal_type, B>>;
+};
 template <class A, class B>
   requires(!is_builtin_v<A> && is_builtin_v<B>)
 struct promote<A, B> {
-  using type = A;
+  using type = typename absorb<A, B>::type;
 };
 template <class A, class B>
   requires(is_builtin_v<A> && !is_builtin_v<B>)
 struct promote<A, B> {
-  using type = B;
+  using type = typename absorb<B, A>::type;
 };
 template <class A>
   requires(!is_builtin_v<A>)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "tilegrad/core/config.hpp"
+#include "tilegrad/core/simd.hpp" // before TBB: immintrin.h is read under simd.hpp's pragmas
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/tracking.hpp"
 
@@ -177,24 +178,66 @@ constexpr decltype(auto) prepare_arg(A&& a) {
 template <class A>
 using held_arg_t = typename held_arg<decltype(prepare_arg(std::declval<A>()))>::type;
 
-inline void validate(launch_options const& opts, grid const& g) {
-  check_executor(opts.exec, "tilegrad::launch");
-  check_num_threads(opts.num_threads, "tilegrad::launch");
+inline void validate(launch_options const& opts, grid const& g,
+                     char const* who = "tilegrad::launch") {
+  check_executor(opts.exec, who);
+  check_num_threads(opts.num_threads, who);
   if (g.rank < 1 || g.rank > 3)
-    throw std::invalid_argument("tilegrad::launch: grid rank is " + std::to_string(g.rank) +
+    throw std::invalid_argument(std::string(who) + ": grid rank is " + std::to_string(g.rank) +
                                 "; it must be 1, 2 or 3");
   for (int axis = 0; axis < g.rank; ++axis) {
     int const extent = g.dims[static_cast<std::size_t>(axis)];
-    if (extent <= 0)
-      throw std::invalid_argument("tilegrad::launch: grid extent " + std::to_string(axis) + " is " +
-                                  std::to_string(extent) + "; every extent must be positive");
+    if (extent < 0)
+      throw std::invalid_argument(std::string(who) + ": grid extent " + std::to_string(axis) +
+                                  " is " + std::to_string(extent) +
+                                  "; extents must not be negative");
   }
   for (int axis = g.rank; axis < 3; ++axis) {
     if (g.dims[static_cast<std::size_t>(axis)] != 1)
-      throw std::invalid_argument("tilegrad::launch: grid of rank " + std::to_string(g.rank) +
+      throw std::invalid_argument(std::string(who) + ": grid of rank " + std::to_string(g.rank) +
                                   " has extent " + std::to_string(axis) + " = " +
                                   std::to_string(g.dims[static_cast<std::size_t>(axis)]) +
                                   "; extents past the rank must be 1");
+  }
+}
+
+// A view type of a const element type, made writable: tensor<float const> -> tensor<float>.
+template <class A>
+struct writable {
+  using type = A;
+};
+template <template <class> class View, class E>
+struct writable<View<E const>> {
+  using type = View<E>;
+};
+template <class A>
+using writable_t = typename writable<std::remove_cvref_t<A>>::type;
+
+template <class>
+inline constexpr bool always_false = false;
+
+/// Whether kernel(p, args...) can be called with the arguments a launch passes (lvalues of types
+/// A...); when not, a compile error that says what to write instead of a bare "no match for
+/// call". A kernel that would take the arguments with every tensor writable has a read-only
+/// tensor meet a parameter declared tensor<T>.
+template <class Kernel, class... A>
+consteval bool kernel_callable() {
+  if constexpr (std::is_invocable_v<Kernel&, program const&, A&...>) {
+    return true;
+  } else if constexpr (std::is_invocable_v<Kernel&, program const&, writable_t<A>&...>) {
+    static_assert(always_false<Kernel>,
+                  "tilegrad: the kernel takes tensor<T> (writable) where a read-only tensor "
+                  "arrives (tensor<T const>: x.cview(), or a tensor marked in(...) or "
+                  "tangent_in(...)): declare that parameter tensor<T const>");
+    return false;
+  } else {
+    static_assert(always_false<Kernel>,
+                  "tilegrad: the kernel cannot be called as kernel(program const&, args...) with "
+                  "these arguments. vjp passes in(...) tensors as tensor<adjoint<F> const> and "
+                  "out(...)/inout(...) ones as tensor<adjoint<F>>, jvp dual<F, N> tensors, F the "
+                  "float type: write the kernel generic over its element type, "
+                  "[]<class T>(program const& p, tensor<T const> x, tensor<T> y, ...)");
+    return false;
   }
 }
 
@@ -396,8 +439,9 @@ void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
 /// once, then reaches every call as an lvalue: the caller's object (constness kept) for an
 /// lvalue, a const lvalue for a temporary. Nothing is moved into a call or copied per program.
 ///
-/// @throws std::invalid_argument before any program runs when a grid extent is not positive,
-///   the rank is not 1-3, num_threads is negative, or the executor is not compiled in.
+/// A grid with an extent of 0 (cdiv(n, B) of an empty tensor) runs no program, as in Triton.
+/// @throws std::invalid_argument before any program runs when a grid extent is negative, the
+///   rank is not 1-3, num_threads is negative, or the executor is not compiled in.
 /// @throws whatever a program throws (with the TBB and OpenMP executors, the first one caught
 ///   when several throw). Remaining programs may then be skipped, and outputs may hold the
 ///   partial results of the programs that did run: the call throws, so none is reported as a
@@ -409,11 +453,13 @@ void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
 ///   instead) when two programs race; programs of later waves are then skipped.
 template <class Kernel, class... Args>
 void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args) {
+  constexpr bool callable = detail::kernel_callable<Kernel, detail::held_arg_t<Args&&>...>();
   detail::validate(opts, g);
+  if (g.size() == 0) return;
   std::tuple<detail::held_arg_t<Args&&>...> held{detail::prepare_arg(std::forward<Args>(args))...};
   // Out of line: the kernel is compiled once, whichever way its programs are run.
   auto call = [&](program const& p) TILEGRAD_NOINLINE_LAMBDA {
-    std::apply([&](auto&... a) { kernel(p, a...); }, held);
+    if constexpr (callable) std::apply([&](auto&... a) { kernel(p, a...); }, held);
   };
   if (opts.check_races || detail::current_observer()) [[unlikely]] {
     detail::launch_tracker tracker(g);

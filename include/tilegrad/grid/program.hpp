@@ -8,7 +8,7 @@
 
 namespace tilegrad {
 
-/// Grid extents of a launch: 1 to 3 axes, each positive.
+/// Grid extents of a launch: 1 to 3 axes, each 0 or more (a grid with an extent 0 has no program).
 struct grid {
   std::array<int, 3> dims{1, 1, 1};
   int rank = 1;

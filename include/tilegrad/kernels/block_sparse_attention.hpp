@@ -86,7 +86,7 @@ template <int D, int BQ, int BK, bool Causal = false>
 inline constexpr auto block_sparse_attention_fwd =
     []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
                 tensor<std::int32_t const> kv_count, tensor<std::int32_t const> kv_index,
-                tensor<T> o, tensor<fp32<T>> lse, float scale) {
+                tensor<T> o, tensor<fp32<T>> lse, double scale) {
       using F = fp32<T>;
       int const qb = p.program_id(0), q0 = qb * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const blocks = detail::listed(kv_count, kv_index, qb, h, b);
@@ -143,7 +143,7 @@ inline constexpr auto block_sparse_attention_bwd_dkdv = []<class T>(
                                                             tensor<std::int32_t const> q_count,
                                                             tensor<std::int32_t const> q_index,
                                                             tensor<T> dk, tensor<T> dv,
-                                                            float scale) {
+                                                            double scale) {
   using F = fp32<T>;
   int const kb = p.program_id(0), k0 = kb * BK, h = p.program_id(1), b = p.program_id(2);
   auto const qh = q[b][h], doh = d_o[b][h];
@@ -180,7 +180,7 @@ inline constexpr auto block_sparse_attention_bwd_dq =
     []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
                 tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
                 tensor<std::int32_t const> kv_count, tensor<std::int32_t const> kv_index,
-                tensor<T> dq, float scale) {
+                tensor<T> dq, double scale) {
       using F = fp32<T>;
       int const qb = p.program_id(0), q0 = qb * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const kh = k[b][h], vh = v[b][h];
@@ -276,7 +276,7 @@ inline block_table block_sparse_transpose(tensor<std::int32_t const> count,
 
 struct block_sparse_options {
   bool causal = false; // within the listed blocks, key j only for queries i >= j
-  float scale = 0;     // 0: 1 / sqrt(head dim)
+  double scale = 0;    // 0: 1 / sqrt(head dim)
   launch_options launch = default_options();
 };
 
@@ -366,7 +366,7 @@ void block_sparse_attention_forward(tensor<T const> q, tensor<T const> k, tensor
                                     tensor<fp32<T>> lse, block_sparse_options const& opt = {}) {
   detail::check_forward_args<T, fp32<T>>("block_sparse_attention", q, k, v, o, lse);
   check_block_table(kv_count, kv_index, q, k, BQ, BK);
-  float const scale = detail::default_scale(opt.scale, q.size(3));
+  double const scale = detail::default_scale(opt.scale, q.size(3));
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     auto const g = detail::attention_grid(q, BQ);
@@ -393,7 +393,7 @@ void block_sparse_attention_backward(tensor<T const> q, tensor<T const> k, tenso
   detail::check_backward_args<T, fp32<T>>("block_sparse_attention", q, k, v, o, d_o, lse, dq, dk,
                                           dv);
   check_block_table(kv_count, kv_index, q, k, BQ, BK);
-  float const scale = detail::default_scale(opt.scale, q.size(3));
+  double const scale = detail::default_scale(opt.scale, q.size(3));
   auto const by_key = block_sparse_transpose(kv_count, kv_index, cdiv<std::int64_t>(k.size(2), BK));
   owned_tensor<F> delta({q.size(0), q.size(1), q.size(2)}, "delta");
   auto const passes = [&]<int D, bool Causal>() {

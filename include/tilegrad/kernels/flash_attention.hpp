@@ -77,7 +77,7 @@ constexpr int query_begin(int k0) {
 template <int BQ, int BK, bool Causal, class F, int D, class L, class Dl>
 auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, D, BK> const& kt,
                           tile<F, D, BK> const& vt, tile<F, BQ, D> const& doi, L const& li,
-                          Dl const& di, float scale, int q0, int k0, int n_k) {
+                          Dl const& di, double scale, int q0, int k0, int n_k) {
   tile<F, BQ, BK> pt = exp(dot(qi, kt) - col(li));
   if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
     pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
@@ -92,7 +92,7 @@ auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, D, BK> const& kt,
 template <int D, int BQ, int BK, bool Causal>
 inline constexpr auto flash_attention_fwd =
     []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
-                tensor<T> o, tensor<fp32<T>> lse, float scale) {
+                tensor<T> o, tensor<fp32<T>> lse, double scale) {
       using F = fp32<T>;
       int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const kh = k[b][h], vh = v[b][h];
@@ -151,7 +151,7 @@ inline constexpr auto flash_attention_bwd_keys = []<class T>(program const& p, t
                                                              tensor<fp32<T> const> lse,
                                                              tensor<fp32<T> const> delta,
                                                              tensor<fp32<T>> dq, tensor<T> dk,
-                                                             tensor<T> dv, float scale) {
+                                                             tensor<T> dv, double scale) {
   using F = fp32<T>;
   int const k0 = p.program_id(0) * BK, h = p.program_id(1), b = p.program_id(2);
   auto const qh = q[b][h], doh = d_o[b][h];
@@ -205,7 +205,7 @@ template <int D, int BQ, int BK, bool Causal>
 inline constexpr auto flash_attention_bwd_dq =
     []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
                 tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
-                tensor<T> dq, float scale) {
+                tensor<T> dq, double scale) {
       using F = fp32<T>;
       int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const kh = k[b][h], vh = v[b][h];
@@ -237,7 +237,7 @@ inline constexpr auto flash_attention_bwd_dq =
 
 struct attention_options {
   bool causal = false;
-  float scale = 0; // 0: 1 / sqrt(head dim)
+  double scale = 0; // 0: 1 / sqrt(head dim); double, so that the fp64 instantiation is exact
   launch_options launch = default_options();
 };
 
@@ -337,8 +337,8 @@ inline constexpr int block_q = D >= 128 ? 32 : 64;
 template <int D>
 inline constexpr int block_k = 64;
 
-inline float default_scale(float s, std::int64_t d) {
-  return s != 0 ? s : 1.0f / std::sqrt(static_cast<float>(d));
+inline double default_scale(double s, std::int64_t d) {
+  return s != 0 ? s : 1.0 / std::sqrt(static_cast<double>(d));
 }
 
 template <class A>
@@ -355,7 +355,7 @@ template <class T>
 void flash_attention_forward(tensor<T const> q, tensor<T const> k, tensor<T const> v, tensor<T> o,
                              tensor<fp32<T>> lse, attention_options const& opt = {}) {
   detail::check_forward_args<T, fp32<T>>("flash_attention", q, k, v, o, lse);
-  float const scale = detail::default_scale(opt.scale, q.size(3));
+  double const scale = detail::default_scale(opt.scale, q.size(3));
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value, BQ = detail::block_q<D>, BK = detail::block_k<D>;
     auto const g = detail::attention_grid(q, BQ);
@@ -377,7 +377,7 @@ void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T con
                               attention_backward variant = attention_backward::atomic_dq) {
   using F = fp32<T>;
   detail::check_backward_args<T, F>("flash_attention", q, k, v, o, d_o, lse, dq, dk, dv);
-  float const scale = detail::default_scale(opt.scale, q.size(3));
+  double const scale = detail::default_scale(opt.scale, q.size(3));
   owned_tensor<F> delta({q.size(0), q.size(1), q.size(2)}, "delta");
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value, BQ = detail::block_q<D>, BK = detail::block_k<D>;

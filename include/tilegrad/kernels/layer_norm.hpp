@@ -15,6 +15,7 @@
 #include "tilegrad/tile/reduce.hpp"
 #include "tilegrad/tile/shape_ops.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace tilegrad::kernels {
@@ -26,7 +27,7 @@ template <int BlockN>
 inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T const> x,
                                                    tensor<T const> w, tensor<T const> b,
                                                    tensor<T> y, tensor<T> mean, tensor<T> rstd,
-                                                   float eps) {
+                                                   double eps) {
   std::int64_t const row_idx = p.program_id(0);
   std::int64_t const n = x.size(1);
   int const col_tiles = static_cast<int>(cdiv<std::int64_t>(n, BlockN));
@@ -43,7 +44,7 @@ inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T co
     acc += load(xb, bounds<1>);
     xb = xb.advance(0, BlockN);
   }
-  tile<fp32<T>> const mu = sum(acc) / static_cast<float>(n);
+  tile<fp32<T>> const mu = sum(acc) / static_cast<double>(n);
 
   // Variance in a second pass (not E[x²] - mean², which cancels); padded columns would hold
   // -mean, so they are zeroed.
@@ -52,11 +53,13 @@ inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T co
   xb = row_block;
   for (int i = 0; i < col_tiles; ++i) {
     tile<fp32<T>, 1, BlockN> const xv = load(xb, bounds<1>);
-    tile<fp32<T>, 1, BlockN> const d = where(cols < n - i * std::int64_t{BlockN}, xv - mu, 0.0f);
+    // The columns left, at most BlockN: an int32 bound keeps the mask an int32 comparison.
+    int const left = static_cast<int>(std::min<std::int64_t>(n - i * std::int64_t{BlockN}, BlockN));
+    tile<fp32<T>, 1, BlockN> const d = where(cols < left, xv - mu, 0.0f);
     acc_var += d * d;
     xb = xb.advance(0, BlockN);
   }
-  tile<fp32<T>> const r = rsqrt(sum(acc_var) / static_cast<float>(n) + eps);
+  tile<fp32<T>> const r = rsqrt(sum(acc_var) / static_cast<double>(n) + eps);
   store(mean + row_idx * mean.stride(0), mu);
   store(rstd + row_idx * rstd.stride(0), r);
 
@@ -96,9 +99,9 @@ inline constexpr auto layer_norm_bwd =
                 tensor<T> partial_db) {
       std::int64_t const r0 = p.program_id(0) * std::int64_t{Rows};
       int const col_tiles = static_cast<int>(cdiv<std::int64_t>(x.size(1), BlockN));
-      // A float number meets an fp32<T> tile in the tile's type: the double instantiation divides
-      // by n in double.
-      float const n = static_cast<float>(x.size(1));
+      // A number meets an fp32<T> tile in the tile's type: float on the fast path, double in the
+      // fp64 instantiation.
+      double const n = static_cast<double>(x.size(1));
       // Padding reads 0: rows past M get mean = rstd = 0, hence xhat = 0; columns past N get
       // w = dy = 0, hence wdy = 0 and dy * xhat = 0. Neither adds to a sum, so no mask is needed.
       tile<fp32<T>, Rows> const mu = load(make_block_ptr<Rows>(mean, {r0}), bounds<0>);

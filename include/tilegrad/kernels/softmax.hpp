@@ -12,6 +12,8 @@
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/reduce.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
 
 namespace tilegrad::kernels {
@@ -23,7 +25,8 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
   static_assert(next_power_of_2(Block) == Block, "softmax_fwd: Block must be a power of two");
   int const row_idx = p.program_id(0);
   auto const cols = arange<0, Block>();
-  auto const mask = cols < x.size(1);
+  // An int32 bound (cols < Block anyway): the mask stays an int32 comparison.
+  auto const mask = cols < static_cast<int>(std::min<std::int64_t>(x.size(1), Block));
   auto const row = to<fp32<T>>(load(x + row_idx * x.stride(0) + cols * x.stride(1), mask,
                                     -std::numeric_limits<float>::infinity()));
   // Subtract the maximum for stability; masked lanes are -inf and vanish in exp.
@@ -41,7 +44,7 @@ inline constexpr auto softmax_bwd = []<class T>(program const& p, tensor<T const
   static_assert(next_power_of_2(Block) == Block, "softmax_bwd: Block must be a power of two");
   int const row_idx = p.program_id(0);
   auto const cols = arange<0, Block>();
-  auto const mask = cols < y.size(1);
+  auto const mask = cols < static_cast<int>(std::min<std::int64_t>(y.size(1), Block));
   // Masked lanes read 0 in both, so they add nothing to the row's dot product.
   auto const yr = to<fp32<T>>(load(y + row_idx * y.stride(0) + cols * y.stride(1), mask, 0.0f));
   auto const gr = to<fp32<T>>(load(dy + row_idx * dy.stride(0) + cols * dy.stride(1), mask, 0.0f));

@@ -132,8 +132,13 @@ template <class T, int... Bs>
   std::string const prog = p ? p->describe() : std::string("host code");
   std::string elem = "(", shp = "(";
   for (std::size_t a = 0; a < sizeof...(Bs); ++a) {
-    elem += (a ? ", " : "") + std::to_string(coord[a]);
-    shp += (a ? ", " : "") + std::to_string(bp.shape()[a]);
+    // Appended piece by piece: `", " + std::to_string(...)` draws GCC 12's false -Wrestrict at -O3.
+    if (a) {
+      elem += ", ";
+      shp += ", ";
+    }
+    elem += std::to_string(coord[a]);
+    shp += std::to_string(bp.shape()[a]);
   }
   elem += ")";
   shp += ")";

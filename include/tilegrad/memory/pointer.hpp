@@ -127,6 +127,21 @@ struct no_mask {};
 template <class T>
 using loaded_t = std::remove_const_t<T>;
 
+// Instantiated only when a stored value's shape does not fit the pointers' shape: the compiler
+// prints its name, which holds both shapes, with the message.
+template <class Value, class Pointers>
+struct value_shape_does_not_fit_pointers {
+  static_assert(broadcasts_to_v<Value, Pointers>,
+                "tilegrad: store/atomic: the value's shape does not broadcast to the pointers' "
+                "shape (each extent of the value must equal the pointers' or be 1, and its rank "
+                "be at most theirs): build pointers of the value's shape (a (4, 8) tile through "
+                "x + (col(rows) * stride + row(cols))), or reduce the value first");
+  static constexpr bool value = false;
+};
+template <class Value, class Pointers>
+inline constexpr bool value_fits_pointers_v =
+    broadcasts_to_v<Value, Pointers> || value_shape_does_not_fit_pointers<Value, Pointers>::value;
+
 template <class Mask, int W>
 TILEGRAD_INLINE bool lane_active(Mask const& m, int r, int c) {
   if constexpr (std::is_same_v<Mask, no_mask>)
@@ -313,8 +328,6 @@ auto load_impl(ptr_tile<T, Off> const& p, Mask const& mask_in, Other const& othe
 template <class S, class T, class Off, class Mask, class Val, class Lane>
 TILEGRAD_INLINE void store_from(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask,
                                 std::source_location const& loc, bool chk, Lane&& lane) {
-  static_assert(broadcastable_v<shape_of_t<Val>, S>,
-                "tilegrad: store: the value's shape does not broadcast to the pointers' shape");
   // Triton casts the stored value to the pointer's element type.
   auto val = bcast<S>(convert_as<T>(val_in));
   T* base = p.base.data();
@@ -337,10 +350,12 @@ template <class T, class Off, class Mask, class Val>
 void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in,
                 std::source_location const& loc) {
   static_assert(!std::is_const_v<T>, "tilegrad: store through a pointer tile of a const tensor");
-  if constexpr (adjoint_scalar<T>) {
+  using S = access_shape_t<Off, Mask>;
+  if constexpr (!value_fits_pointers_v<shape_of_t<Val>, S>) {
+    return; // the assertion above has said why (no cascade of errors in every mode)
+  } else if constexpr (adjoint_scalar<T>) {
     ad::store_ptr(p, val_in, mask_in, loc);
   } else {
-    using S = access_shape_t<Off, Mask>;
     auto const mask = broadcast_mask<S>(mask_in);
     access_hooks const* const h = current_hooks();
     store_from<S>(p, val_in, mask, loc, checked() | (h != nullptr), [](int, std::int64_t, int) {});
@@ -515,7 +530,9 @@ template <class T, class Off, class Val, class Mask, class F>
 auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
                  char const* what, std::source_location const& loc) {
   static_assert(!std::is_const_v<T>, "tilegrad: atomic on a const tensor");
-  if constexpr (adjoint_scalar<T>) {
+  if constexpr (!value_fits_pointers_v<shape_of_t<Val>, access_shape_t<Off, Mask>>) {
+    return 0; // the assertion above has said why
+  } else if constexpr (adjoint_scalar<T>) {
     return ad::atomic_ptr(p, val_in, mask_in, std::forward<F>(f), what, loc);
   } else {
     static_assert(std::is_arithmetic_v<T> || (!is_builtin_v<T> && std::is_trivially_copyable_v<T>),
@@ -585,6 +602,7 @@ auto atomic_cas(ptr_tile<T, Off> const& p, C&& cmp, V&& value,
   static_assert(!adjoint_scalar<T>, "tilegrad: atomic_cas has no reverse mode (use it on integer "
                                     "tensors, which stay integers in every mode)");
   using S = shape_of_t<Off>;
+  static_assert(detail::value_fits_pointers_v<shape_of_t<detail::node_t<C>>, S>);
   auto c = detail::bcast<S>(detail::convert_as<T>(detail::as_node(std::forward<C>(cmp))));
   // Pair each lane's compare value with its new value through the lane index.
   detail::tile_t<T, S> cmps(c);

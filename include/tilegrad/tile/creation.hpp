@@ -7,6 +7,7 @@
 #include "tilegrad/tile/tile.hpp"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace tilegrad {
 
@@ -16,10 +17,16 @@ tile<T, Ns...> zeros() {
   return tile<T, Ns...>();
 }
 
-/// A tile with every element v.
+/// A tile with every element v. A plain number converts to T in every mode, so that
+/// full<fp32<T>>(-INFINITY) is the same line on the fast path and in dual or adjoint kernels.
 template <class T, int... Ns>
 tile<T, Ns...> full(T const& v) {
   return tile<T, Ns...>(v);
+}
+template <class T, int... Ns, class V>
+  requires(!std::is_same_v<std::remove_cvref_t<V>, T> && std::is_arithmetic_v<V>)
+tile<T, Ns...> full(V v) {
+  return tile<T, Ns...>(static_cast<T>(v));
 }
 
 /// The int32 sequence Start, Start+1, ..., End-1 as a lazy rank-1 tile. It stays an expression,

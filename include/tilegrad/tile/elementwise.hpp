@@ -9,7 +9,12 @@
 #include "tilegrad/tile/ops.hpp"
 #include "tilegrad/tile/tile.hpp"
 
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 namespace tilegrad {
 
@@ -18,16 +23,33 @@ namespace detail {
 template <class X>
 using elem_t = value_of_t<node_t<X>>;
 
-// Element type a plain number takes when it meets a tile of T (Triton: the tile's type wins,
-// except that a float constant makes an integer tile float). A number that carries derivatives
-// (a dual, an adjoint item) keeps them: the two promote.
+// Element type a plain number takes when it meets a tile of T. As for Triton's literals, the
+// tile's type wins, with two exceptions: a float number makes an integer tile float, and a
+// 64-bit integer number (a size, stride or numel; Triton's int64 scalars) makes a narrower
+// integer tile int64, so that `col(rows) * x.stride(0)` does not wrap at 2^31. A number that
+// carries derivatives (a dual, an adjoint item) keeps them: the two promote.
 template <class TileT, class ScalarT>
-using scalar_meets_t = std::conditional_t<
-    !is_builtin_v<ScalarT> && is_builtin_v<TileT>, promote_t<TileT, ScalarT>,
-    std::conditional_t<!is_builtin_v<TileT>, TileT,
-                       std::conditional_t<std::is_floating_point_v<ScalarT> && !is_floating_v<TileT>,
-                                          float, std::conditional_t<std::is_same_v<TileT, bool>,
-                                                                    promote_t<bool, bool>, TileT>>>>;
+struct scalar_meets {
+  using type = TileT;
+};
+template <class TileT, class ScalarT>
+  requires is_builtin_v<TileT> && (!is_builtin_v<ScalarT>)
+struct scalar_meets<TileT, ScalarT> {
+  using type = promote_t<TileT, ScalarT>;
+};
+template <class TileT, class ScalarT>
+  requires is_builtin_v<TileT> && is_builtin_v<ScalarT>
+struct scalar_meets<TileT, ScalarT> {
+  static constexpr bool widens_int =
+      is_integer_v<ScalarT> && sizeof(ScalarT) == 8 && !is_floating_v<TileT> && sizeof(TileT) < 8;
+  using type = std::conditional_t<
+      std::is_floating_point_v<ScalarT> && !is_floating_v<TileT>, float,
+      std::conditional_t<widens_int, std::int64_t,
+                         std::conditional_t<std::is_same_v<TileT, bool>, promote_t<bool, bool>,
+                                            TileT>>>;
+};
+template <class TileT, class ScalarT>
+using scalar_meets_t = typename scalar_meets<TileT, ScalarT>::type;
 
 // The element type two operands compute in.
 template <class A, class B>
@@ -81,6 +103,72 @@ template <class A, class B>
 concept integer_operands =
     binary_operands<A, B> && !is_floating_v<elem_t<A>> && !is_floating_v<elem_t<B>>;
 
+// The comparison with its operands swapped: n < x is x > n.
+template <class Op>
+struct mirrored;
+template <>
+struct mirrored<ops::lt_op> {
+  using type = ops::gt_op;
+};
+template <>
+struct mirrored<ops::gt_op> {
+  using type = ops::lt_op;
+};
+template <>
+struct mirrored<ops::le_op> {
+  using type = ops::ge_op;
+};
+template <>
+struct mirrored<ops::ge_op> {
+  using type = ops::le_op;
+};
+
+template <class Op>
+inline constexpr bool is_ordering_v =
+    std::is_same_v<Op, ops::lt_op> || std::is_same_v<Op, ops::le_op> ||
+    std::is_same_v<Op, ops::gt_op> || std::is_same_v<Op, ops::ge_op>;
+
+// Whether ordering tile X against number Y stays at X's width (narrowed_order).
+template <class X, class Y>
+concept narrowed_comparison =
+    tile_expression<X> && !tile_expression<Y> && is_integer_v<elem_t<X>> &&
+    std::is_signed_v<elem_t<X>> && sizeof(elem_t<X>) < 8 && is_integer_v<elem_t<Y>> &&
+    sizeof(elem_t<Y>) == 8;
+
+/// x Op n for a signed integer tile x narrower than the 64-bit integer n (`offs < n` with n a
+/// size): the answer of int64 arithmetic, computed at x's own width, so that a mask keeps the
+/// vector width of the floats it selects (no register holds as many int64 lanes, and masked
+/// loads would go lane by lane). x < n is x <= n - 1 and x >= n is x > n - 1, the bound clamped
+/// to x's type: a bound above every value of x gives each lane the answer of int64 arithmetic.
+/// A bound below every value of x has no such form: that throws.
+template <class Op, class X, class N>
+TILEGRAD_INLINE auto narrowed_order(X&& x, N n) {
+  using I = elem_t<X>;
+  using lim = std::numeric_limits<I>;
+  constexpr bool strict = std::is_same_v<Op, ops::lt_op> || std::is_same_v<Op, ops::ge_op>;
+  using form = std::conditional_t<std::is_same_v<Op, ops::lt_op> || std::is_same_v<Op, ops::le_op>,
+                                  ops::le_op, ops::gt_op>;
+  if (std::cmp_less(n, strict ? lim::min() + 1 : lim::min()))
+    throw std::out_of_range("tilegrad: an integer tile of " + std::to_string(sizeof(I) * 8) +
+                            " bits compared with " + std::to_string(n) +
+                            ", below every value it holds: widen it first "
+                            "(to<std::int64_t>(x) < n)");
+  I const bound = std::cmp_greater(n, lim::max())
+                      ? lim::max()
+                      : static_cast<I>(static_cast<I>(n) - (strict ? 1 : 0));
+  return binary<form>(std::forward<X>(x), bound);
+}
+
+template <class Op, class A, class B>
+TILEGRAD_INLINE auto compare(A&& a, B&& b) {
+  if constexpr (is_ordering_v<Op> && narrowed_comparison<A, B>)
+    return narrowed_order<Op>(std::forward<A>(a), b);
+  else if constexpr (is_ordering_v<Op> && narrowed_comparison<B, A>)
+    return narrowed_order<typename mirrored<Op>::type>(std::forward<B>(b), a);
+  else
+    return binary<Op>(std::forward<A>(a), std::forward<B>(b));
+}
+
 } // namespace detail
 
 // Arithmetic ---------------------------------------------------------------------------------
@@ -96,16 +184,26 @@ TILEGRAD_BINARY_OPERATOR(-, sub_op, binary_operands)
 TILEGRAD_BINARY_OPERATOR(*, mul_op, binary_operands)
 TILEGRAD_BINARY_OPERATOR(/, div_op, binary_operands)
 TILEGRAD_BINARY_OPERATOR(%, mod_op, binary_operands)
-TILEGRAD_BINARY_OPERATOR(==, eq_op, binary_operands)
-TILEGRAD_BINARY_OPERATOR(!=, ne_op, binary_operands)
-TILEGRAD_BINARY_OPERATOR(<, lt_op, binary_operands)
-TILEGRAD_BINARY_OPERATOR(<=, le_op, binary_operands)
-TILEGRAD_BINARY_OPERATOR(>, gt_op, binary_operands)
-TILEGRAD_BINARY_OPERATOR(>=, ge_op, binary_operands)
 // Bitwise on integer tiles, logical on bool tiles (Triton's & | ^ on masks).
 TILEGRAD_BINARY_OPERATOR(<<, shl_op, integer_operands)
 TILEGRAD_BINARY_OPERATOR(>>, shr_op, integer_operands)
 #undef TILEGRAD_BINARY_OPERATOR
+
+// Comparisons: an integer tile ordered against a 64-bit number stays at its own width (exactly,
+// see narrowed_order); other operands promote as arithmetic does.
+#define TILEGRAD_COMPARISON_OPERATOR(OP, OPNAME)                                                   \
+  template <class A, class B>                                                                      \
+    requires detail::binary_operands<A, B>                                                         \
+  TILEGRAD_INLINE auto operator OP(A&& a, B&& b) {                                                 \
+    return detail::compare<ops::OPNAME>(std::forward<A>(a), std::forward<B>(b));                   \
+  }
+TILEGRAD_COMPARISON_OPERATOR(==, eq_op)
+TILEGRAD_COMPARISON_OPERATOR(!=, ne_op)
+TILEGRAD_COMPARISON_OPERATOR(<, lt_op)
+TILEGRAD_COMPARISON_OPERATOR(<=, le_op)
+TILEGRAD_COMPARISON_OPERATOR(>, gt_op)
+TILEGRAD_COMPARISON_OPERATOR(>=, ge_op)
+#undef TILEGRAD_COMPARISON_OPERATOR
 
 #define TILEGRAD_LOGIC_OPERATOR(OP, OPNAME)                                                        \
   template <class A, class B>                                                                      \

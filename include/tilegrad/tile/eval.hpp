@@ -28,13 +28,17 @@ TILEGRAD_INLINE void assign(T* dst, E const& e) {
   static_assert(std::is_same_v<value_of_t<E>, T>);
   constexpr int W = width_for<T, E>;
   constexpr int N = S::inner;
+  // Where the vector part ends is a constant: the tail loop then has constant bounds (none at
+  // all when W divides N). A tail starting where the vector loop left off made GCC 12 at -O2
+  // derive a wrapping trip count for it and warn (-Waggressive-loop-optimizations) of overflow
+  // in index arithmetic such as q0 + arange, on iterations that never run.
+  constexpr int vec_end = W > 1 ? N / W * W : 0;
   for (int r = 0; r < S::rows; ++r) {
     T* d = dst + r * N;
-    int c = 0;
     if constexpr (W > 1) {
-      for (; c + W <= N; c += W) simd::store<T, W>(d + c, e.template load<W>(r, c));
+      for (int c = 0; c < vec_end; c += W) simd::store<T, W>(d + c, e.template load<W>(r, c));
     }
-    for (; c < N; ++c) d[c] = e.template load<1>(r, c);
+    for (int c = vec_end; c < N; ++c) d[c] = e.template load<1>(r, c);
   }
 }
 

@@ -113,7 +113,9 @@ struct broadcast_node : node_base {
   using value_type = value_of_t<E>;
   using shape_type = S;
   using C = shape_of_t<E>;
-  static_assert(broadcastable_v<C, S> && S::rank >= C::rank);
+  static_assert(broadcastable_v<C, S> && S::rank >= C::rank,
+                "tilegrad: a tile is broadcast to a shape it does not broadcast to (extents must "
+                "match or be 1, the target's rank at least the tile's)");
   static constexpr bool may_alias = E::may_alias;
   template <int W>
   static constexpr bool vectorizes = E::template vectorizes<W>;
