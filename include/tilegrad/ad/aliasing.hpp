@@ -51,8 +51,13 @@ bool nested_layout(tensor<E> const& t) {
   for (int a = 0; a < t.rank(); ++a)
     if (t.size(a) > 1)
       order[static_cast<std::size_t>(m++)] = a;
-  std::sort(order.begin(), order.begin() + m,
-            [&](int a, int b) { return t.stride(a) < t.stride(b); });
+  // At most four axes: an insertion sort (std::sort draws GCC's -Warray-bounds here, its
+  // 16-element threshold past the array's end in code that never runs).
+  for (int i = 1; i < m; ++i)
+    for (int j = i; j > 0 && t.stride(order[static_cast<std::size_t>(j)]) <
+                                 t.stride(order[static_cast<std::size_t>(j - 1)]);
+         --j)
+      std::swap(order[static_cast<std::size_t>(j)], order[static_cast<std::size_t>(j - 1)]);
   std::int64_t reach = 1; // offsets of the axes so far lie in [0, reach)
   for (int i = 0; i < m; ++i) {
     int const a = order[static_cast<std::size_t>(i)];
