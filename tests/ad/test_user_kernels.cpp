@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -288,3 +289,50 @@ TEST(UserKernels, ItemPassedBackIntoTilesKeepsItsDerivative) {
 }
 
 } // namespace
+
+// ---- a float64 reference of a float launch --------------------------------------------------
+
+// y = sigmoid(s * x) * z, with the scale passed as a number of the kernel's own float type.
+auto const scaled = []<class T, class S>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T const> z, tg::tensor<T> y, S s) {
+  auto const o = p.program_id(0) * B + tg::arange<0, B>();
+  auto const in = o < x.size(0);
+  tg::tile<tg::fp32<T>, B> const v = tg::sigmoid(tg::load(x + o, in) * s) * tg::load(z + o, in);
+  tg::store(y + o, v, in);
+};
+
+TEST(UserKernels, VjpAsDoubleOfAFloatLaunchIsTheDoubleLaunchsVjp) {
+  owned<double> const xd = uniform(N, 7), zd = uniform(N, 8), wd = uniform(N, 9, 0.5, 1.5);
+  owned<float> const x = to_float(xd), z = to_float(zd), w = to_float(wd);
+  owned<float> y({N}, "y");
+  float const s = 1.0f / std::sqrt(3.0f);
+  auto const g = tg::vjp_as<double>(tg::cdiv(N, B), scaled, tg::in("x", x), tg::in("z", z),
+                                    tg::out("y", y, w), s);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(g["x"])>, owned<double>>);
+
+  // By hand: double copies of every tensor, and the number as a double.
+  owned<double> xc({N}, "x"), zc({N}, "z"), wc({N}, "w"), yc({N}, "y");
+  for (std::int64_t i = 0; i < N; ++i) {
+    xc(i) = x(i);
+    zc(i) = z(i);
+    wc(i) = w(i);
+  }
+  auto const want = tg::vjp(tg::cdiv(N, B), scaled, tg::in("x", xc), tg::in("z", zc),
+                            tg::out("y", yc, wc), double(s));
+  for (std::int64_t i = 0; i < N; ++i) {
+    EXPECT_EQ(g["x"](i), want["x"](i)) << i; // the same double computation, bit for bit
+    EXPECT_EQ(g["z"](i), want["z"](i)) << i;
+    EXPECT_EQ(y(i), static_cast<float>(yc(i))) << i; // the output, rounded back
+    EXPECT_EQ(x(i), static_cast<float>(xd(i)));      // inputs untouched
+  }
+  // The float vjp differs from it by float rounding only.
+  owned<float> yf({N}, "y");
+  auto const gf =
+      tg::vjp(tg::cdiv(N, B), scaled, tg::in("x", x), tg::in("z", z), tg::out("y", yf, w), s);
+  bool differs = false;
+  for (std::int64_t i = 0; i < N; ++i) {
+    EXPECT_NEAR(gf["x"](i), g["x"](i), 1e-6 * (1 + std::abs(g["x"](i))));
+    differs |= double(gf["x"](i)) != g["x"](i);
+  }
+  EXPECT_TRUE(differs) << "the double reference should not be the float one widened";
+}

@@ -10,6 +10,8 @@
 #include "../support/mismatch_region.hpp"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace tg = tilegrad;
 
@@ -132,4 +134,66 @@ TEST(CheckWeightedSum, MissingScaleFactorIsCaughtByTheValuesAndByLinearity) {
   EXPECT_TRUE(r.gradient("x")->ok);
   EXPECT_FALSE(r.gradient("w")->ok);
   EXPECT_TRUE(r.mentions("not linear in the cotangent: with zero cotangents 'w'")) << r;
+}
+
+TEST(CheckWeightedSum, GivenInputsAndCotangentsAreCheckedAndTheRestDrawn) {
+  // x and the cotangent of y come from "production data"; w is drawn per seed. The backward
+  // computes dw = x^T dy from its own copies of the given numbers (plain loops), so it passes
+  // only if the reference ran on exactly those numbers.
+  constexpr std::int64_t n = 37, d = 70;
+  tg::owned_tensor<float> x({n, d}), w({d}), y({n}), dy({n});
+  for (std::int64_t i = 0; i < n; ++i) {
+    dy(i) = 0.25f - 0.01f * static_cast<float>(i);
+    for (std::int64_t j = 0; j < d; ++j)
+      x(i, j) = 0.001f * static_cast<float>((i * 7 + j * 3) % 50) - 0.02f;
+  }
+  tg::owned_tensor<float> const x_given = x, dy_given = dy;
+  std::vector<std::vector<float>> w_seen;
+  bool x_is_given = true;
+  auto backward = [&](tg::backward_context<float>& ctx) {
+    auto const xi = ctx.input("x"), wi = ctx.input("w"), g = ctx.cotangent("y");
+    w_seen.emplace_back(wi.data(), wi.data() + wi.numel());
+    tg::owned_tensor<float> dx({n, d}), dw({d});
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < d; ++j) {
+        if (x_is_given)
+          EXPECT_EQ(xi(i, j), x_given(i, j));
+        dx(i, j) = g(i) * wi(j);
+      }
+    // dw from the given numbers, scaled as the checker scales the cotangent (its structural
+    // checks run with zero and doubled cotangents).
+    float const scale = dy_given(0) == 0 ? 0 : g(0) / dy_given(0);
+    for (std::int64_t j = 0; j < d; ++j) {
+      double s = 0;
+      for (std::int64_t i = 0; i < n; ++i)
+        s += double(x_given(i, j)) * dy_given(i);
+      dw(j) = static_cast<float>(s * scale);
+    }
+    return tg::gradient_set{{"x", dx}, {"w", dw}};
+  };
+  auto const fwd = tg::forward(tg::cdiv<int>(n, BR), tg::kernels::weighted_sum_fwd<BR, BD>,
+                               tg::in("x", x), tg::in("w", w), tg::out("y", y, dy));
+  auto const r = tg::check_backward(fwd, backward, {.seeds = 3, .given = {"x"}});
+  EXPECT_BACKWARD_OK(r);
+  EXPECT_NE(r.launch.find("in x float32 (37, 70) given"), std::string::npos) << r;
+  ASSERT_GE(w_seen.size(), 3u);
+  EXPECT_NE(w_seen.front(), w_seen.back()); // w is still drawn, per seed
+
+  // The same backward with x drawn (into x: the checker fills the inputs it draws): its dw is
+  // of the given x, so the check fails on w.
+  x_is_given = false;
+  auto const drawn = tg::check_backward(fwd, backward, {.seeds = 1, .check_linearity = false});
+  EXPECT_FALSE(drawn.gradient("w")->ok) << drawn;
+
+  // Names that are not inputs, and cotangents of the wrong shape, are problems in the report.
+  auto const not_input = tg::check_backward(fwd, backward, {.given = {"y"}});
+  EXPECT_FALSE(not_input);
+  EXPECT_TRUE(not_input.mentions("out(\"y\", y, dy)")) << not_input;
+  tg::owned_tensor<float> short_dy({n - 1});
+  auto const wrong_shape = tg::check_backward(
+      tg::forward(tg::cdiv<int>(n, BR), tg::kernels::weighted_sum_fwd<BR, BD>, tg::in("x", x),
+                  tg::in("w", w), tg::out("y", y, short_dy)),
+      backward);
+  EXPECT_FALSE(wrong_shape);
+  EXPECT_TRUE(wrong_shape.mentions("the cotangent given for 'y' has shape (36)")) << wrong_shape;
 }

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -494,37 +495,75 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
 }
 
 namespace ad {
-// A bf16 tensor of a vjp launch copied to float, and where to round the result back to.
-template <class X>
-auto widen_arg(X const& x, std::deque<owned_tensor<float>>& keep,
-               std::vector<std::pair<tensor<bf16>, owned_tensor<float> const*>>& back) {
-  auto copy = [&](auto const& t, char const* name) -> owned_tensor<float>& {
-    auto& c = keep.emplace_back(t.shape().data(), static_cast<std::size_t>(t.rank()), name);
+/// The copies a vjp in another precision runs on, and the tensors its results go back to.
+template <class U>
+struct rebound_args {
+  std::deque<owned_tensor<U>> keep;
+  std::vector<std::function<void()>> write_back; // copies the results into the caller's tensors
+};
+
+/// An argument of a vjp re-made in precision U: float tensors (marked or not, any float
+/// storage type) become contiguous copies of element type U, `float` numbers become U (so a
+/// scale or eps follows the reference's precision); integer tensors and other numbers pass
+/// through. A tensor the kernel may write gets its result back, converted, after the launch.
+template <class U, class X>
+auto rebind_arg(X const& x, rebound_args<U>& r) {
+  auto copy = [&](auto const& t, char const* name) -> owned_tensor<U>& {
+    auto& c = r.keep.emplace_back(t.shape().data(), static_cast<std::size_t>(t.rank()), name);
     for (std::int64_t i = 0; i < t.numel(); ++i)
-      c.data()[i] = static_cast<float>(t.data()[t.row_major_offset(i)]);
+      c.data()[i] = static_cast<U>(static_cast<double>(t.data()[t.row_major_offset(i)]));
     return c;
   };
-  if constexpr (!std::is_same_v<typename float_of<X>::type, bf16>) {
-    return x; // integer tensors, numbers
+  auto give_back = [&]<class E>(tensor<E> const& t, owned_tensor<U> const& c) {
+    r.write_back.emplace_back([t, &c] {
+      for (std::int64_t i = 0; i < t.numel(); ++i)
+        if constexpr (std::is_same_v<E, bf16>)
+          t.data()[t.row_major_offset(i)] = bf16(static_cast<float>(c.data()[i]));
+        else
+          t.data()[t.row_major_offset(i)] = static_cast<E>(c.data()[i]);
+    });
+  };
+  using F = typename float_of<X>::type;
+  if constexpr (std::is_same_v<X, float>) {
+    return static_cast<U>(x);
+  } else if constexpr (std::is_void_v<F>) {
+    return x; // integer tensors, other numbers
   } else if constexpr (requires { x.cotangent; }) {
     auto& c = copy(x.t, x.name);
-    if constexpr (X::r == role::in)
-      return marked_tensor<float, X::r>{x.name, c.view(), {}};
-    else {
-      back.emplace_back(x.t, &c);
-      return marked_tensor<float, X::r>{x.name, c.view(), copy(x.cotangent, x.name).cview()};
+    if constexpr (X::r == role::in) {
+      return marked_tensor<U, X::r>{x.name, c.view(), {}};
+    } else {
+      give_back(x.t, c);
+      return marked_tensor<U, X::r>{x.name, c.view(), copy(x.cotangent, x.name).cview()};
     }
   } else if constexpr (requires { x.view(); }) {
-    return widen_arg(x.view(), keep, back); // an owning tensor: as its view
+    return rebind_arg<U>(x.view(), r); // an owning tensor: as its view
   } else {
     auto& c = copy(x, x.name());
-    if constexpr (std::is_const_v<typename X::element_type>)
+    if constexpr (std::is_const_v<typename X::element_type>) {
       return c.cview();
-    else {
-      back.emplace_back(x, &c);
+    } else {
+      give_back(x, c);
       return c.view();
     }
   }
+}
+
+/// vjp of the launch with every argument rebound to U (rebind_arg), the caller's tensors
+/// checked for shared elements first (the copies share nothing).
+template <class U, class T, class Kernel, class... Args>
+auto vjp_rebound(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
+  std::vector<memory_ref> refs;
+  (add_memory_ref<T>(args, refs), ...);
+  check_overlaps(refs, "tilegrad::vjp", shared_memory_hint);
+  rebound_args<U> r;
+  std::tuple<decltype(rebind_arg<U>(args, r))...> copies{
+      rebind_arg<U>(args, r)...}; // braces: left to right
+  auto result = std::apply(
+      [&](auto const&... a) { return vjp(opts, g, std::forward<Kernel>(kernel), a...); }, copies);
+  for (auto const& f : r.write_back)
+    f();
+  return result;
 }
 } // namespace ad
 
@@ -534,19 +573,26 @@ auto widen_arg(X const& x, std::deque<owned_tensor<float>>& keep,
 template <class Kernel, class... Args>
   requires std::is_same_v<typename ad::first_float<std::remove_cvref_t<Args>...>::type, bf16>
 auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
-  std::vector<ad::memory_ref> refs; // the float copies share nothing: check the originals
-  (ad::add_memory_ref<bf16>(args, refs), ...);
-  ad::check_overlaps(refs, "tilegrad::vjp", ad::shared_memory_hint);
-  std::deque<owned_tensor<float>> keep;
-  std::vector<std::pair<tensor<bf16>, owned_tensor<float> const*>> back;
-  std::tuple<decltype(ad::widen_arg(args, keep, back))...> wide{
-      ad::widen_arg(args, keep, back)...}; // braces: left to right
-  auto result = std::apply(
-      [&](auto const&... a) { return vjp(opts, g, std::forward<Kernel>(kernel), a...); }, wide);
-  for (auto const& [t, c] : back)
-    for (std::int64_t i = 0; i < t.numel(); ++i)
-      t.data()[t.row_major_offset(i)] = bf16(c->data()[i]);
-  return result;
+  return ad::vjp_rebound<float, bf16>(opts, g, std::forward<Kernel>(kernel), args...);
+}
+
+/// vjp_as<U>(grid, kernel, args...): the vjp of the same launch computed in precision U (float
+/// or double), whatever the tensors' own type: every float tensor is copied to U, and `float`
+/// numbers among the arguments (a scale, an eps) become U, so `vjp_as<double>` of a float kernel
+/// is its fp64 reference with no copy written by hand. Returns gradients<U>. The caller's tensors
+/// are read, not changed, except those the kernel writes, which receive its results converted
+/// back to their type. Shared elements among the caller's tensors are refused as by vjp.
+template <class U, class Kernel, class... Args>
+auto vjp_as(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
+  static_assert(std::is_same_v<U, float> || std::is_same_v<U, double>,
+                "tilegrad::vjp_as: the precision is float or double");
+  using T = typename ad::first_float<std::remove_cvref_t<Args>...>::type;
+  static_assert(!std::is_void_v<T>, "tilegrad::vjp_as: no float tensor among the arguments");
+  return ad::vjp_rebound<U, T>(opts, g, std::forward<Kernel>(kernel), args...);
+}
+template <class U, class Kernel, class... Args>
+auto vjp_as(grid g, Kernel&& kernel, Args const&... args) {
+  return vjp_as<U>(default_options(), g, std::forward<Kernel>(kernel), args...);
 }
 
 template <class Kernel, class... Args>

@@ -15,6 +15,7 @@
 #include "tilegrad/grid/launch.hpp"
 #include "tilegrad/memory/tracking.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -51,6 +52,8 @@ struct named_tensor {
   std::string name;
   std::string role;
   tensor<T> t;
+  tensor<T const> cotangent = {}; // out("y", y, dy): the given cotangent, else none
+  bool given = false;             // an input whose values are kept (check_options::given)
 };
 
 // A generator per (seed, stream): the same seed draws the same values for the same tensor.
@@ -115,7 +118,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
           if constexpr (K::in)
             ins.push_back({x.name, "in", x.t});
           else if constexpr (K::out)
-            outs.push_back({x.name, "out", x.t});
+            outs.push_back({x.name, "out", x.t, x.cotangent});
           else if constexpr (K::passive)
             passives.push_back({x.name, "passive",
                                 tensor<T>(const_cast<T*>(x.t.data()), x.t.rank(), x.t.shape(),
@@ -136,7 +139,10 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     for (auto const* group : {&ins, &passives, &outs})
       for (auto const& n : *group)
         os << "; " << n.role << " " << n.name << " " << dtype_name<T>() << " "
-           << n.t.shape_string();
+           << n.t.shape_string()
+           << (std::count(o.given.begin(), o.given.end(), n.name) || n.cotangent.data()
+                   ? " given"
+                   : "");
     if (others)
       os << "; " << others << " more argument(s) passed through";
     rep.launch = os.str();
@@ -190,6 +196,34 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
           rep.warnings.push_back("the name '" + n.name + "' is given twice");
       names.push_back(n.name);
     }
+  {
+    // Given values: names that are inputs, cotangents of the outputs' shapes.
+    std::string bad;
+    for (auto const& g : o.given) {
+      bool found = false;
+      for (auto* group : {&ins, &passives})
+        for (auto& n : *group)
+          if (n.name == g)
+            found = n.given = true;
+      bool const output = std::any_of(outs.begin(), outs.end(),
+                                      [&](auto const& n) { return n.name == g; });
+      if (!found)
+        bad = "check_options::given names '" + g + "', which is no tensor marked in or passive" +
+              (output ? " (an output's cotangent is given as out(\"" + g +
+                                         "\", y, dy) in forward())"
+                                   : "");
+    }
+    for (auto const& n : outs)
+      if (n.cotangent.data() && !n.t.same_shape(n.cotangent))
+        bad = "the cotangent given for '" + n.name + "' has shape " + n.cotangent.shape_string() +
+              ", the output " + n.t.shape_string();
+    if (!bad.empty()) {
+      seed_report& sr = rep.seeds.emplace_back();
+      sr.seed = o.first_seed;
+      sr.problems.push_back(bad);
+      return rep;
+    }
+  }
   {
     // Tensors that share elements (an in-place forward marked in and out) fail before anything
     // runs: the references run on separate copies and could not see it.
@@ -270,6 +304,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     for (auto const* group : {&ins, &passives})
       for (auto const& n : *group) {
         auto rng = detail::rng_for(seed, stream++);
+        if (n.given)
+          continue;
         for (std::int64_t i = 0; i < n.t.numel(); ++i)
           n.t.data()[n.t.row_major_offset(i)] = static_cast<T>(gen(n.name, rng));
       }
@@ -279,8 +315,12 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
                                   n.name.c_str());
       auto rng = detail::rng_for(seed, 1000 + stream++);
       std::uniform_real_distribution<double> d(-1, 1);
-      for (T& v : c)
-        v = static_cast<T>(d(rng));
+      if (n.cotangent.data())
+        for (std::int64_t i = 0; i < c.numel(); ++i)
+          c.data()[i] = n.cotangent.data()[n.cotangent.row_major_offset(i)];
+      else
+        for (T& v : c)
+          v = static_cast<T>(d(rng));
     }
 
     try {

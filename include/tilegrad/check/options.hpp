@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace tilegrad {
 
@@ -101,6 +102,11 @@ struct check_options {
 
   /// Values of the inputs; uniform in [-1, 1) when unset.
   input_generator inputs = {};
+  /// Inputs (in or passive) whose values are given: they keep what their tensors hold when
+  /// check_backward is called, for every seed, while the others are still drawn. (An output's
+  /// cotangent is given in forward() as out("y", y, dy).) For data from a failing run, or to
+  /// compare with another framework on the same numbers.
+  std::vector<std::string> given = {};
 
   /// Structural checks, on the first seed: zero and doubled cotangents, and a second run of
   /// the backward compared bitwise with the first.
