@@ -68,7 +68,8 @@ constexpr auto softmax_lse_fwd = []<class T>(tg::program const& p, tg::tensor<T 
 // Its backward on the host, from the saved lse: dx = y * (dy - <dy, y>) (the inner term dropped
 // when `drop_inner`), plus y * dlse when lse's cotangent is given.
 tg::gradient_set softmax_lse_backward(tg::tensor<float const> x, tg::tensor<float const> lse,
-                                      tg::tensor<float const> dy, tg::tensor<float const> const* dlse,
+                                      tg::tensor<float const> dy,
+                                      tg::tensor<float const> const* dlse,
                                       bool drop_inner = false) {
   std::int64_t const rows = x.size(0), cols = x.size(1);
   tg::owned_tensor<float> dx({rows, cols});
@@ -78,8 +79,8 @@ tg::gradient_set softmax_lse_backward(tg::tensor<float const> x, tg::tensor<floa
       inner += double(dy(i, j)) * std::exp(double(x(i, j)) - lse(i));
     for (std::int64_t j = 0; j < cols; ++j) {
       double const y = std::exp(double(x(i, j)) - lse(i));
-      dx(i, j) = static_cast<float>(y * (dy(i, j) - (drop_inner ? 0 : inner) +
-                                         (dlse ? double((*dlse)(i)) : 0)));
+      dx(i, j) = static_cast<float>(
+          y * (dy(i, j) - (drop_inner ? 0 : inner) + (dlse ? double((*dlse)(i)) : 0)));
     }
   }
   return {{"x", dx}};

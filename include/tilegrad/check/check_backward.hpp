@@ -81,10 +81,11 @@ inline constexpr std::size_t max_outputs_for_saved_hint = 8;
 /// reference for a set of outputs is the sum of `part[j]`, the reference gradients for output
 /// j's cotangent alone (vjp is linear in the cotangent); the smallest set that matches under the
 /// gradients' own tolerances is named, with what to do.
-inline std::optional<std::string> ignored_cotangent_hint(
-    gradient_set const& got, std::vector<std::pair<std::string, tolerance>> const& tols,
-    std::vector<std::string> const& ins, std::vector<std::string> const& outs,
-    std::vector<std::vector<std::vector<double>>> const& part, unsigned seed) {
+inline std::optional<std::string>
+ignored_cotangent_hint(gradient_set const& got,
+                       std::vector<std::pair<std::string, tolerance>> const& tols,
+                       std::vector<std::string> const& ins, std::vector<std::string> const& outs,
+                       std::vector<std::vector<std::vector<double>>> const& part, unsigned seed) {
   std::size_t const n = outs.size();
   if (n < 2 || tols.empty())
     return std::nullopt;
@@ -129,7 +130,8 @@ inline std::optional<std::string> ignored_cotangent_hint(
              " only for the backward to read (a saved statistic: a logsumexp, a mean, an rstd), "
              "pass " +
              (one ? "it" : "them") + " to tg::forward unmarked (the tensor itself, not tg::out(\"" +
-             first + "\", ...)): no cotangent is drawn then, and the backward reads the float "
+             first +
+             "\", ...)): no cotangent is drawn then, and the backward reads the float "
              "forward's values from the tensor (docs/checking.md, \"Tensors saved for the "
              "backward\"). If " +
              (one ? "it is a real output" : "they are real outputs") + ", add " +
@@ -697,8 +699,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         std::vector<std::string> in_names;
         for (auto const& n : ins)
           in_names.push_back(n.name);
-        if (auto hint = detail::ignored_cotangent_hint(pd.got, pd.tols, in_names, out_names, part,
-                                                       sr.seed))
+        if (auto hint =
+                detail::ignored_cotangent_hint(pd.got, pd.tols, in_names, out_names, part, sr.seed))
           rep.hints.push_back(*hint);
       } catch (std::exception const&) {
         // No hint: the failure is reported as it is.
