@@ -65,6 +65,20 @@ constexpr auto softmax_lse_fwd = []<class T>(tg::program const& p, tg::tensor<T 
   tg::store(lse + r * lse.stride(0), l);
 };
 
+// dx = y * (dy - <dy, y>), with y = exp(x - lse) recomputed from the saved lse (the backward
+// kernel of docs/checking.md, "Tensors saved for the backward").
+constexpr auto softmax_lse_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                             tg::tensor<T const> lse, tg::tensor<T const> dy,
+                                             tg::tensor<T> dx) {
+  auto const cols = tg::arange<0, 32>();
+  auto const mask = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  tg::tile<T> const l = tg::load(lse + r * lse.stride(0));
+  tg::tile<T, 32> const y = tg::exp(tg::load(x + r * x.stride(0) + cols, mask, -INFINITY) - l);
+  tg::tile<T, 32> const g = tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f);
+  tg::store(dx + r * dx.stride(0) + cols, y * (g - tg::sum(g * y)), mask);
+};
+
 // Its backward on the host, from the saved lse: dx = y * (dy - <dy, y>) (the inner term dropped
 // when `drop_inner`), plus y * dlse when lse's cotangent is given.
 tg::gradient_set softmax_lse_backward(tg::tensor<float const> x, tg::tensor<float const> lse,
@@ -446,4 +460,20 @@ TEST(CheckReport, UnrelatedWrongBackwardGetsNoHint) {
   EXPECT_FALSE(r.gradient("x")->ok);
   EXPECT_TRUE(r.hints.empty()) << r;
   EXPECT_FALSE(r.mentions("set to zero")) << r;
+}
+
+TEST(CheckReport, SavedStatisticDocExample) {
+  // docs/checking.md, "Tensors saved for the backward", as written there.
+  tg::owned_tensor<float> x({37, 20}), y({37, 20}), lse({37});
+  auto const report = tg::check_backward(
+      tg::forward(37, softmax_lse_fwd, tg::in("x", x), tg::out("y", y), lse.view()), // unmarked
+      [&lse](tg::backward_context<float>& ctx) {
+        auto const x = ctx.input("x");
+        tg::owned_tensor<float> dx({x.size(0), x.size(1)});
+        tg::launch(ctx.options(), static_cast<int>(x.size(0)), softmax_lse_bwd, x, lse.cview(),
+                   ctx.cotangent("y"), dx.view());
+        return tg::gradient_set{{"x", dx}};
+      });
+  EXPECT_BACKWARD_OK(report);
+  EXPECT_TRUE(report.hints.empty()) << report;
 }
