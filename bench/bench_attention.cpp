@@ -42,7 +42,7 @@ namespace tk = tilegrad::kernels;
 namespace {
 
 constexpr int D = 64;
-constexpr int BQ = tk::detail::block_q<D>, BK = tk::detail::block_k<D>;
+constexpr int BQ = tk::attention_block_q<D>, BK = tk::attention_block_k<D>;
 constexpr auto fwd_kernel = tk::flash_attention_fwd<D, BQ, BK, true>;
 float const scale = 1.0f / std::sqrt(float(D));
 

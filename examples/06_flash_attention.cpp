@@ -18,7 +18,8 @@
 namespace tg = tilegrad;
 namespace tk = tilegrad::kernels;
 
-constexpr int D = 64, BQ = 64, BK = 64;
+// The tiles flash_attention_forward and flash_attention_backward use for this head dim.
+constexpr int D = 64, BQ = tk::attention_block_q<D>, BK = tk::attention_block_k<D>;
 constexpr bool Causal = true;
 
 // dq = scale * dS K over the key tiles this query tile attends to, dS = P * (dO Vᵀ - D).

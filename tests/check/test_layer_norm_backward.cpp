@@ -148,7 +148,34 @@ TEST(CheckLayerNorm, HandWrittenBackwardPasses) {
     auto const r = check(bug::none, m, n, 5);
     EXPECT_BACKWARD_OK(r);
     EXPECT_EQ(r.seeds.size(), 5u);
+    EXPECT_TRUE(r.hints.empty()) << r;
   }
+}
+
+TEST(CheckLayerNorm, MeanAndRstdMarkedOutGetAHintNamingBoth) {
+  // The natural first guess: the statistics marked out and read back with ctx.output. The
+  // checker then draws cotangents for them, which the backward ignores, so dx fails; the report
+  // says which outputs' cotangents are ignored and what to do. dw and db do not depend on them.
+  std::int64_t const m = 37, n = 100;
+  tg::owned_tensor<float> x({m, n}), w({n}), bias({n}), y({m, n}), mean({m}), rstd({m});
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(m), tg::kernels::layer_norm_fwd<BlockN>, tg::in("x", x),
+                  tg::in("w", w), tg::in("b", bias), tg::out("y", y), tg::out("mean", mean),
+                  tg::out("rstd", rstd), eps),
+      [](tg::backward_context<float>& ctx) {
+        return layer_norm_backward{bug::none, ctx.output("mean"), ctx.output("rstd")}(ctx);
+      },
+      {.seeds = 2});
+  ASSERT_FALSE(r);
+  EXPECT_FALSE(r.gradient("x")->ok);
+  EXPECT_TRUE(r.gradient("w")->ok);
+  EXPECT_TRUE(r.gradient("b")->ok);
+  ASSERT_EQ(r.hints.size(), 1u) << r;
+  EXPECT_TRUE(r.mentions("seed 0: the gradients match the reference computed with the cotangents "
+                         "of 'mean' and 'rstd' set to zero"))
+      << r;
+  EXPECT_TRUE(r.mentions("pass them to tg::forward unmarked")) << r;
+  EXPECT_NE(r.str().find("\n  hint: seed 0: "), std::string::npos) << r;
 }
 
 TEST(CheckLayerNorm, MissingMeanOfXhatTimesWdyFailsDxEverywhere) {

@@ -51,6 +51,55 @@ tg::check_report check(Backward&& backward, tg::check_options o = {}) {
                             backward, o);
 }
 
+// A row softmax that also stores each row's logsumexp, the statistic a backward recomputes the
+// probabilities from (FlashAttention's lse): y = exp(x - lse). Rows of up to 32 columns.
+constexpr auto softmax_lse_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                             tg::tensor<T> y, tg::tensor<T> lse) {
+  auto const cols = tg::arange<0, 32>();
+  auto const mask = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  tg::tile<tg::fp32<T>, 32> const v = tg::load(x + r * x.stride(0) + cols, mask, -INFINITY);
+  tg::tile<tg::fp32<T>> const m = tg::max(v);
+  tg::tile<tg::fp32<T>> const l = m + tg::log(tg::sum(tg::exp(v - m)));
+  tg::store(y + r * y.stride(0) + cols, tg::exp(v - l), mask);
+  tg::store(lse + r * lse.stride(0), l);
+};
+
+// dx = y * (dy - <dy, y>), with y = exp(x - lse) recomputed from the saved lse (the backward
+// kernel of docs/checking.md, "Tensors saved for the backward").
+constexpr auto softmax_lse_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                             tg::tensor<T const> lse, tg::tensor<T const> dy,
+                                             tg::tensor<T> dx) {
+  auto const cols = tg::arange<0, 32>();
+  auto const mask = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  tg::tile<T> const l = tg::load(lse + r * lse.stride(0));
+  tg::tile<T, 32> const y = tg::exp(tg::load(x + r * x.stride(0) + cols, mask, -INFINITY) - l);
+  tg::tile<T, 32> const g = tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f);
+  tg::store(dx + r * dx.stride(0) + cols, y * (g - tg::sum(g * y)), mask);
+};
+
+// Its backward on the host, from the saved lse: dx = y * (dy - <dy, y>) (the inner term dropped
+// when `drop_inner`), plus y * dlse when lse's cotangent is given.
+tg::gradient_set softmax_lse_backward(tg::tensor<float const> x, tg::tensor<float const> lse,
+                                      tg::tensor<float const> dy,
+                                      tg::tensor<float const> const* dlse,
+                                      bool drop_inner = false) {
+  std::int64_t const rows = x.size(0), cols = x.size(1);
+  tg::owned_tensor<float> dx({rows, cols});
+  for (std::int64_t i = 0; i < rows; ++i) {
+    double inner = 0;
+    for (std::int64_t j = 0; j < cols; ++j)
+      inner += double(dy(i, j)) * std::exp(double(x(i, j)) - lse(i));
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double const y = std::exp(double(x(i, j)) - lse(i));
+      dx(i, j) = static_cast<float>(
+          y * (dy(i, j) - (drop_inner ? 0 : inner) + (dlse ? double((*dlse)(i)) : 0)));
+    }
+  }
+  return {{"x", dx}};
+}
+
 } // namespace
 
 TEST(CheckReport, CorrectHostBackwardPassesAndPrintsTheRule) {
@@ -342,4 +391,89 @@ TEST(CheckReport, GtestAssertionPrintsTheReport) {
         EXPECT_BACKWARD_OK(r);
       },
       "max abs err 1 at (36, 3)");
+}
+
+TEST(CheckReport, SavedStatisticMarkedOutGetsAHint) {
+  // The natural first guess: lse marked out and read back with ctx.output. Its cotangent is
+  // drawn and ignored, so dx fails; the report says which cotangent is ignored and what to do.
+  tg::owned_tensor<float> x({n, d}), y({n, d}), lse({n});
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(n), softmax_lse_fwd, tg::in("x", x), tg::out("y", y),
+                  tg::out("lse", lse)),
+      [](tg::backward_context<float>& ctx) {
+        return softmax_lse_backward(ctx.input("x"), ctx.output("lse"), ctx.cotangent("y"), nullptr);
+      });
+  ASSERT_FALSE(r);
+  EXPECT_FALSE(r.gradient("x")->ok);
+  ASSERT_EQ(r.hints.size(), 1u) << r;
+  EXPECT_TRUE(r.mentions("seed 0: the gradients match the reference computed with the cotangent "
+                         "of 'lse' set to zero, so the backward ignores that output's cotangent"))
+      << r;
+  EXPECT_TRUE(r.mentions("pass it to tg::forward unmarked (the tensor itself, not "
+                         "tg::out(\"lse\", ...))"))
+      << r;
+  EXPECT_TRUE(r.mentions("If it is a real output, add its cotangent's contribution")) << r;
+  EXPECT_NE(r.str().find("\n  hint: seed 0: "), std::string::npos) << r;
+}
+
+TEST(CheckReport, SavedStatisticPassedUnmarkedPassesWithoutAHint) {
+  // The pattern: lse unmarked (no cotangent); the backward reads the tensor itself, which holds
+  // the float forward's values of the seed being checked.
+  tg::owned_tensor<float> x({n, d}), y({n, d}), lse({n});
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(n), softmax_lse_fwd, tg::in("x", x), tg::out("y", y),
+                  lse.view()),
+      [&lse](tg::backward_context<float>& ctx) {
+        return softmax_lse_backward(ctx.input("x"), lse.cview(), ctx.cotangent("y"), nullptr);
+      });
+  EXPECT_BACKWARD_OK(r);
+  EXPECT_TRUE(r.hints.empty()) << r;
+}
+
+TEST(CheckReport, OutputWhoseCotangentTheBackwardAddsPasses) {
+  // lse as a real output: its cotangent's contribution y * dlse added, the check passes.
+  tg::owned_tensor<float> x({n, d}), y({n, d}), lse({n});
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(n), softmax_lse_fwd, tg::in("x", x), tg::out("y", y),
+                  tg::out("lse", lse)),
+      [](tg::backward_context<float>& ctx) {
+        auto const dlse = ctx.cotangent("lse");
+        return softmax_lse_backward(ctx.input("x"), ctx.output("lse"), ctx.cotangent("y"), &dlse);
+      });
+  EXPECT_BACKWARD_OK(r);
+  EXPECT_TRUE(r.hints.empty()) << r;
+}
+
+TEST(CheckReport, UnrelatedWrongBackwardGetsNoHint) {
+  // Two outputs, so the hint is looked for, but the mistake (the - <dy, y> term dropped) is not
+  // an ignored cotangent: no set of zeroed cotangents explains it.
+  tg::owned_tensor<float> x({n, d}), y({n, d}), lse({n});
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(n), softmax_lse_fwd, tg::in("x", x), tg::out("y", y),
+                  tg::out("lse", lse)),
+      [](tg::backward_context<float>& ctx) {
+        auto const dlse = ctx.cotangent("lse");
+        return softmax_lse_backward(ctx.input("x"), ctx.output("lse"), ctx.cotangent("y"), &dlse,
+                                    true);
+      });
+  ASSERT_FALSE(r);
+  EXPECT_FALSE(r.gradient("x")->ok);
+  EXPECT_TRUE(r.hints.empty()) << r;
+  EXPECT_FALSE(r.mentions("set to zero")) << r;
+}
+
+TEST(CheckReport, SavedStatisticDocExample) {
+  // docs/checking.md, "Tensors saved for the backward", as written there.
+  tg::owned_tensor<float> x({37, 20}), y({37, 20}), lse({37});
+  auto const report = tg::check_backward(
+      tg::forward(37, softmax_lse_fwd, tg::in("x", x), tg::out("y", y), lse.view()), // unmarked
+      [&lse](tg::backward_context<float>& ctx) {
+        auto const x = ctx.input("x");
+        tg::owned_tensor<float> dx({x.size(0), x.size(1)});
+        tg::launch(ctx.options(), static_cast<int>(x.size(0)), softmax_lse_bwd, x, lse.cview(),
+                   ctx.cotangent("y"), dx.view());
+        return tg::gradient_set{{"x", dx}};
+      });
+  EXPECT_BACKWARD_OK(report);
+  EXPECT_TRUE(report.hints.empty()) << report;
 }

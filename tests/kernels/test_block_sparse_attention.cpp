@@ -92,8 +92,12 @@ int check_forward(fwd_case const& c) {
   fill(v, c.seed + 2);
   auto const t = random_table(c.bt, c.ht, tg::cdiv<std::int64_t>(c.N, BQ),
                               tg::cdiv<std::int64_t>(c.M, BK), c.density, c.seed, c.empty);
-  tk::block_sparse_attention_forward<float, BQ, BK>(q, k, v, t.count, t.index, o.view(),
-                                                    lse.view(), {.causal = c.causal});
+  if constexpr (BQ == tk::block_sparse_block && BK == BQ) // the entry point's default blocks
+    tk::block_sparse_attention_forward<float>(q, k, v, t.count, t.index, o.view(), lse.view(),
+                                              {.causal = c.causal});
+  else
+    tk::block_sparse_attention_forward<float, BQ, BK>(q, k, v, t.count, t.index, o.view(),
+                                                      lse.view(), {.causal = c.causal});
   std::vector<double> ro, rl;
   test_support::reference_attention(
       q, k, v, 1.0 / std::sqrt(double(D)),
@@ -128,6 +132,13 @@ TEST(BlockSparseAttentionForward, Float32MatchesPlainAttentionOnTheListedBlocks)
   check_forward<16, 16, 16>({1, 2, 100, 100, 1, 2, 1.0, 4});     // every block: dense attention
   check_forward<64, 16, 16>({1, 2, 70, 150, 1, 2, 0.5, 5, {0}}); // more keys than queries
   check_forward<32, 16, 16>({1, 1, 1, 1, 1, 1, 1.0, 6});         // one query, one key
+}
+
+TEST(BlockSparseAttentionForward, DefaultBlocksAreBlockSparseBlock) {
+  // The entry point without block sizes, on a table written in blocks of block_sparse_block
+  // rows (150 rows: 3 blocks, the last of 22): a table in other units is refused or misread.
+  constexpr int B = tk::block_sparse_block;
+  check_forward<16, B, B>({1, 2, 150, 150, 1, 2, 0.7, 12, {1}});
 }
 
 TEST(BlockSparseAttentionForward, TablesSharedByBatchesAndHeads) {

@@ -8,6 +8,7 @@
 
 #include "../support/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -159,3 +160,29 @@ TEST(FlashAttentionForward, ShapeMismatchesAreReportedBeforeAnyProgramRuns) {
 }
 
 } // namespace
+
+TEST(FlashAttentionForward, EntryPointLaunchesThePublicTileSizes) {
+  // The entry point's o and lse, bit for bit, are those of the kernel launched by hand with
+  // attention_block_q<D> x attention_block_k<D> tiles; other key tiles rescale the online
+  // softmax at other places and give other bits. D = 128, where the query tile is not 64 rows.
+  constexpr int D = 128, BQ = tg::kernels::attention_block_q<D>,
+                BK = tg::kernels::attention_block_k<D>;
+  std::int64_t const B = 1, H = 2, N = 150;
+  tg::owned_tensor<float> q({B, H, N, D}), k({B, H, N, D}), v({B, H, N, D}), o({B, H, N, D}),
+      o_hand({B, H, N, D}), o_other({B, H, N, D}), lse({B, H, N}), lse_hand({B, H, N}),
+      lse_other({B, H, N});
+  fill(q, 11);
+  fill(k, 12);
+  fill(v, 13);
+  tg::kernels::flash_attention_forward<float>(q, k, v, o.view(), lse.view(), {.causal = true});
+  double const scale = 1 / std::sqrt(double(D));
+  auto const grid = [&](int bq) { return tg::grid(tg::cdiv<int>(int(N), bq), int(H), int(B)); };
+  tg::launch(grid(BQ), tg::kernels::flash_attention_fwd<D, BQ, BK, true>, q.cview(), k.cview(),
+             v.cview(), o_hand.view(), lse_hand.view(), scale);
+  EXPECT_TRUE(std::equal(o.begin(), o.end(), o_hand.begin()));
+  EXPECT_TRUE(std::equal(lse.begin(), lse.end(), lse_hand.begin()));
+  // The comparison can fail: key tiles of half the size give other bits.
+  tg::launch(grid(BQ), tg::kernels::flash_attention_fwd<D, BQ, BK / 2, true>, q.cview(), k.cview(),
+             v.cview(), o_other.view(), lse_other.view(), scale);
+  EXPECT_FALSE(std::equal(o.begin(), o.end(), o_other.begin()));
+}

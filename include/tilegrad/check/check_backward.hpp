@@ -16,6 +16,7 @@
 #include "tilegrad/memory/tracking.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -70,6 +71,75 @@ inline std::string coordinates_of(erased_gradient const& g, std::int64_t i) {
 template <class T>
 std::vector<double> values_of(owned_tensor<T> const& t) {
   return std::vector<double>(t.begin(), t.end());
+}
+
+// The hint for a tensor saved for the backward but marked out is looked for with up to this many
+// outputs (every subset of them is tried).
+inline constexpr std::size_t max_outputs_for_saved_hint = 8;
+
+/// Whether the hand-written gradients `got`, which mismatch the reference, match it with the
+/// cotangents of some outputs set to zero: the backward then ignores those outputs' cotangents,
+/// as it does when a statistic saved for it (a logsumexp, a mean, an rstd) is marked out. The
+/// reference for a set of outputs is the sum of `part[j]`, the reference gradients for output
+/// j's cotangent alone (vjp is linear in the cotangent); the smallest set that matches under the
+/// gradients' own tolerances is named, with what to do.
+inline std::optional<std::string>
+ignored_cotangent_hint(gradient_set const& got,
+                       std::vector<std::pair<std::string, tolerance>> const& tols,
+                       std::vector<std::string> const& ins, std::vector<std::string> const& outs,
+                       std::vector<std::vector<std::vector<double>>> const& part, unsigned seed) {
+  std::size_t const n = outs.size();
+  if (n < 2 || tols.empty())
+    return std::nullopt;
+  auto matches = [&](unsigned zeroed) {
+    for (auto const& [name, tol] : tols) {
+      erased_gradient const* e = got.find(name);
+      std::size_t q = 0;
+      while (q < ins.size() && ins[q] != name)
+        ++q;
+      if (!e || q == ins.size())
+        return false;
+      for (std::size_t i = 0; i < e->values.size(); ++i) {
+        double want = 0;
+        for (std::size_t j = 0; j < n; ++j)
+          if (!(zeroed >> j & 1u))
+            want += part[j][q][i];
+        if (!(abs_err(e->values[i], want) <= tol.bound(want, static_cast<std::int64_t>(i))))
+          return false;
+      }
+    }
+    return true;
+  };
+  // Fewest outputs first; setting every cotangent to zero is not tried (a zero gradient is no
+  // saved statistic's doing).
+  for (unsigned size = 1; size < n; ++size)
+    for (unsigned zeroed = 1; zeroed < (1u << n) - 1; ++zeroed) {
+      if (static_cast<unsigned>(std::popcount(zeroed)) != size || !matches(zeroed))
+        continue;
+      std::string list, plain;
+      for (std::size_t j = 0, k = 0; j < n; ++j)
+        if (zeroed >> j & 1u) {
+          list += std::string(k == 0 ? "" : k + 1 == size ? " and " : ", ") + "'" + outs[j] + "'";
+          ++k;
+        }
+      bool const one = size == 1;
+      std::string const first = outs[static_cast<std::size_t>(std::countr_zero(zeroed))];
+      return "seed " + std::to_string(seed) +
+             ": the gradients match the reference computed with the cotangent" +
+             (one ? " of " : "s of ") + list + " set to zero, so the backward ignores " +
+             (one ? "that output's cotangent" : "those outputs' cotangents") +
+             ". If the forward stores " + (one ? "it" : "them") +
+             " only for the backward to read (a saved statistic: a logsumexp, a mean, an rstd), "
+             "pass " +
+             (one ? "it" : "them") + " to tg::forward unmarked (the tensor itself, not tg::out(\"" +
+             first +
+             "\", ...)): no cotangent is drawn then, and the backward reads the float "
+             "forward's values from the tensor (docs/checking.md, \"Tensors saved for the "
+             "backward\"). If " +
+             (one ? "it is a real output" : "they are real outputs") + ", add " +
+             (one ? "its cotangent's" : "their cotangents'") + " contribution to the gradients.";
+    }
+  return std::nullopt;
 }
 
 } // namespace detail
@@ -289,16 +359,13 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     gradient_set got;
     std::vector<std::vector<double>> ref64, ref32, mag; // per input marked in
     std::optional<gradient_set> zero, twice;       // first seed: scaled cotangents
+    std::vector<std::pair<std::string, tolerance>> tols; // per gradient compared
   };
   std::vector<pending> later;
 
-  for (int si = 0; si < o.seeds; ++si) {
-    unsigned const seed = o.first_seed + static_cast<unsigned>(si);
-    seed_report& sr = rep.seeds.emplace_back();
-    sr.seed = seed;
-
-    // Inputs and cotangents, drawn per tensor so that a tensor's values depend on the seed and
-    // its place only.
+  // Inputs and cotangents of a seed, drawn per tensor so that a tensor's values depend on the
+  // seed and its place only: the inputs are written into the tensors, the cotangents returned.
+  auto draw = [&](unsigned seed) {
     unsigned stream = 0;
     input_generator const gen = o.inputs ? o.inputs : uniform(-1, 1);
     for (auto const* group : {&ins, &passives})
@@ -322,16 +389,54 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         for (T& v : c)
           v = static_cast<T>(d(rng));
     }
+    return cots;
+  };
+  // The forward on the tensors as they are, bounds checked whatever checked() says: an access
+  // outside is a message, not a crash.
+  auto run_forward = [&] {
+    launch_options checked_launch = o.launch;
+    checked_launch.check_bounds = true;
+    std::apply(
+        [&](auto const&... a) {
+          launch(checked_launch, fwd.g, fwd.kernel, detail::launch_arg(a)...);
+        },
+        fwd.args);
+  };
+  // vjp of the forward on copies of the inputs in U, with the cotangents `cots` (taken by their
+  // magnitudes for the |J|^T |w| sweep); `keep` holds the copies.
+  auto reference = [&]<class U>(std::vector<owned_tensor<T>> const& cots,
+                                std::deque<owned_tensor<U>>& keep, bool magnitudes = false) {
+    std::deque<owned_tensor<U>> cot_copies;
+    for (auto const& c : cots) {
+      cot_copies.push_back(detail::copy_as<U>(c.cview()));
+      if (magnitudes)
+        for (U& v : cot_copies.back())
+          v = std::abs(v);
+    }
+    auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
+      for (std::size_t j = 0; j < outs.size(); ++j)
+        if (outs[j].name == name)
+          return cot_copies[j];
+      return cot_copies.front(); // unreachable: every out has a cotangent
+    };
+    auto args = std::apply(
+        [&](auto const&... a) { return std::make_tuple(detail::rebind<U>(a, keep, cot)...); },
+        fwd.args);
+    std::optional<ad::magnitude_scope> scope;
+    if (magnitudes)
+      scope.emplace();
+    return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
+                      args);
+  };
 
+  for (int si = 0; si < o.seeds; ++si) {
+    unsigned const seed = o.first_seed + static_cast<unsigned>(si);
+    seed_report& sr = rep.seeds.emplace_back();
+    sr.seed = seed;
+
+    std::vector<owned_tensor<T>> const cots = draw(seed);
     try {
-      // Bounds checked whatever checked() says: an access outside is a message, not a crash.
-      launch_options checked_launch = o.launch;
-      checked_launch.check_bounds = true;
-      std::apply(
-          [&](auto const&... a) {
-            launch(checked_launch, fwd.g, fwd.kernel, detail::launch_arg(a)...);
-          },
-          fwd.args);
+      run_forward();
     } catch (std::exception const& e) {
       sr.problems.push_back(std::string("the forward threw: ") + e.what());
       continue;
@@ -403,38 +508,15 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     std::optional<gradients<double>> g64, gmag;
     std::optional<gradients<W>> g32; // only the baseline rule reads it
     try {
-      auto reference = [&]<class U>(std::deque<owned_tensor<U>>& keep, bool magnitudes = false) {
-        std::deque<owned_tensor<U>> cot_copies;
-        for (auto const& c : cots) {
-          cot_copies.push_back(detail::copy_as<U>(c.cview()));
-          if (magnitudes)
-            for (U& v : cot_copies.back())
-              v = std::abs(v);
-        }
-        auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
-          for (std::size_t j = 0; j < outs.size(); ++j)
-            if (outs[j].name == name)
-              return cot_copies[j];
-          return cot_copies.front(); // unreachable: every out has a cotangent
-        };
-        auto args = std::apply(
-            [&](auto const&... a) { return std::make_tuple(detail::rebind<U>(a, keep, cot)...); },
-            fwd.args);
-        std::optional<ad::magnitude_scope> scope;
-        if (magnitudes)
-          scope.emplace();
-        return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
-                          args);
-      };
       std::deque<owned_tensor<double>> keep64;
-      g64.emplace(reference(keep64));
+      g64.emplace(reference(cots, keep64));
       if (rule == pass_rule::error_bound) {
         std::deque<owned_tensor<double>> keepm;
-        gmag.emplace(reference(keepm, true));
+        gmag.emplace(reference(cots, keepm, true));
       }
       if (rule == pass_rule::baseline || rule == pass_rule::error_bound) {
         std::deque<owned_tensor<W>> keep32;
-        g32.emplace(reference(keep32));
+        g32.emplace(reference(cots, keep32));
       }
     } catch (std::exception const& e) {
       sr.problems.push_back(std::string("the reference (vjp of the forward) threw: ") + e.what());
@@ -582,6 +664,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       sr.gradients.push_back(std::move(r));
     }
 
+    pd.tols = tols;
     if (!pd.zero || !pd.twice)
       continue;
     auto tol_of = [&](std::string const& name) -> tolerance const* {
@@ -623,6 +706,54 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       }
     }
   }
+  if (outs.size() >= 2 && outs.size() <= detail::max_outputs_for_saved_hint)
+    for (auto const& pd : later) {
+      seed_report const& sr = rep.seeds[pd.seed_index];
+      bool mismatched = false;
+      for (auto const& g : sr.gradients)
+        mismatched |= g.compared && g.mismatches > 0;
+      if (!mismatched)
+        continue;
+      // The first seed whose gradients mismatch: one float64 vjp per output, on that seed's
+      // inputs (drawn again) and each output's cotangent alone, and the inputs of the last seed
+      // put back afterwards.
+      try {
+        auto const cots = draw(sr.seed);
+        run_forward();
+        std::vector<std::vector<std::vector<double>>> part; // [output][input marked in]
+        for (std::size_t j = 0; j < outs.size(); ++j) {
+          std::vector<owned_tensor<T>> alone = cots;
+          for (std::size_t i = 0; i < alone.size(); ++i)
+            if (i != j)
+              std::fill(alone[i].begin(), alone[i].end(), T{});
+          std::deque<owned_tensor<double>> keep;
+          auto const g = reference(alone, keep);
+          auto& pj = part.emplace_back();
+          for (auto const& n : ins)
+            pj.push_back(detail::values_of(g[n.name]));
+        }
+        std::vector<std::string> out_names;
+        for (auto const& n : outs)
+          out_names.push_back(n.name);
+        std::vector<std::string> in_names;
+        for (auto const& n : ins)
+          in_names.push_back(n.name);
+        if (auto hint =
+                detail::ignored_cotangent_hint(pd.got, pd.tols, in_names, out_names, part, sr.seed))
+          rep.hints.push_back(*hint);
+      } catch (std::exception const&) {
+        // No hint: the failure is reported as it is.
+      }
+      unsigned const last = o.first_seed + static_cast<unsigned>(o.seeds - 1);
+      if (sr.seed != last) {
+        try {
+          draw(last);
+          run_forward();
+        } catch (std::exception const&) {
+        }
+      }
+      break;
+    }
   return rep;
 }
 

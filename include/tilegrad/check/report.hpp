@@ -34,6 +34,9 @@ public:
   std::vector<seed_report> seeds;
   std::vector<std::string> warnings; ///< printed; they do not fail the check
   std::vector<std::string> notes;    ///< what was seen and found harmless (atomic reordering)
+  /// What a failure most likely means and what to do (an output whose cotangent the backward
+  /// ignores: a tensor saved for the backward marked out); printed last.
+  std::vector<std::string> hints;
 
   bool ok() const {
     if (seeds.empty())
@@ -62,12 +65,12 @@ public:
         out.push_back("seed " + std::to_string(s.seed) + ": " + p);
     return out;
   }
-  /// Whether some problem, warning or note contains `text`.
+  /// Whether some problem, warning, note or hint contains `text`.
   bool mentions(std::string const& text) const {
     for (auto const& p : problems())
       if (p.find(text) != std::string::npos)
         return true;
-    for (auto const* list : {&warnings, &notes})
+    for (auto const* list : {&warnings, &notes, &hints})
       for (auto const& w : *list)
         if (w.find(text) != std::string::npos)
           return true;
@@ -99,6 +102,8 @@ public:
         os << "  reproduce with check_options{.seeds = 1, .first_seed = " << s.seed << "}\n";
         break;
       }
+    for (auto const& h : r.hints)
+      os << "  hint: " << h << "\n";
     return os;
   }
 

@@ -274,6 +274,13 @@ inline block_table block_sparse_transpose(tensor<std::int32_t const> count,
   return t;
 }
 
+/// The block size block_sparse_attention_forward and block_sparse_attention_backward use when
+/// none is given, for query blocks and key blocks alike, whatever the head dim (their template
+/// arguments BQ = block_sparse_block, BK = BQ). The block table is written in these units: a
+/// table for the defaults has cdiv(N, block_sparse_block) query blocks, each listing key blocks
+/// of block_sparse_block keys.
+inline constexpr int block_sparse_block = 64;
+
 struct block_sparse_options {
   bool causal = false; // within the listed blocks, key j only for queries i >= j
   double scale = 0;    // 0: 1 / sqrt(head dim)
@@ -359,7 +366,7 @@ void check_block_table(tensor<std::int32_t const> count, tensor<std::int32_t con
 /// o = block-sparse attention of q, k, v under the block table kv_count, kv_index (query blocks
 /// of BQ rows, key blocks of BK rows) and its logsumexp lse; shapes and the table checked first.
 /// T is float or bf16 (lse is float), or double.
-template <class T, int BQ = 64, int BK = BQ>
+template <class T, int BQ = block_sparse_block, int BK = BQ>
 void block_sparse_attention_forward(tensor<T const> q, tensor<T const> k, tensor<T const> v,
                                     tensor<std::int32_t const> kv_count,
                                     tensor<std::int32_t const> kv_index, tensor<T> o,
@@ -382,7 +389,7 @@ void block_sparse_attention_forward(tensor<T const> q, tensor<T const> k, tensor
 /// dq, dk, dv from d_o, with o and lse from the forward and the forward's block table: the delta
 /// launch, the table transposed on the host, a key-block launch for dk and dv, a query-block
 /// launch for dq. No atomics: the result is the same bits run to run.
-template <class T, int BQ = 64, int BK = BQ>
+template <class T, int BQ = block_sparse_block, int BK = BQ>
 void block_sparse_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T const> v,
                                      tensor<T const> o, tensor<T const> d_o,
                                      tensor<fp32<T> const> lse, tensor<std::int32_t const> kv_count,

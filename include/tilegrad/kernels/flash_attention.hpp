@@ -330,12 +330,26 @@ void with_head_dim(int d, F&& f) {
   }
 }
 
-/// Tile sizes per head dim: 64 x 64 score blocks; 32 query rows at d = 128 keep the working set
-/// (q, o accumulator, k, v tiles) in L2.
+} // namespace detail
+
+/// The tile sizes flash_attention_forward and flash_attention_backward launch the kernels with
+/// for head dim D: query tiles of attention_block_q<D> rows (the grid's axis 0 has
+/// cdiv(N, attention_block_q<D>) programs in the forward, the delta and the dq launches) and key
+/// tiles of attention_block_k<D> rows (the key-tile launches of the backward). 64 x 64 score
+/// blocks; at D = 128, 32 query rows keep the working set (q, the o accumulator, k and v tiles)
+/// in L2. A caller launching the kernels itself, or writing a backward for the forward the entry
+/// point ran, uses these to get the same tiles.
 template <int D>
-inline constexpr int block_q = D >= 128 ? 32 : 64;
+inline constexpr int attention_block_q = D >= 128 ? 32 : 64;
 template <int D>
-inline constexpr int block_k = 64;
+inline constexpr int attention_block_k = 64;
+
+namespace detail {
+
+template <int D>
+inline constexpr int block_q = attention_block_q<D>;
+template <int D>
+inline constexpr int block_k = attention_block_k<D>;
 
 inline double default_scale(double s, std::int64_t d) {
   return s != 0 ? s : 1.0 / std::sqrt(static_cast<double>(d));
@@ -357,7 +371,7 @@ void flash_attention_forward(tensor<T const> q, tensor<T const> k, tensor<T cons
   detail::check_forward_args<T, fp32<T>>("flash_attention", q, k, v, o, lse);
   double const scale = detail::default_scale(opt.scale, q.size(3));
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
-    constexpr int D = decltype(dc)::value, BQ = detail::block_q<D>, BK = detail::block_k<D>;
+    constexpr int D = decltype(dc)::value, BQ = attention_block_q<D>, BK = attention_block_k<D>;
     auto const g = detail::attention_grid(q, BQ);
     if (opt.causal)
       launch(opt.launch, g, flash_attention_fwd<D, BQ, BK, true>, q, k, v, o, lse, scale);
@@ -380,7 +394,7 @@ void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T con
   double const scale = detail::default_scale(opt.scale, q.size(3));
   owned_tensor<F> delta({q.size(0), q.size(1), q.size(2)}, "delta");
   detail::with_head_dim(static_cast<int>(q.size(3)), [&](auto dc) {
-    constexpr int D = decltype(dc)::value, BQ = detail::block_q<D>, BK = detail::block_k<D>;
+    constexpr int D = decltype(dc)::value, BQ = attention_block_q<D>, BK = attention_block_k<D>;
     launch(opt.launch, detail::attention_grid(q, BQ), flash_attention_bwd_delta<D, BQ>, o, d_o,
            delta.view());
     auto const keys = detail::attention_grid(k, BK);
