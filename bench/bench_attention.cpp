@@ -32,6 +32,7 @@ extern "C" char* openblas_get_config(void);
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace tg = tilegrad;
@@ -480,6 +481,43 @@ void bm_vjp_memory(benchmark::State& state, std::int64_t n, int threads) {
   set_threads_counters(state, threads, n);
 }
 
+/// vjp of the forward kernel on B = 1, `h` heads of n rows over `threads` threads, one call per
+/// iteration, wall-clock time: how vjp scales with the threads, and what it holds. Counters:
+/// peak_contribution_bytes (gradient contributions held by programs until they are added, as
+/// vjp reports it), tape_bytes (the largest tape of one program), and, meaningful in a process
+/// of its own, peak_beyond_io_bytes (growth of the peak RSS over the RSS with inputs, outputs
+/// and cotangent allocated, less the gradients). Not checked against the naive attention (its
+/// N x N buffers do not fit at these sizes); fwd_bwd/vjp checks the same vjp at N <= 4096.
+void bm_vjp_scaling(benchmark::State& state, std::int64_t h, std::int64_t n, int threads) {
+  problem pr(1, h, n);
+  auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), int(h), 1);
+  tg::launch_options const opts{tg::executor::tbb, threads};
+  double const rss0 = status_bytes("VmRSS");
+  bool const reset = reset_peak_rss();
+  double const hwm0 = status_bytes("VmHWM");
+  double tape = 0, contributions = -1;
+  for (auto _ : state) {
+    auto const grads = tg::vjp(opts, g, fwd_kernel, tg::in("q", pr.q), tg::in("k", pr.k),
+                               tg::in("v", pr.v), tg::out("o", pr.o, pr.d_o), pr.lse.view(), scale);
+    tape = double(grads.peak_tape_bytes());
+    contributions = [](auto const& gr) { // (-1 for a vjp that does not report it)
+      if constexpr (requires { gr.peak_contribution_bytes(); })
+        return double(gr.peak_contribution_bytes());
+      else
+        return -1.0;
+    }(grads);
+    benchmark::ClobberMemory();
+  }
+  double const hwm = status_bytes("VmHWM");
+  double const grad_bytes = 3.0 * double(pr.q.numel()) * sizeof(float);
+  state.counters["peak_beyond_io_bytes"] = hwm - rss0 - grad_bytes;
+  state.counters["hwm_reset"] = reset && hwm0 <= rss0 + (1 << 20) ? 1 : 0;
+  state.counters["peak_contribution_bytes"] = contributions;
+  state.counters["tape_bytes"] = tape;
+  state.counters["H"] = double(h);
+  set_threads_counters(state, threads, n);
+}
+
 // ----- registration ------------------------------------------------------------------------------
 
 benchmark::internal::Benchmark* with_clock(benchmark::internal::Benchmark* b, int threads) {
@@ -501,6 +539,16 @@ void register_all() {
         ->Iterations(1)
         ->Repetitions(1)
         ->Unit(benchmark::kSecond);
+  // Thread counts up to 16, for larger machines; select with --benchmark_filter, one process per
+  // run where the peak RSS matters.
+  for (auto [h, n] : {std::pair<std::int64_t, std::int64_t>{4, 4096}, {16, 4096}, {16, 16384}})
+    for (int t : {1, 2, 4, 8, 16})
+      with_clock(benchmark::RegisterBenchmark(
+                     ("vjp_scaling/tilegrad/H:" + std::to_string(h) + suffix(n, t)).c_str(),
+                     bm_vjp_scaling, h, n, t),
+                 2)
+          ->Iterations(1)
+          ->Unit(benchmark::kSecond);
   for (int t : {1, 2}) {
     for (std::int64_t n : {1024, 4096}) {
       std::string const s = suffix(n, t);

@@ -1,6 +1,7 @@
 // vjp of whole kernels: the example kernels against closed-form gradients (float and double,
 // shapes that do not divide the tiles), the memory semantics one by one, determinism across
 // thread counts, and the errors and flags for bad input.
+#include <tilegrad/kernels/flash_attention.hpp>
 #include <tilegrad/kernels/matmul.hpp>
 #include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/kernels/weighted_sum.hpp>
@@ -198,6 +199,176 @@ TEST(VjpDeterminism, OverlappingContributionsAreWrittenThenAddedInProgramOrder) 
       EXPECT_EQ(std::memcmp(got.data(), ref.data(), sizeof(float) * n), 0)
           << tg::to_string(e) << " threads " << t;
     }
+}
+
+namespace {
+/// Sets the contribution budget of vjp calls on this thread while it lives.
+struct budget_scope {
+  std::size_t saved = tg::ad::contribution_budget();
+  explicit budget_scope(std::size_t b) { tg::ad::contribution_budget() = b; }
+  ~budget_scope() { tg::ad::contribution_budget() = saved; }
+};
+} // namespace
+
+TEST(VjpDeterminism, AttentionWhereEveryProgramAddsToAllOfDkAndDv) {
+  // Non-causal FlashAttention: every query-tile program of a head adds to every element of dk and
+  // dv of that head. 1100 keys (not a multiple of the tiles) x 16 = 17600 elements per head: a
+  // program's contributions span more than one block of gradient elements and more than one
+  // chunk of held memory; 2 x 69 programs, more than one wave. Sums in another order than the
+  // sequential launch's (program order) would change the last bits.
+  constexpr int D = 16, BQ = 16, BK = 16;
+  int const h = 2, n = 1100;
+  tg::owned_tensor<float> q({1, h, n, D}, "q"), k({1, h, n, D}, "k"), v({1, h, n, D}, "v"),
+      o({1, h, n, D}, "o"), d_o({1, h, n, D}, "d_o"), lse({1, h, n}, "lse");
+  fill(q, 7);
+  fill(k, 8);
+  fill(v, 9);
+  fill(d_o, 10);
+  auto const kernel = tg::kernels::flash_attention_fwd<D, BQ, BK, false>;
+  auto run = [&](tg::launch_options opts) {
+    return tg::vjp(opts, tg::grid(tg::cdiv(n, BQ), h, 1), kernel, tg::in("q", q), tg::in("k", k),
+                   tg::in("v", v), tg::out("o", o, d_o), lse.view(), 0.25);
+  };
+  auto const ref = run({tg::executor::sequential, 1});
+  EXPECT_EQ(ref.peak_contribution_bytes(), 0u); // in order: each program adds its own at once
+  // The reference itself: dv = P^T do, with P the softmax of 0.25 q k^T (plain loops, double).
+  for (int hh = 0; hh < h; ++hh)
+    for (int j : {0, 517, n - 1}) {
+      double want[D] = {};
+      for (int i = 0; i < n; ++i) {
+        double m = -1e300, l = 0, sij = 0;
+        std::vector<double> s(static_cast<std::size_t>(n));
+        for (int jj = 0; jj < n; ++jj) {
+          double dotp = 0;
+          for (int d = 0; d < D; ++d)
+            dotp += double(q(0, hh, i, d)) * double(k(0, hh, jj, d));
+          s[static_cast<std::size_t>(jj)] = 0.25 * dotp;
+          m = std::max(m, s[static_cast<std::size_t>(jj)]);
+        }
+        for (int jj = 0; jj < n; ++jj)
+          l += std::exp(s[static_cast<std::size_t>(jj)] - m);
+        sij = std::exp(s[static_cast<std::size_t>(j)] - m) / l;
+        for (int d = 0; d < D; ++d)
+          want[d] += sij * double(d_o(0, hh, i, d));
+      }
+      for (int d = 0; d < D; ++d)
+        ASSERT_NEAR(ref["v"](0, hh, j, d), want[d], 1e-4)
+            << "dv(" << hh << ", " << j << ", " << d << ")";
+    }
+  std::vector<tg::launch_options> configs;
+  for (int t : {1, 2, 3, 7}) {
+    if (tg::executor_available(tg::executor::tbb))
+      configs.push_back({tg::executor::tbb, t});
+    if (tg::executor_available(tg::executor::openmp))
+      configs.push_back({tg::executor::openmp, t});
+  }
+  if (tg::executor_available(tg::executor::tbb))
+    configs.push_back({tg::executor::tbb, 0});
+  // Batches of as many programs as threads (budget of 1 byte), and as large as the wave.
+  for (std::size_t budget : {std::size_t{1}, std::size_t{64} << 20}) {
+    budget_scope const scope(budget);
+    for (auto const& c : configs) {
+      auto const got = run(c);
+      for (char const* name : {"q", "k", "v"})
+        EXPECT_EQ(
+            std::memcmp(got[name].data(), ref[name].data(), sizeof(float) * got[name].numel()), 0)
+            << "d" << name << ", " << tg::to_string(c.exec) << " threads " << c.num_threads
+            << ", budget " << budget;
+    }
+  }
+}
+
+TEST(VjpMemoryBound, ContributionsHeldStayWithinTheBatchWhateverTheGrid) {
+  // Each program adds to all of dk and dv of its head: 2 x 1100 x 16 floats, plus its own rows
+  // of dq. With a budget of one byte a batch has as many programs as threads, and the memory
+  // held is at most that many programs' chunks, for 2 heads as for 6.
+  constexpr int D = 16, BQ = 16, BK = 16;
+  int const n = 1100;
+  auto const kernel = tg::kernels::flash_attention_fwd<D, BQ, BK, false>;
+  auto peak = [&](int h, tg::launch_options opts) {
+    tg::owned_tensor<float> q({1, h, n, D}, "q"), k({1, h, n, D}, "k"), v({1, h, n, D}, "v"),
+        o({1, h, n, D}, "o"), d_o({1, h, n, D}, "d_o"), lse({1, h, n}, "lse");
+    fill(q, 1);
+    fill(k, 2);
+    fill(v, 3);
+    fill(d_o, 4);
+    return tg::vjp(opts, tg::grid(tg::cdiv(n, BQ), h, 1), kernel, tg::in("q", q), tg::in("k", k),
+                   tg::in("v", v), tg::out("o", o, d_o), lse.view(), 0.25)
+        .peak_contribution_bytes();
+  };
+  std::size_t const chunk = tg::ad::contribution_pool::chunk_bytes;
+  std::size_t const per_program = sizeof(float) * (2 * n * D + BQ * D);
+  std::size_t const chunks_per_program = (per_program + chunk - 1) / chunk;
+  budget_scope const scope(1);
+  for (auto e : {tg::executor::tbb, tg::executor::openmp}) {
+    if (!tg::executor_available(e))
+      continue;
+    for (int t : {2, 3}) {
+      std::size_t const two = peak(2, {e, t}), six = peak(6, {e, t});
+      EXPECT_GT(two, 0u);
+      EXPECT_LE(two, t * chunks_per_program * chunk) << tg::to_string(e) << " threads " << t;
+      EXPECT_LE(six, t * chunks_per_program * chunk) << tg::to_string(e) << " threads " << t;
+    }
+  }
+  // The budget bounds the batches: 1 MiB holds 7 such programs, never a wave of 64.
+  budget_scope const mib(std::size_t{1} << 20);
+  if (tg::executor_available(tg::executor::tbb)) {
+    EXPECT_LE(peak(2, {tg::executor::tbb, 2}), 7 * chunks_per_program * chunk);
+  }
+}
+
+TEST(VjpAccumulate, PiecesSplitAtBlocksAddEachElementsContributionsInTheirOrder) {
+  // Runs of every kind (step 1, a large step, a negative step, one element repeated) across the
+  // boundaries of blocks, split by block and added block by block, against adding the runs one
+  // after another, bitwise: the split keeps each element's contributions in order.
+  namespace ad = tg::ad;
+  constexpr std::int64_t B = ad::gradient_blocks::block_elems;
+  std::int64_t const numel = 3 * B + 100;
+  std::vector<ad::run> const runs{{0, 300, B - 100, 1},          {0, 20, 5, B / 7},
+                                  {0, 18, 2 * B + 30, -(B / 9)}, {0, 9, B, 0},
+                                  {0, 2, 3 * B + 99, -1},        {0, 1, 0, 1},
+                                  {0, 1000, 2 * B - 500, 1},     {0, 20, B - 1, 0},
+                                  {0, 9, 3 * B + 99, -(B / 3)}};
+  for (auto const& r : runs) // (every element inside the gradient)
+    ASSERT_TRUE(r.element(0) >= 0 && r.element(r.count - 1) >= 0 && r.element(0) < numel &&
+                r.element(r.count - 1) < numel);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-1, 1);
+  ad::contribution_pool pool;
+  ad::held_contributions held;
+  std::vector<std::vector<float>> values;
+  for (auto const& r : runs) {
+    auto& v = values.emplace_back(static_cast<std::size_t>(r.count));
+    for (float& x : v)
+      x = d(rng);
+    held.add(pool, 0, r, v.data());
+  }
+  auto sink_for = [&](std::vector<float>& g, std::vector<std::uint64_t>& w) {
+    g.assign(static_cast<std::size_t>(numel), 0.0f);
+    w.assign(static_cast<std::size_t>((numel + 63) / 64), 0);
+    return ad::gradient_sink{g.data(), w.data(), false};
+  };
+  std::vector<float> want, got;
+  std::vector<std::uint64_t> ww, wg;
+  auto const expected = sink_for(want, ww);
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    expected.add(runs[i], values[i].data());
+  expected.fill_unwritten<float>(numel);
+  ad::gradient_blocks blocks;
+  blocks.add_tensor(numel);
+  std::vector<ad::block_piece> pieces;
+  ad::split_by_block<float>(held.segments(), blocks, pieces);
+  auto const sink = sink_for(got, wg);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    auto const& pc = pieces[i];
+    ASSERT_TRUE(i == 0 || pieces[i - 1].block <= pc.block);
+    for (int k = 0; k < pc.s.r.count; ++k) // every lane of a piece falls in its block
+      ASSERT_EQ(pc.s.r.element(k) / B, pc.block) << i;
+    sink.add(pc.s.r, static_cast<float const*>(pc.s.values));
+  }
+  sink.fill_unwritten<float>(numel);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * static_cast<std::size_t>(numel)),
+            0);
 }
 
 TEST(VjpReduce, SumsOfExpressionsOverEachAxisOfARank3Tile) {

@@ -4,6 +4,7 @@
 // produces for input tensors, kept as runs of elements rather than element by element.
 #pragma once
 
+#include "tilegrad/ad/accumulate.hpp"
 #include "tilegrad/ad/tape.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/memory/runs.hpp"
@@ -150,14 +151,6 @@ struct access {
   std::source_location loc;
 };
 
-/// A program's contribution to the gradient of an input: values (at `at` in the program's value
-/// buffer) added to the elements of a run.
-struct segment {
-  int tensor;
-  run r;
-  std::size_t at;
-};
-
 /// The gradient of an input tensor, as the programs' contributions reach it in program order.
 /// Its memory starts uninitialised: the first contribution to an element is written, later ones
 /// added (`written`, one bit per element, says which is which), so the gradient is not zeroed
@@ -226,31 +219,25 @@ struct gradient_sink {
 /// Everything one program hands to the launch after it ran; reused from wave to wave.
 struct program_result {
   std::vector<access> accesses;
-  std::vector<segment> segments;
-  std::unique_ptr<std::byte[]> values;
-  std::size_t used = 0, capacity = 0;
-  std::uint64_t reads = 0; // bit i: tensor i was loaded from
+  // Contributions kept until they are added (in chunks of the launch's pool), and the same split
+  // by block of gradient elements once the program is done.
+  held_contributions held;
+  std::vector<block_piece> pieces;
+  contribution_pool* pool = nullptr;
+  std::size_t contributed = 0; // bytes of contributions made, held or added at once
+  std::uint64_t reads = 0;     // bit i: tensor i was loaded from
 
   void clear() {
     accesses.clear();
-    segments.clear();
-    used = 0;
+    held.clear();
+    pieces.clear();
+    contributed = 0;
     reads = 0;
   }
-  /// Appends the n values at v as a contribution to the elements of run r of tensor t.
+  /// Keeps the n values at v as a contribution to the elements of run r of tensor t.
   template <class T>
   void contribute(int t, run const& r, T const* v) {
-    std::size_t const bytes = sizeof(T) * static_cast<std::size_t>(r.count);
-    if (used + bytes > capacity) {
-      std::size_t const cap = std::max(2 * capacity, used + bytes + 4096);
-      auto grown = std::make_unique<std::byte[]>(cap);
-      if (used) std::memcpy(grown.get(), values.get(), used);
-      values = std::move(grown);
-      capacity = cap;
-    }
-    std::memcpy(values.get() + used, v, bytes);
-    segments.push_back({t, r, used});
-    used += bytes;
+    held.add(*pool, t, r, v);
   }
 };
 
@@ -358,6 +345,7 @@ struct program_state {
   /// This program's contribution v to the elements of run r of tensor t.
   template <class T>
   void contribute(int t, run const& r, T const* v) {
+    out->contributed += sizeof(T) * static_cast<std::size_t>(r.count);
     if (direct)
       grads[t].add(r, v);
     else

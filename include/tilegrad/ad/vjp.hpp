@@ -1,8 +1,10 @@
 // vjp: reference gradients of a whole launch. The same kernel runs with adjoint<T> tensors;
 // each program records its tape, seeds the adjoints of what it stored from the output
-// cotangents, sweeps its tape backwards and drops it. Programs run in waves; after a wave their
-// accesses are checked for races and their gradient contributions (runs of elements) are added
-// in program order, so gradients are bitwise identical for any thread count.
+// cotangents, sweeps its tape backwards and drops it. Programs run in waves, after which their
+// accesses are checked for races, and a wave in batches bounded by the memory their gradient
+// contributions (runs of elements) hold; after a batch, the contributions are added block by
+// block on every thread, each element's in program order, so gradients are bitwise identical
+// for any thread count, executor and batch size.
 #pragma once
 
 #include "tilegrad/ad/aliasing.hpp"
@@ -25,6 +27,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -106,10 +109,14 @@ public:
   std::vector<std::string> const& unread() const { return unread_; }
   /// The largest tape of any program, in bytes.
   std::size_t peak_tape_bytes() const { return peak_tape_; }
+  /// The most memory held at once by gradient contributions that programs made and that were
+  /// not added to the gradients yet, in bytes.
+  std::size_t peak_contribution_bytes() const { return peak_contributions_; }
 
   std::map<std::string, owned_tensor<T>> grads_;
   std::vector<std::string> unread_;
   std::size_t peak_tape_ = 0;
+  std::size_t peak_contributions_ = 0;
 };
 
 namespace ad {
@@ -315,11 +322,35 @@ void seed_outputs(program_state const& st, std::vector<tensor_entry> const& entr
   }
 }
 
-/// Applies one program's gradient contributions (those it kept) to the gradients.
+/// Adds the held contributions of programs res[0..n) (in program order) to the gradients, over
+/// the launch's threads: block by block of gradient elements, each block by one thread, which
+/// takes the pieces that fall in it program by program, each program's in the order it made
+/// them. So every element receives its contributions in program order, whatever the threads.
 template <class T>
-void apply_contributions(program_result const& res, std::vector<gradient_sink> const& sinks) {
-  for (segment const& s : res.segments)
-    sinks[static_cast<std::size_t>(s.tensor)].add(s.r, reinterpret_cast<T const*>(res.values.get() + s.at));
+void add_held(launch_options const& opts, program_result* res, std::int64_t n, block_plan& plan,
+              std::vector<gradient_sink> const& sinks, bool stream) {
+  plan.build(n, [&](std::int64_t i) -> std::vector<block_piece> const& { return res[i].pieces; });
+  if (plan.blocks() == 0)
+    return;
+  detail::launch_untracked(opts, grid(static_cast<int>(plan.blocks())), [&](program const& p) {
+    auto const b = static_cast<std::size_t>(p.program_id(0));
+    for (std::size_t i = plan.starts[b]; i < plan.starts[b + 1]; ++i) {
+      block_plan::part const& part = plan.parts[i];
+      std::vector<block_piece> const& pieces = res[part.program].pieces;
+      for (std::uint32_t j = part.begin; j < part.end; ++j)
+        sinks[static_cast<std::size_t>(pieces[j].s.tensor)].add(
+            pieces[j].s.r, static_cast<T const*>(pieces[j].s.values));
+    }
+    if (stream)
+      simd::stream_fence();
+  });
+}
+
+/// Bytes of gradient contributions that the programs of one batch may hold before they are
+/// added, for the vjp calls this thread makes (64 MiB unless set; see vjp).
+inline std::size_t& contribution_budget() {
+  thread_local std::size_t b = std::size_t{64} << 20;
+  return b;
 }
 
 } // namespace ad
@@ -384,88 +415,94 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   for (std::size_t i = 0; i < entries.size(); ++i) readers.emplace_back(0);
   std::size_t peak = 0;
   std::uint64_t reads = 0;
-  std::mutex merge;
-  std::vector<char> done(static_cast<std::size_t>(std::min(wave, total)));
   // vjp checks its own races; its programs always check bounds (hooks without a tracker), and
   // its launches are never tracked as plain ones, whatever the options or the thread's observer.
   detail::access_hooks bounds_only;
 
+  // Contributions: a program whose predecessors are all added adds its own as its sweep makes
+  // them; the others hold theirs (chunks of `chunks`) until their batch is done, when they are
+  // added block by block in parallel (ad::add_held). A wave runs in batches of at least as many
+  // programs as threads, fewer than the budget over the largest contribution of a program so
+  // far: the memory held stays near the budget, whatever the grid or the sizes of the gradients.
+  int const workers = opts.exec == executor::sequential ? 1
+                      : opts.num_threads > 0
+                          ? opts.num_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::size_t const budget = std::max<std::size_t>(ad::contribution_budget(), 1);
+  ad::contribution_pool chunks;
+  ad::gradient_blocks blocks;
+  for (auto const& e : entries)
+    blocks.add_tensor(e.wants_grad() ? e.layout.numel() : 0);
+  ad::block_plan plan;
+  std::size_t largest = 0; // the most bytes of contributions of one program so far
+  std::mutex merge;
+
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
     std::int64_t const n = std::min(wave, total - w0);
-    std::fill(done.begin(), done.end(), 0);
-    std::int64_t next = 0; // the next program whose contributions are added
-    bool applying = false;
-    detail::launch_untracked(opts, grid(static_cast<int>(n)), [&](program const& local) {
-      std::int64_t const lin = w0 + local.program_id(0);
-      int const x = static_cast<int>(lin % g.dims[0]);
-      int const y = static_cast<int>((lin / g.dims[0]) % g.dims[1]);
-      int const z = static_cast<int>(lin / (std::int64_t{g.dims[0]} * g.dims[1]));
-      program const p({x, y, z}, g.dims);
-      detail::program_scope scope(p, &bounds_only);
-      thread_local ad::program_state state;
-      ad::program_result& res = results[static_cast<std::size_t>(local.program_id(0))];
-      res.clear();
-      state.reset();
-      state.tensors = &entries;
-      state.out = &res;
-      state.id = static_cast<std::uint32_t>(lin + 1);
-      state.earlier_waves = static_cast<std::uint32_t>(w0);
-      state.grads = sinks.data();
-      state.direct = false;
-      ad::program_state* saved = ad::current_state();
-      ad::current_state() = &state;
-      std::int64_t const me = local.program_id(0);
-      try {
-        if constexpr (callable) std::apply([&](auto&... a) { kernel(p, a...); }, converted);
-        ad::seed_outputs<T>(state, entries);
-        // Contributions are added in program order, as soon as every earlier program of the
-        // wave is done: the same sums whatever ran where, while they are still in cache. One
-        // thread at a time adds, taking programs in order; the others go on running programs.
-        // A program whose turn it is already adds its own as its sweep produces them.
-        {
-          std::lock_guard<std::mutex> lock(merge);
-          state.direct = !applying && next == me;
-          if (state.direct) applying = true;
-        }
-        {
-          ad::magnitude_scope const sweeping(magnitudes); // the caller's choice, on this thread
-          state.t.sweep();
-        }
-        if (any_stream && state.direct) simd::stream_fence();
-      } catch (...) {
-        ad::current_state() = saved;
-        if (state.direct) {
-          std::lock_guard<std::mutex> lock(merge);
-          applying = false;
-        }
-        throw;
+    for (std::int64_t b0 = 0, k = 0; b0 < n; b0 += k) {
+      k = n - b0;
+      if (workers > 1) {
+        std::int64_t const fit = largest > 0    ? static_cast<std::int64_t>(std::min<std::size_t>(
+                                                   budget / largest, static_cast<std::size_t>(k)))
+                                 : w0 + b0 == 0 ? workers // nothing known yet
+                                                : k;
+        k = std::min(k, std::max<std::int64_t>(workers, fit));
       }
-      ad::current_state() = saved;
-      {
+      std::int64_t next = b0; // the first program of the batch whose contributions are not added
+      detail::launch_untracked(opts, grid(static_cast<int>(k)), [&](program const& local) {
+        std::int64_t const me = b0 + local.program_id(0);
+        std::int64_t const lin = w0 + me;
+        int const x = static_cast<int>(lin % g.dims[0]);
+        int const y = static_cast<int>((lin / g.dims[0]) % g.dims[1]);
+        int const z = static_cast<int>(lin / (std::int64_t{g.dims[0]} * g.dims[1]));
+        program const p({x, y, z}, g.dims);
+        detail::program_scope scope(p, &bounds_only);
+        thread_local ad::program_state state;
+        ad::program_result& res = results[static_cast<std::size_t>(me)];
+        res.clear();
+        res.pool = &chunks;
+        state.reset();
+        state.tensors = &entries;
+        state.out = &res;
+        state.id = static_cast<std::uint32_t>(lin + 1);
+        state.earlier_waves = static_cast<std::uint32_t>(w0);
+        state.grads = sinks.data();
+        state.direct = false;
+        ad::program_state* saved = ad::current_state();
+        ad::current_state() = &state;
+        try {
+          if constexpr (callable)
+            std::apply([&](auto&... a) { kernel(p, a...); }, converted);
+          ad::seed_outputs<T>(state, entries);
+          {
+            std::lock_guard<std::mutex> lock(merge);
+            state.direct = next == me; // every earlier program's contributions are added
+          }
+          {
+            ad::magnitude_scope const sweeping(magnitudes); // the caller's choice, on this thread
+            state.t.sweep();
+          }
+          if (any_stream && state.direct)
+            simd::stream_fence();
+        } catch (...) {
+          ad::current_state() = saved;
+          throw;
+        }
+        ad::current_state() = saved;
+        if (!state.direct)
+          ad::split_by_block<T>(res.held.segments(), blocks, res.pieces);
         std::lock_guard<std::mutex> lock(merge);
         peak = std::max(peak, state.t.peak());
-        done[static_cast<std::size_t>(me)] = 1;
-        if (state.direct) {
-          next = me + 1; // applied, and this thread goes on adding
-        } else {
-          if (applying) return;
-          applying = true;
-        }
+        largest = std::max(largest, res.contributed);
+        if (state.direct)
+          next = me + 1;
+      });
+      ad::add_held<T>(opts, results.data() + b0, k, plan, sinks, any_stream);
+      for (std::int64_t i = b0; i < b0 + k; ++i) {
+        results[static_cast<std::size_t>(i)].held.release(chunks);
+        results[static_cast<std::size_t>(i)].pieces.clear();
       }
-      for (;;) {
-        std::int64_t take = 0;
-        {
-          std::lock_guard<std::mutex> lock(merge);
-          if (next == n || !done[static_cast<std::size_t>(next)]) {
-            applying = false;
-            return;
-          }
-          take = next++;
-        }
-        ad::apply_contributions<T>(results[static_cast<std::size_t>(take)], sinks);
-        if (any_stream) simd::stream_fence();
-      }
-    });
+    }
     // Races: each program's accesses against the wave's final stamps, in program order.
     for (std::int64_t i = 0; i < n; ++i) {
       auto const& res = results[static_cast<std::size_t>(i)];
@@ -491,6 +528,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   for (auto const& e : entries)
     if (e.wants_grad() && !(reads & (std::uint64_t{1} << e.index))) result.unread_.emplace_back(e.name);
   result.peak_tape_ = peak;
+  result.peak_contributions_ = chunks.bytes();
   return result;
 }
 
