@@ -156,8 +156,9 @@ TEST(CheckWeightedSum, GivenInputsAndCotangentsAreCheckedAndTheRestDrawn) {
     tg::owned_tensor<float> dx({n, d}), dw({d});
     for (std::int64_t i = 0; i < n; ++i)
       for (std::int64_t j = 0; j < d; ++j) {
-        if (x_is_given)
+        if (x_is_given) {
           EXPECT_EQ(xi(i, j), x_given(i, j));
+        }
         dx(i, j) = g(i) * wi(j);
       }
     // dw from the given numbers, scaled as the checker scales the cotangent (its structural
