@@ -1,0 +1,286 @@
+// Reverse mode of tg::loop (grid/loop.hpp): a checkpointed scan. The forward pass runs each
+// iteration on the tape and rewinds it, keeping only the values carried into the next iteration;
+// one record stands for the whole loop. Its backward runs the iterations again, last first, each
+// recorded at the end of the tape from its saved carried values, seeded with the adjoint of the
+// values it produced, swept, and rewound. So a program's tape holds the carried values of every
+// iteration and one iteration's records, not every iteration's records: one more forward of the
+// body buys a tape that stays in cache.
+#pragma once
+
+#include "tilegrad/ad/adjoint.hpp"
+#include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/tape.hpp"
+#include "tilegrad/ad/tile.hpp"
+#include "tilegrad/grid/loop.hpp"
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/block_ptr.hpp"
+#include "tilegrad/memory/checked.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TILEGRAD_LOOP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TILEGRAD_LOOP_ASAN 1
+#endif
+#endif
+#ifdef TILEGRAD_LOOP_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
+namespace tilegrad::ad {
+
+namespace loop_detail {
+
+template <class C>
+inline constexpr bool is_block_ptr_v = false;
+template <class T, int... Bs>
+inline constexpr bool is_block_ptr_v<block_ptr<T, Bs...>> = true;
+
+template <class C>
+inline constexpr bool is_plain_tile_v = requires {
+  typename C::shape_type;
+  typename C::value_type;
+} && std::is_trivially_copyable_v<C> && !tilegrad::detail::is_adjoint_tile_v<C>;
+
+/// How one carried value that holds no adjoint (a number, a block pointer, a plain tile) is kept:
+/// a copy of its value at the start of every iteration.
+template <class C>
+struct carried_slot {
+  static_assert(std::is_arithmetic_v<C> || is_block_ptr_v<C> || is_plain_tile_v<C>,
+                "tilegrad::loop: carry tiles, numbers and block pointers (in reverse mode the "
+                "loop keeps a copy of each per iteration)");
+  std::vector<C> saved;
+
+  void start(tape&, int n, C const& init) {
+    saved.reserve(static_cast<std::size_t>(n));
+    saved.push_back(init);
+  }
+  void after(int t, int n, C const& c) {
+    if (t < n) saved.push_back(c);
+  }
+  void resume(int, int, C&) {} // a value: the rewind leaves it as it is
+  bool active(int) const { return false; }
+  C restore(int t, tape&) const { return saved[static_cast<std::size_t>(t)]; }
+  void seed(int, C const&) const {}
+  void take(int, C const&) {}
+  void finish() const {}
+};
+
+/// An adjoint tile: its values at the start of every iteration and after the last, on the tape
+/// below the loop's iterations, and whether it was active then.
+template <class T, int... Ns>
+struct carried_slot<tile<adjoint<T>, Ns...>> {
+  using tile_type = tile<adjoint<T>, Ns...>;
+  static constexpr int size = tile_type::size;
+  T* values = nullptr;  // (n + 1) x size
+  T* init_adj = nullptr;
+  // The adjoint of the loop's result; in the sweep, that of the values at the start of the
+  // iteration swept last (the adjoint its previous iteration's result receives).
+  T* adj = nullptr;
+  T* scratch = nullptr; // the adjoint of the values in the forward runs, which are never swept
+  std::vector<bool> was_active;
+
+  T* at(int t) const { return values + static_cast<std::size_t>(t) * size; }
+
+  void start(tape& tp, int n, tile_type const& init) {
+    values = tp.alloc<T>(static_cast<std::size_t>(n + 1) * size);
+    adj = tp.alloc_zero<T>(size);
+    scratch = tp.alloc_zero<T>(size);
+    std::memcpy(at(0), init.values(), sizeof(T) * size);
+    init_adj = init.adjoints();
+    was_active.assign(static_cast<std::size_t>(n + 1), false);
+    was_active[0] = init.active();
+  }
+  // After iteration t - 1 ran (before its records are rewound): the values it carries on.
+  void after(int t, int, tile_type const& c) {
+    std::memcpy(at(t), c.values(), sizeof(T) * size);
+    was_active[static_cast<std::size_t>(t)] = c.active();
+  }
+  // After the rewind: the carried tile reads the saved values (the result, after the last).
+  void resume(int t, int n, tile_type& c) const {
+    T* a = !was_active[static_cast<std::size_t>(t)] ? nullptr : t == n ? adj : scratch;
+    c = tile_type::from_buffers(at(t), a);
+  }
+  bool active(int t) const { return was_active[static_cast<std::size_t>(t)]; }
+  tile_type restore(int t, tape& tp) const {
+    return tile_type::from_buffers(at(t), active(t) ? tp.alloc_zero<T>(size) : nullptr);
+  }
+  // The values iteration t - 1 produced receive the adjoint of the next iteration's start.
+  void seed(int t, tile_type const& c) const {
+    if (!active(t) || !c.active()) return;
+    T* d = c.adjoints();
+    for (int i = 0; i < size; ++i) d[i] += adj[i];
+  }
+  void take(int t, tile_type const& start) {
+    if (active(t)) std::memcpy(adj, start.adjoints(), sizeof(T) * size);
+  }
+  void finish() const {
+    if (init_adj)
+      for (int i = 0; i < size; ++i) init_adj[i] += adj[i];
+  }
+};
+
+/// Whether address a lies in the kernel's stack frames (between this call and the frame of the
+/// vjp program that runs the kernel, where its program object lives) or, under AddressSanitizer,
+/// in a live frame of this thread's fake stack (where locals go with detect_stack_use_after_return).
+[[gnu::noinline]] inline std::uintptr_t stack_here() {
+  return reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+}
+inline bool kernel_stack_address(std::uintptr_t a, std::uintptr_t lo, std::uintptr_t hi) {
+  if (a >= lo && a < hi) return true;
+#ifdef TILEGRAD_LOOP_ASAN
+  if (void* fs = __asan_get_current_fake_stack())
+    if (__asan_addr_is_in_fake_stack(fs, reinterpret_cast<void*>(a), nullptr, nullptr))
+      return true;
+#endif
+  return false;
+}
+
+/// Refuses a body that captures a local of the kernel by reference: the sweep runs the body
+/// after the kernel returned. A by-reference capture is the address of the local, so a word of
+/// the closure pointing into the kernel's stack frames is one. (Tiles, tensors and block pointers
+/// captured by value hold addresses of the tape and of tensor data, never of the stack.)
+template <class Body>
+void check_captures(Body const& body, std::source_location const& where) {
+  program const* p = tilegrad::detail::current_program();
+  std::uintptr_t const lo = stack_here();
+  std::uintptr_t hi = reinterpret_cast<std::uintptr_t>(p);
+  if (hi <= lo || hi - lo > (std::uintptr_t{1} << 26)) // not on this stack (a fake stack)
+    hi = lo;
+  auto const* bytes = reinterpret_cast<unsigned char const*>(std::addressof(body));
+  for (std::size_t off = 0; off + sizeof(std::uintptr_t) <= sizeof(Body);
+       off += alignof(std::uintptr_t)) {
+    std::uintptr_t w = 0;
+    std::memcpy(&w, bytes + off, sizeof w);
+    if (kernel_stack_address(w, lo, hi))
+      throw std::invalid_argument(
+          "tilegrad::vjp: the body of tg::loop at " + tilegrad::detail::where_string(where) +
+          ", run by " + (p ? p->describe() : std::string("host code")) +
+          ", captures a local variable by reference: in reverse mode the body runs again in the "
+          "sweep, after the kernel returned. Capture by value ([=]): tiles, tensors and block "
+          "pointers are small values.");
+  }
+}
+
+/// While it lives, the running program is inside a loop body (stores are refused); replaying,
+/// its accesses are not recorded again, and loads from tensors in `stored_after` are refused.
+class body_scope {
+public:
+  body_scope(program_state& st, bool replay, std::uint64_t stored_after, std::size_t after_loop)
+      : st_(st), replaying_(st.replaying), stored_after_(st.stored_after),
+        after_loop_(st.after_loop) {
+    ++st.loop_depth;
+    if (replay && !st.replaying) { // the outermost loop replayed: what came after it counts
+      st.replaying = true;
+      st.stored_after = stored_after;
+      st.after_loop = after_loop;
+    }
+  }
+  ~body_scope() {
+    --st_.loop_depth;
+    st_.replaying = replaying_;
+    st_.stored_after = stored_after_;
+    st_.after_loop = after_loop_;
+  }
+  body_scope(body_scope const&) = delete;
+  body_scope& operator=(body_scope const&) = delete;
+
+private:
+  program_state& st_;
+  bool replaying_;
+  std::uint64_t stored_after_;
+  std::size_t after_loop_;
+};
+
+inline int loop_index(int begin, int step, int t) {
+  return static_cast<int>(std::int64_t{begin} + std::int64_t{t} * step);
+}
+
+/// The record of a whole loop: the body (a copy), its carried values per iteration.
+template <class Body, class... C>
+struct loop_record final : record {
+  Body body;
+  int begin, step, n;
+  std::tuple<carried_slot<C>...> slots;
+  std::size_t end_access; // the program's accesses recorded up to the end of the loop
+
+  loop_record(Body const& b, int b0, int s, int count, std::tuple<carried_slot<C>...>&& sl,
+              std::size_t acc)
+      : body(b), begin(b0), step(s), n(count), slots(std::move(sl)), end_access(acc) {}
+
+  void backward() override { replay(std::index_sequence_for<C...>{}); }
+
+  template <std::size_t... I>
+  void replay(std::index_sequence<I...>) {
+    program_state& st = *current_state();
+    tape& tp = st.t;
+    std::uint64_t stored_after = 0; // tensors the program wrote after the loop
+    auto const& acc = st.out->accesses;
+    for (std::size_t i = end_access; i < acc.size(); ++i)
+      if (acc[i].kind != access_kind::load) stored_after |= std::uint64_t{1} << acc[i].tensor;
+    body_scope const scope(st, true, stored_after, end_access);
+    for (int t = n - 1; t >= 0; --t) {
+      auto const m = tp.mark();
+      std::tuple<C...> const start{std::get<I>(slots).restore(t, tp)...};
+      std::tuple<C...> cur = start;
+      body(loop_index(begin, step, t), std::get<I>(cur)...);
+      (std::get<I>(slots).seed(t + 1, std::get<I>(cur)), ...);
+      tp.sweep_from(m);
+      (std::get<I>(slots).take(t, std::get<I>(start)), ...);
+      tp.rewind(m);
+    }
+    (std::get<I>(slots).finish(), ...);
+  }
+};
+
+template <class Body, class... C, std::size_t... I>
+void run_checkpointed(program_state& st, int begin, int step, int n, Body const& body,
+                      std::index_sequence<I...>, C&... carried) {
+  tape& tp = st.t;
+  std::tuple<carried_slot<C>...> slots;
+  (std::get<I>(slots).start(tp, n, carried), ...);
+  {
+    body_scope const scope(st, false, 0, 0);
+    for (int t = 0; t < n; ++t) {
+      auto const m = tp.mark();
+      body(loop_index(begin, step, t), carried...);
+      (std::get<I>(slots).after(t + 1, n, carried), ...);
+      tp.rewind(m);
+      (std::get<I>(slots).resume(t + 1, n, carried), ...);
+    }
+  }
+  // Nothing the loop carries out depends on an active value: no gradient flows through it.
+  if (!(std::get<I>(slots).active(n) || ...)) return;
+  tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots), st.out->accesses.size());
+}
+
+} // namespace loop_detail
+
+template <class Body, class... C>
+void checkpointed_loop(int begin, int end, int step, Body const& body,
+                       std::source_location const& where, C&... carried) {
+  int const n = tilegrad::detail::trip_count(begin, end, step);
+  program_state* st = current_state();
+  if (!st) { // adjoint tiles outside vjp: recorded, never swept
+    for (int t = 0; t < n; ++t) body(loop_detail::loop_index(begin, step, t), carried...);
+    return;
+  }
+  if (n == 0) return;
+  loop_detail::check_captures(body, where);
+  loop_detail::run_checkpointed(*st, begin, step, n, body, std::index_sequence_for<C...>{},
+                                carried...);
+}
+
+} // namespace tilegrad::ad
