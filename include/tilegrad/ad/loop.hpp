@@ -1,6 +1,6 @@
 // Reverse mode of tg::loop (grid/loop.hpp): a checkpointed scan. The forward pass runs each
-// iteration on the tape and rewinds it, keeping only the values carried into the next iteration;
-// one record stands for the whole loop. Its backward runs the iterations again, last first, each
+// iteration without recording (values only, on the tape, rewound after it), keeping only the
+// values carried into the next iteration; one record stands for the whole loop. Its backward runs the iterations again, last first, each
 // recorded at the end of the tape from its saved carried values, seeded with the adjoint of the
 // values it produced, swept, and rewound. So a program's tape holds the carried values of every
 // iteration and one iteration's records, not every iteration's records: one more forward of the
@@ -67,65 +67,56 @@ struct carried_slot {
     saved.reserve(static_cast<std::size_t>(n));
     saved.push_back(init);
   }
-  void after(int t, int n, C const& c) {
+  void stage(C const&) {}
+  void keep(int t, int n, tape&, C const& c, bool) { // a value: the rewind leaves it as it is
     if (t < n) saved.push_back(c);
   }
-  void resume(int, int, C&) {} // a value: the rewind leaves it as it is
-  bool active(int) const { return false; }
   C restore(int t, tape&) const { return saved[static_cast<std::size_t>(t)]; }
-  void seed(int, C const&) const {}
-  void take(int, C const&) {}
+  void seed(C const&) const {}
+  void take(C const&) {}
   void finish() const {}
 };
 
-/// An adjoint tile: its values at the start of every iteration and after the last, on the tape
-/// below the loop's iterations, and whether it was active then.
+/// An adjoint tile: its values at the start of every iteration and after the last, each on the
+/// tape where the iteration before it was rewound (a stack of values, one iteration's records
+/// above them at a time).
 template <class T, int... Ns>
 struct carried_slot<tile<adjoint<T>, Ns...>> {
   using tile_type = tile<adjoint<T>, Ns...>;
   static constexpr int size = tile_type::size;
-  T* values = nullptr;  // (n + 1) x size
+  std::vector<T*> saved; // n + 1
   T* init_adj = nullptr;
   // The adjoint of the loop's result; in the sweep, that of the values at the start of the
   // iteration swept last (the adjoint its previous iteration's result receives).
   T* adj = nullptr;
-  T* scratch = nullptr; // the adjoint of the values in the forward runs, which are never swept
-  std::vector<bool> was_active;
-
-  T* at(int t) const { return values + static_cast<std::size_t>(t) * size; }
+  T* staging = nullptr; // the values an iteration produced, while its records are rewound
 
   void start(tape& tp, int n, tile_type const& init) {
-    values = tp.alloc<T>(static_cast<std::size_t>(n + 1) * size);
-    adj = tp.alloc_zero<T>(size);
-    scratch = tp.alloc_zero<T>(size);
-    std::memcpy(at(0), init.values(), sizeof(T) * size);
+    saved.reserve(static_cast<std::size_t>(n + 1));
+    saved.push_back(init.values()); // below the loop on the tape, and immutable
     init_adj = init.adjoints();
-    was_active.assign(static_cast<std::size_t>(n + 1), false);
-    was_active[0] = init.active();
+    adj = tp.alloc_zero<T>(size);
+    staging = tp.alloc<T>(size);
   }
-  // After iteration t - 1 ran (before its records are rewound): the values it carries on.
-  void after(int t, int, tile_type const& c) {
-    std::memcpy(at(t), c.values(), sizeof(T) * size);
-    was_active[static_cast<std::size_t>(t)] = c.active();
+  void stage(tile_type const& c) { std::memcpy(staging, c.values(), sizeof(T) * size); }
+  // After the rewind: the values carried into iteration t (the result, after the last), which
+  // the next iteration reads as a constant (the forward runs do not record).
+  void keep(int t, int n, tape& tp, tile_type& c, bool recording) {
+    T* v = tp.alloc<T>(size);
+    std::memcpy(v, staging, sizeof(T) * size);
+    saved.push_back(v);
+    c = tile_type::from_buffers(v, t == n && recording ? adj : nullptr);
   }
-  // After the rewind: the carried tile reads the saved values (the result, after the last).
-  void resume(int t, int n, tile_type& c) const {
-    T* a = !was_active[static_cast<std::size_t>(t)] ? nullptr : t == n ? adj : scratch;
-    c = tile_type::from_buffers(at(t), a);
-  }
-  bool active(int t) const { return was_active[static_cast<std::size_t>(t)]; }
   tile_type restore(int t, tape& tp) const {
-    return tile_type::from_buffers(at(t), active(t) ? tp.alloc_zero<T>(size) : nullptr);
+    return tile_type::from_buffers(saved[static_cast<std::size_t>(t)], tp.alloc_zero<T>(size));
   }
-  // The values iteration t - 1 produced receive the adjoint of the next iteration's start.
-  void seed(int t, tile_type const& c) const {
-    if (!active(t) || !c.active()) return;
+  // The values the iteration produced receive the adjoint the iterations after it handed back.
+  void seed(tile_type const& c) const {
+    if (!c.active()) return;
     T* d = c.adjoints();
     for (int i = 0; i < size; ++i) d[i] += adj[i];
   }
-  void take(int t, tile_type const& start) {
-    if (active(t)) std::memcpy(adj, start.adjoints(), sizeof(T) * size);
-  }
+  void take(tile_type const& start) { std::memcpy(adj, start.adjoints(), sizeof(T) * size); }
   void finish() const {
     if (init_adj)
       for (int i = 0; i < size; ++i) init_adj[i] += adj[i];
@@ -236,34 +227,49 @@ struct loop_record final : record {
       std::tuple<C...> const start{std::get<I>(slots).restore(t, tp)...};
       std::tuple<C...> cur = start;
       body(loop_index(begin, step, t), std::get<I>(cur)...);
-      (std::get<I>(slots).seed(t + 1, std::get<I>(cur)), ...);
+      (std::get<I>(slots).seed(std::get<I>(cur)), ...);
       tp.sweep_from(m);
-      (std::get<I>(slots).take(t, std::get<I>(start)), ...);
+      (std::get<I>(slots).take(std::get<I>(start)), ...);
       tp.rewind(m);
     }
     (std::get<I>(slots).finish(), ...);
   }
 };
 
+/// Turns recording off while it lives (restoring what it was).
+class recording_off {
+public:
+  explicit recording_off(tape& tp) : tp_(tp), was_(tp.recording()) { tp.set_recording(false); }
+  ~recording_off() { tp_.set_recording(was_); }
+  recording_off(recording_off const&) = delete;
+  recording_off& operator=(recording_off const&) = delete;
+
+private:
+  tape& tp_;
+  bool was_;
+};
+
 template <class Body, class... C, std::size_t... I>
 void run_checkpointed(program_state& st, int begin, int step, int n, Body const& body,
                       std::index_sequence<I...>, C&... carried) {
   tape& tp = st.t;
+  bool const recording = tp.recording(); // off: inside the forward run of an enclosing loop
   std::tuple<carried_slot<C>...> slots;
   (std::get<I>(slots).start(tp, n, carried), ...);
   {
     body_scope const scope(st, false, 0, 0);
+    recording_off const values_only(tp);
     for (int t = 0; t < n; ++t) {
       auto const m = tp.mark();
       body(loop_index(begin, step, t), carried...);
-      (std::get<I>(slots).after(t + 1, n, carried), ...);
+      (std::get<I>(slots).stage(carried), ...);
       tp.rewind(m);
-      (std::get<I>(slots).resume(t + 1, n, carried), ...);
+      (std::get<I>(slots).keep(t + 1, n, tp, carried, recording), ...);
     }
   }
-  // Nothing the loop carries out depends on an active value: no gradient flows through it.
-  if (!(std::get<I>(slots).active(n) || ...)) return;
-  tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots), st.out->accesses.size());
+  if (recording)
+    tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots),
+                                     st.out->accesses.size());
 }
 
 } // namespace loop_detail

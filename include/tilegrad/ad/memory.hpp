@@ -88,7 +88,8 @@ inline tensor_entry const* tracked_load(program_state* st, void const* base) {
   if (!e)
     return nullptr;
   st->out->reads |= std::uint64_t{1} << e->index;
-  return e->writable || e->wants_grad() ? e : nullptr;
+  // Not recording (a checkpointed loop's forward run), a read-only tensor needs nothing.
+  return e->writable || (e->wants_grad() && st->t.recording()) ? e : nullptr;
 }
 
 /// Lanes are walked as offsets from the view the kernel accessed (t[b][h], say); the runs of
@@ -193,7 +194,7 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
     }
   }
   init.finish();
-  if (routed.empty() && initial.empty())
+  if ((routed.empty() && initial.empty()) || !tp.recording())
     return nullptr;
   T* adj = tp.alloc_zero<T>(S::size);
   std::vector<run> const& g = grad_runs(initial);

@@ -93,6 +93,7 @@ public:
     records_.clear();
     current_ = 0;
     used_ = 0;
+    recording_ = true;
   }
 
   std::size_t records() const { return records_.size(); }
@@ -103,6 +104,10 @@ public:
     return b;
   }
   std::size_t peak() const { return peak_; }
+  /// Whether operations on active tiles record (off while a checkpointed loop runs its
+  /// iterations forward: their results are only values, the sweep records them again).
+  bool recording() const { return recording_; }
+  void set_recording(bool on) { recording_ = on; }
   /// Starts a new high-water mark (one per program).
   void reset_peak() { peak_ = in_use(); }
   std::size_t reserved() const {
@@ -119,6 +124,7 @@ private:
   static constexpr std::size_t chunk_bytes = std::size_t{1} << 20;
   std::vector<chunk> chunks_;
   std::size_t current_ = 0, used_ = 0, peak_ = 0;
+  bool recording_ = true;
   std::vector<record*> records_;
 };
 
