@@ -4,6 +4,7 @@
 // loop's tape holds); against central differences of the double launch and against jvp; a tape
 // that grows by the carried values only; and its refusals (a by-reference capture, a store in
 // the body, a replayed load of a tensor stored after the loop).
+#include <tilegrad/kernels/flash_attention.hpp>
 #include <tilegrad/tilegrad.hpp>
 
 #include <gtest/gtest.h>
@@ -84,6 +85,13 @@ struct problem {
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+/// While it lives, reverse mode checkpoints every tg::loop, however small its tape (by default a
+/// loop whose records fit a few MiB records them as a plain loop).
+struct checkpoint_every_loop {
+  std::size_t saved = tg::set_loop_record_budget(0);
+  ~checkpoint_every_loop() { tg::set_loop_record_budget(saved); }
+};
+
 // Lengths: a whole walk, none (zero iterations), one partial tile short of the end.
 constexpr std::int32_t lens[P] = {NC, 0, 20};
 
@@ -95,6 +103,7 @@ TEST(Loop, FastPathIsThePlainLoopBitwise) {
 }
 
 TEST(Loop, GradientsAreThoseOfThePlainLoopBitwise) {
+  checkpoint_every_loop const checkpointed;
   // The sweep runs the records of each iteration, rebuilt from the same values, in the order
   // the plain loop's tape holds them; the adjoint an iteration hands back is the sum the plain
   // loop forms, started from zero. So every gradient is the same float.
@@ -131,6 +140,7 @@ TEST(Loop, GradientsAreThoseOfThePlainLoopBitwise) {
 }
 
 TEST(Loop, MatchesCentralDifferencesAndJvp) {
+  checkpoint_every_loop const checkpointed;
   problem<double> pr(lens);
   auto const g = pr.grads(walk<true>);
   auto forward = [&](owned<double> const& x, owned<double> const& z, owned<double> const& w) {
@@ -175,7 +185,9 @@ TEST(Loop, MatchesCentralDifferencesAndJvp) {
 TEST(Loop, TheTapeGrowsByTheCarriedValuesOnly) {
   // One program walking 64 and then 16 column tiles: the plain loop's tape grows with every
   // iteration's records, tg::loop's by the carried values (acc: R x C floats, s: R floats).
-  auto peak = [](auto const& k, int cols) {
+  // Under the default budget, a loop this small records its iterations as a plain loop does.
+  auto peak = [](auto const& k, int cols, std::size_t budget = 0) {
+    std::size_t const saved = tg::set_loop_record_budget(budget);
     owned<float> x({R, cols}, "x"), z({R, cols}, "z"), w({C}, "w"), y({R}, "y"), dy({R}, "dy");
     owned<std::int32_t> len({1}, "len");
     test_support::fill(x, 1);
@@ -185,6 +197,7 @@ TEST(Loop, TheTapeGrowsByTheCarriedValuesOnly) {
     len(0) = cols;
     auto const g = tg::vjp(1, k, tg::in("x", x), tg::in("z", z), tg::in("w", w), len.cview(),
                            tg::out("y", y, dy));
+    tg::set_loop_record_budget(saved);
     return static_cast<double>(g.peak_tape_bytes());
   };
   double const loop_long = peak(walk<true>, 64 * C), loop_short = peak(walk<true>, 16 * C);
@@ -195,6 +208,40 @@ TEST(Loop, TheTapeGrowsByTheCarriedValuesOnly) {
   EXPECT_GT(plain_long - plain_short, 4 * (loop_long - loop_short))
       << plain_short << " -> " << plain_long;
   EXPECT_LT(loop_long, plain_long / 4);
+  // The budget: a loop whose records fit it is recorded whole, one that does not is checkpointed.
+  EXPECT_EQ(peak(walk<true>, 64 * C, std::size_t{8} << 20), plain_long);
+  EXPECT_EQ(peak(walk<true>, 64 * C, std::size_t(plain_long / 2)), loop_long);
+}
+
+TEST(Loop, FlashAttentionGradientsAreTheSameCheckpointedOrNot) {
+  // The library's forward kernel (its key walk is a tg::loop), causal, with N not a multiple of
+  // the tiles: checkpointed, and recorded whole under an unlimited budget.
+  constexpr int Dh = 16, Bq = 16, Bk = 16, H = 2, N = 45;
+  owned<float> q({1, H, N, Dh}, "q"), k({1, H, N, Dh}, "k"), v({1, H, N, Dh}, "v"),
+      o({1, H, N, Dh}, "o"), d_o({1, H, N, Dh}, "d_o"), lse({1, H, N}, "lse");
+  test_support::fill(q, 1);
+  test_support::fill(k, 2);
+  test_support::fill(v, 3);
+  test_support::fill(d_o, 4);
+  auto run = [&](std::size_t budget) {
+    std::size_t const saved = tg::set_loop_record_budget(budget);
+    auto g = tg::vjp(tg::grid(tg::cdiv(N, Bq), H, 1),
+                     tilegrad::kernels::flash_attention_fwd<Dh, Bq, Bk, true>, tg::in("q", q),
+                     tg::in("k", k), tg::in("v", v), tg::out("o", o, d_o), lse.view(), 0.25);
+    tg::set_loop_record_budget(saved);
+    return g;
+  };
+  auto const a = run(0), b = run(~std::size_t{0});
+  for (char const* t : {"q", "k", "v"}) {
+    bool nonzero = false;
+    for (std::int64_t i = 0; i < a[t].numel(); ++i) {
+      ASSERT_TRUE(same_bits(a[t].data()[i], b[t].data()[i]))
+          << t << " " << i << ": " << a[t].data()[i] << " vs " << b[t].data()[i];
+      nonzero |= a[t].data()[i] != 0;
+    }
+    EXPECT_TRUE(nonzero) << t;
+  }
+  EXPECT_LT(a.peak_tape_bytes(), b.peak_tape_bytes());
 }
 
 // A nested tg::loop, against the same nesting of plain loops: the inner loop is recorded while
@@ -234,6 +281,7 @@ constexpr auto nested = []<class T>(tg::program const& p, tg::tensor<T const> x,
 };
 
 TEST(Loop, NestedLoopsGiveThePlainLoopsGradients) {
+  checkpoint_every_loop const checkpointed;
   problem<float> a(lens), b(lens);
   auto const ga = a.grads(nested<true>);
   auto const gb = b.grads(nested<false>);
@@ -282,6 +330,7 @@ TEST(Loop, ABodyCapturingByReferenceIsRefused) {
 }
 
 TEST(Loop, AStoreInTheBodyIsRefusedInReverseMode) {
+  checkpoint_every_loop const checkpointed;
   auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
     auto const i = tg::arange<0, 8>();
     auto acc = tg::zeros<tg::fp32<T>, 8>();
@@ -297,6 +346,7 @@ TEST(Loop, AStoreInTheBodyIsRefusedInReverseMode) {
 }
 
 TEST(Loop, LoadsOfOwnEarlierStoresReplayAndALaterStoreIsRefused) {
+  checkpoint_every_loop const checkpointed;
   // y is inout: the program stores into it before the loop (a load in the body sees that value,
   // in the forward run and in the replay alike), and, when `after` is set, once more after the
   // loop: a replayed load can no longer tell which store it saw, and is refused.

@@ -16,6 +16,7 @@
 #include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/checked.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -236,6 +237,18 @@ struct loop_record final : record {
   }
 };
 
+/// Loops whose records would take at most this many bytes of a program's tape (estimated from
+/// their first iteration) record them, as a plain loop: below a few MiB, replaying each iteration
+/// in the sweep costs more than the cache misses of the tape it saves (docs/performance.md,
+/// FlashAttention at N = 1024). 0 checkpoints every tg::loop. One setting for all threads.
+inline std::atomic<std::size_t>& loop_record_budget_setting() {
+  static std::atomic<std::size_t> bytes{std::size_t{8} << 20};
+  return bytes;
+}
+inline std::size_t loop_record_budget() {
+  return loop_record_budget_setting().load(std::memory_order_relaxed);
+}
+
 /// Turns recording off while it lives (restoring what it was).
 class recording_off {
 public:
@@ -254,12 +267,30 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
                       std::index_sequence<I...>, C&... carried) {
   tape& tp = st.t;
   bool const recording = tp.recording(); // off: inside the forward run of an enclosing loop
+  bool rerun_first = false;              // iteration 0 ran already: its accesses are recorded
+  if (recording) {
+    // The first iteration, recorded: if the whole loop's records fit the budget, it goes on as
+    // a plain loop (a replay costs more than the cache misses of a tape that small).
+    std::tuple<C...> const init{carried...};
+    std::size_t const before = tp.in_use();
+    auto const m0 = tp.mark();
+    body_scope const scope(st, false, 0, 0);
+    body(loop_index(begin, step, 0), carried...);
+    std::size_t const per_iteration = tp.in_use() - before;
+    if (per_iteration * static_cast<std::size_t>(n) <= loop_record_budget()) {
+      for (int t = 1; t < n; ++t) body(loop_index(begin, step, t), carried...);
+      return;
+    }
+    tp.rewind(m0);
+    std::tie(carried...) = init;
+    rerun_first = true;
+  }
   std::tuple<carried_slot<C>...> slots;
   (std::get<I>(slots).start(tp, n, carried), ...);
   {
-    body_scope const scope(st, false, 0, 0);
     recording_off const values_only(tp);
     for (int t = 0; t < n; ++t) {
+      body_scope const scope(st, t == 0 && rerun_first, 0, 0);
       auto const m = tp.mark();
       body(loop_index(begin, step, t), carried...);
       (std::get<I>(slots).stage(carried), ...);
@@ -290,3 +321,14 @@ void checkpointed_loop(int begin, int end, int step, Body const& body,
 }
 
 } // namespace tilegrad::ad
+
+namespace tilegrad {
+
+/// Sets the tape budget of tg::loop in reverse mode (bytes; default 8 MiB): a loop whose records
+/// would fit it records them as a plain loop, a larger one is checkpointed; 0 checkpoints every
+/// loop. Returns the previous budget. Gradients are the same either way, bitwise.
+inline std::size_t set_loop_record_budget(std::size_t bytes) {
+  return ad::loop_detail::loop_record_budget_setting().exchange(bytes);
+}
+
+} // namespace tilegrad
