@@ -420,8 +420,18 @@ void bm_naive(benchmark::State& state, pass ps, std::int64_t n, int threads) {
 
 /// vjp of the forward kernel (all of q, k, v), credited with forward + backward flops;
 /// vjp_vs_fwd: its time over the tilegrad forward's, timed right after on the same clock.
+/// `budget`: tg::loop's tape budget while it runs (0: every key walk checkpointed; the largest
+/// value: every one recorded whole; see tg::set_loop_record_budget), or -1 for the default.
 template <class Kernel>
-void bm_vjp(benchmark::State& state, Kernel const& kernel, std::int64_t n, int threads) {
+void bm_vjp(benchmark::State& state, Kernel const& kernel, std::int64_t n, int threads,
+            double budget = -1) {
+  struct budget_scope {
+    std::size_t saved = tg::set_loop_record_budget(0);
+    explicit budget_scope(double b) {
+      tg::set_loop_record_budget(b < 0 ? saved : static_cast<std::size_t>(b));
+    }
+    ~budget_scope() { tg::set_loop_record_budget(saved); }
+  } const scope(budget);
   openblas_set_num_threads(threads);
   problem pr(batch, heads, n);
   auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), int(pr.h), int(pr.b));
@@ -589,8 +599,9 @@ void register_all() {
       reg("bwd/naive", bm_naive, pass::bwd, n, t);
       reg("fwd_bwd/tilegrad", bm_tilegrad, pass::fwd_bwd, atomic, n, t);
       reg("fwd_bwd/naive", bm_naive, pass::fwd_bwd, n, t);
-      reg("fwd_bwd/vjp", bm_vjp<decltype(fwd_kernel)>, fwd_kernel, n, t);
-      reg("fwd_bwd/vjp_for_loop", bm_vjp<decltype(for_loop_kernel)>, for_loop_kernel, n, t);
+      reg("fwd_bwd/vjp", bm_vjp<decltype(fwd_kernel)>, fwd_kernel, n, t, -1.0);
+      reg("fwd_bwd/vjp_checkpointed", bm_vjp<decltype(fwd_kernel)>, fwd_kernel, n, t, 0.0);
+      reg("fwd_bwd/vjp_for_loop", bm_vjp<decltype(for_loop_kernel)>, for_loop_kernel, n, t, -1.0);
       reg("fwd/kernel_tg_loop", bm_forward_kernel<decltype(fwd_kernel)>, fwd_kernel, n, t);
       reg("fwd/kernel_for_loop", bm_forward_kernel<decltype(for_loop_kernel)>, for_loop_kernel, n,
           t);
