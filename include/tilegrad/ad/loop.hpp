@@ -1,10 +1,11 @@
 // Reverse mode of tg::loop (grid/loop.hpp): a checkpointed scan. The forward pass runs each
 // iteration without recording (values only, on the tape, rewound after it), keeping only the
-// values carried into the next iteration; one record stands for the whole loop. Its backward runs the iterations again, last first, each
-// recorded at the end of the tape from its saved carried values, seeded with the adjoint of the
-// values it produced, swept, and rewound. So a program's tape holds the carried values of every
-// iteration and one iteration's records, not every iteration's records: one more forward of the
-// body buys a tape that stays in cache.
+// values carried into the next iteration; one record stands for the whole loop. Its backward
+// runs the iterations again, last first, each recorded at the end of the tape from its saved
+// carried values, seeded with the adjoint of the values it produced, swept, and rewound. So a
+// program's tape holds the carried values of every iteration and one iteration's records, not
+// every iteration's records: one more forward of the body buys a tape that stays in cache. A
+// loop whose records fit a budget is recorded whole instead, as a plain loop.
 #pragma once
 
 #include "tilegrad/ad/adjoint.hpp"
