@@ -53,8 +53,7 @@ float const scale = 1.0f / std::sqrt(float(D));
 template <int D_, int BQ_, int BK_, bool Causal>
 constexpr auto for_loop_fwd = []<class T>(tg::program const& p, tg::tensor<T const> q,
                                           tg::tensor<T const> k, tg::tensor<T const> v,
-                                          tg::tensor<T> o, tg::tensor<tg::fp32<T>> lse,
-                                          double sc) {
+                                          tg::tensor<T> o, tg::tensor<tg::fp32<T>> lse, double sc) {
   using F = tg::fp32<T>;
   namespace td = tk::detail;
   int const q0 = p.program_id(0) * BQ_, h = p.program_id(1), b = p.program_id(2);
@@ -66,8 +65,10 @@ constexpr auto for_loop_fwd = []<class T>(tg::program const& p, tg::tensor<T con
   auto l = tg::zeros<F, BQ_>();
   auto acc = tg::zeros<F, BQ_, D_>();
   for (int k0 = 0; k0 < td::key_end<BQ_, Causal>(q0, n_k); k0 += BK_) {
-    tg::tile<F, BK_, D_> const kj = to<F>(load(tg::make_block_ptr<BK_, D_>(kh, {k0, 0}), tg::bounds<0>));
-    tg::tile<F, BK_, D_> const vj = to<F>(load(tg::make_block_ptr<BK_, D_>(vh, {k0, 0}), tg::bounds<0>));
+    tg::tile<F, BK_, D_> const kj =
+        to<F>(load(tg::make_block_ptr<BK_, D_>(kh, {k0, 0}), tg::bounds<0>));
+    tg::tile<F, BK_, D_> const vj =
+        to<F>(load(tg::make_block_ptr<BK_, D_>(vh, {k0, 0}), tg::bounds<0>));
     tg::tile<F, BK_, BQ_> st = dot(kj, qt);
     if (td::block_needs_mask<BQ_, BK_, Causal>(q0, k0, n_k))
       st = where(td::block_mask<BQ_, BK_, Causal, true>(q0, k0, n_k), st, td::neg_inf);
@@ -467,8 +468,7 @@ void bm_vjp(benchmark::State& state, Kernel const& kernel, std::int64_t n, int t
 /// tg::loop, and the same kernel with a plain for loop, to show that tg::loop on the fast path
 /// is that loop.
 template <class Kernel>
-void bm_forward_kernel(benchmark::State& state, Kernel const& kernel, std::int64_t n,
-                       int threads) {
+void bm_forward_kernel(benchmark::State& state, Kernel const& kernel, std::int64_t n, int threads) {
   openblas_set_num_threads(threads);
   problem pr(batch, heads, n);
   auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), int(pr.h), int(pr.b));
@@ -571,15 +571,15 @@ std::string suffix(std::int64_t n, int threads) {
 void register_all() {
   for (int t : {1, 2})
     with_clock(benchmark::RegisterBenchmark(("vjp_memory/tilegrad" + suffix(16384, t)).c_str(),
-                                            bm_vjp_memory<decltype(fwd_kernel)>, fwd_kernel,
-                                            16384, t),
+                                            bm_vjp_memory<decltype(fwd_kernel)>, fwd_kernel, 16384,
+                                            t),
                t)
         ->Iterations(1)
         ->Repetitions(1)
         ->Unit(benchmark::kSecond);
   with_clock(benchmark::RegisterBenchmark(("vjp_memory/for_loop" + suffix(16384, 1)).c_str(),
-                                          bm_vjp_memory<decltype(for_loop_kernel)>,
-                                          for_loop_kernel, 16384, 1),
+                                          bm_vjp_memory<decltype(for_loop_kernel)>, for_loop_kernel,
+                                          16384, 1),
              1)
       ->Iterations(1)
       ->Repetitions(1)

@@ -74,7 +74,8 @@ struct problem {
     test_support::fill(z, 2);
     test_support::fill(w, 3);
     test_support::fill(dy, 4);
-    for (int i = 0; i < P; ++i) len(i) = lens[i];
+    for (int i = 0; i < P; ++i)
+      len(i) = lens[i];
   }
   template <class K>
   auto grads(K const& k, tg::launch_options o = tg::default_options()) {
@@ -83,7 +84,9 @@ struct problem {
   }
 };
 
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
 
 /// While it lives, reverse mode checkpoints every tg::loop, however small its tape (by default a
 /// loop whose records fit a few MiB records them as a plain loop).
@@ -99,7 +102,8 @@ TEST(Loop, FastPathIsThePlainLoopBitwise) {
   problem<float> a(lens), b(lens);
   tg::launch(P, walk<true>, a.x.cview(), a.z.cview(), a.w.cview(), a.len.cview(), a.y.view());
   tg::launch(P, walk<false>, b.x.cview(), b.z.cview(), b.w.cview(), b.len.cview(), b.y.view());
-  for (int i = 0; i < NR; ++i) ASSERT_TRUE(same_bits(a.y(i), b.y(i))) << i;
+  for (int i = 0; i < NR; ++i)
+    ASSERT_TRUE(same_bits(a.y(i), b.y(i))) << i;
 }
 
 TEST(Loop, GradientsAreThoseOfThePlainLoopBitwise) {
@@ -110,7 +114,8 @@ TEST(Loop, GradientsAreThoseOfThePlainLoopBitwise) {
   problem<float> a(lens), b(lens);
   auto const ga = a.grads(walk<true>);
   auto const gb = b.grads(walk<false>);
-  for (int i = 0; i < NR; ++i) ASSERT_TRUE(same_bits(a.y(i), b.y(i))) << "y " << i;
+  for (int i = 0; i < NR; ++i)
+    ASSERT_TRUE(same_bits(a.y(i), b.y(i))) << "y " << i;
   for (char const* t : {"x", "z", "w"}) {
     auto const& u = ga[t];
     auto const& v = gb[t];
@@ -124,7 +129,8 @@ TEST(Loop, GradientsAreThoseOfThePlainLoopBitwise) {
   }
   // Program 1 ran no iteration: its rows of x get nothing; rows of the other two do.
   for (int r = R; r < 2 * R; ++r)
-    for (int c = 0; c < NC; ++c) ASSERT_EQ(ga["x"](r, c), 0.0f) << r << "," << c;
+    for (int c = 0; c < NC; ++c)
+      ASSERT_EQ(ga["x"](r, c), 0.0f) << r << "," << c;
   // Program 2 walked 20 columns: the mask made in the body stops x (and so z, which multiplies
   // tanh(x)) at column 20; program 0 reaches the last column, read with boundary checks.
   EXPECT_NE(ga["x"](2 * R, 19), 0.0f);
@@ -147,7 +153,8 @@ TEST(Loop, MatchesCentralDifferencesAndJvp) {
     owned<double> y({NR}, "y");
     tg::launch(P, walk<true>, x.cview(), z.cview(), w.cview(), pr.len.cview(), y.view());
     double s = 0;
-    for (int i = 0; i < NR; ++i) s += pr.dy(i) * y(i);
+    for (int i = 0; i < NR; ++i)
+      s += pr.dy(i) * y(i);
     return s;
   };
   double const h = 1e-6;
@@ -172,13 +179,16 @@ TEST(Loop, MatchesCentralDifferencesAndJvp) {
   test_support::fill(ux, 5);
   test_support::fill(uz, 6);
   test_support::fill(uw, 7);
-  auto const t = tg::jvp(P, walk<true>, tg::tangent_in("x", pr.x, ux), tg::tangent_in("z", pr.z, uz),
-                         tg::tangent_in("w", pr.w, uw), pr.len.cview(), tg::tangent_out("y", yt));
+  auto const t =
+      tg::jvp(P, walk<true>, tg::tangent_in("x", pr.x, ux), tg::tangent_in("z", pr.z, uz),
+              tg::tangent_in("w", pr.w, uw), pr.len.cview(), tg::tangent_out("y", yt));
   double jv = 0, vj = 0;
-  for (int i = 0; i < NR; ++i) jv += t["y"](i) * pr.dy(i);
+  for (int i = 0; i < NR; ++i)
+    jv += t["y"](i) * pr.dy(i);
   for (std::int64_t i = 0; i < ux.numel(); ++i)
     vj += ux.data()[i] * g["x"].data()[i] + uz.data()[i] * g["z"].data()[i];
-  for (int i = 0; i < C; ++i) vj += uw(i) * g["w"](i);
+  for (int i = 0; i < C; ++i)
+    vj += uw(i) * g["w"](i);
   EXPECT_NEAR(jv, vj, 1e-12 * (1 + std::abs(jv)));
 }
 
@@ -368,7 +378,8 @@ TEST(Loop, LoadsOfOwnEarlierStoresReplayAndALaterStoreIsRefused) {
   auto plain = [](owned<float> const& x, owned<float> const& dy) {
     // y[i] = 2 x[i]; y[i + 8] = (0.25 + 0.5 + 1) * 2 x[i]: dx[i] = 2 dy[i] + 3.5 dy[i + 8].
     owned<float> want({5}, "want");
-    for (int i = 0; i < 5; ++i) want(i) = 2 * dy(i) + 3.5f * dy(i + 8);
+    for (int i = 0; i < 5; ++i)
+      want(i) = 2 * dy(i) + 3.5f * dy(i + 8);
     (void)x;
     return want;
   };
@@ -377,11 +388,11 @@ TEST(Loop, LoadsOfOwnEarlierStoresReplayAndALaterStoreIsRefused) {
   test_support::fill(dy, 2);
   auto const g = tg::vjp(1, k, tg::in("x", x), tg::inout("y", y, dy), 0);
   auto const want = plain(x, dy);
-  for (int i = 0; i < 5; ++i) EXPECT_NEAR(g["x"](i), want(i), 1e-6) << i;
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NEAR(g["x"](i), want(i), 1e-6) << i;
   std::string const m =
       message_of([&] { tg::vjp(1, k, tg::in("x", x), tg::inout("y", y, dy), 1); });
-  EXPECT_NE(m.find("loads tensor 'y', element (0), inside the body of tg::loop"),
-            std::string::npos)
+  EXPECT_NE(m.find("loads tensor 'y', element (0), inside the body of tg::loop"), std::string::npos)
       << m;
   EXPECT_NE(m.find("writes that element after the loop"), std::string::npos) << m;
 }

@@ -142,7 +142,8 @@ inline std::vector<run> const& logical_runs(tensor_entry const& e, std::vector<r
 /// Whether run r holds element el.
 inline bool run_holds(run const& r, std::int64_t el) {
   std::int64_t const d = el - r.offset;
-  if (r.step == 0) return d == 0;
+  if (r.step == 0)
+    return d == 0;
   return d % r.step == 0 && d / r.step >= 0 && d / r.step < r.count;
 }
 

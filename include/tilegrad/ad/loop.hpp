@@ -54,7 +54,8 @@ template <class C>
 inline constexpr bool is_plain_tile_v = requires {
   typename C::shape_type;
   typename C::value_type;
-} && std::is_trivially_copyable_v<C> && !tilegrad::detail::is_adjoint_tile_v<C>;
+}
+&&std::is_trivially_copyable_v<C> && !tilegrad::detail::is_adjoint_tile_v<C>;
 
 /// How one carried value that holds no adjoint (a number, a block pointer, a plain tile) is kept:
 /// a copy of its value at the start of every iteration.
@@ -71,7 +72,8 @@ struct carried_slot {
   }
   void stage(C const&) {}
   void keep(int t, int n, tape&, C const& c, bool) { // a value: the rewind leaves it as it is
-    if (t < n) saved.push_back(c);
+    if (t < n)
+      saved.push_back(c);
   }
   C restore(int t, tape&) const { return saved[static_cast<std::size_t>(t)]; }
   void seed(C const&) const {}
@@ -114,25 +116,30 @@ struct carried_slot<tile<adjoint<T>, Ns...>> {
   }
   // The values the iteration produced receive the adjoint the iterations after it handed back.
   void seed(tile_type const& c) const {
-    if (!c.active()) return;
+    if (!c.active())
+      return;
     T* d = c.adjoints();
-    for (int i = 0; i < size; ++i) d[i] += adj[i];
+    for (int i = 0; i < size; ++i)
+      d[i] += adj[i];
   }
   void take(tile_type const& start) { std::memcpy(adj, start.adjoints(), sizeof(T) * size); }
   void finish() const {
     if (init_adj)
-      for (int i = 0; i < size; ++i) init_adj[i] += adj[i];
+      for (int i = 0; i < size; ++i)
+        init_adj[i] += adj[i];
   }
 };
 
 /// Whether address a lies in the kernel's stack frames (between this call and the frame of the
 /// vjp program that runs the kernel, where its program object lives) or, under AddressSanitizer,
-/// in a live frame of this thread's fake stack (where locals go with detect_stack_use_after_return).
+/// in a live frame of this thread's fake stack (where locals go with
+/// detect_stack_use_after_return).
 [[gnu::noinline]] inline std::uintptr_t stack_here() {
   return reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
 }
 inline bool kernel_stack_address(std::uintptr_t a, std::uintptr_t lo, std::uintptr_t hi) {
-  if (a >= lo && a < hi) return true;
+  if (a >= lo && a < hi)
+    return true;
 #ifdef TILEGRAD_LOOP_ASAN
   if (void* fs = __asan_get_current_fake_stack())
     if (__asan_addr_is_in_fake_stack(fs, reinterpret_cast<void*>(a), nullptr, nullptr))
@@ -222,7 +229,8 @@ struct loop_record final : record {
     std::uint64_t stored_after = 0; // tensors the program wrote after the loop
     auto const& acc = st.out->accesses;
     for (std::size_t i = end_access; i < acc.size(); ++i)
-      if (acc[i].kind != access_kind::load) stored_after |= std::uint64_t{1} << acc[i].tensor;
+      if (acc[i].kind != access_kind::load)
+        stored_after |= std::uint64_t{1} << acc[i].tensor;
     body_scope const scope(st, true, stored_after, end_access);
     for (int t = n - 1; t >= 0; --t) {
       auto const m = tp.mark();
@@ -279,7 +287,8 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
     body(loop_index(begin, step, 0), carried...);
     std::size_t const per_iteration = tp.in_use() - before;
     if (per_iteration * static_cast<std::size_t>(n) <= loop_record_budget()) {
-      for (int t = 1; t < n; ++t) body(loop_index(begin, step, t), carried...);
+      for (int t = 1; t < n; ++t)
+        body(loop_index(begin, step, t), carried...);
       return;
     }
     tp.rewind(m0);
@@ -312,10 +321,12 @@ void checkpointed_loop(int begin, int end, int step, Body const& body,
   int const n = tilegrad::detail::trip_count(begin, end, step);
   program_state* st = current_state();
   if (!st) { // adjoint tiles outside vjp: recorded, never swept
-    for (int t = 0; t < n; ++t) body(loop_detail::loop_index(begin, step, t), carried...);
+    for (int t = 0; t < n; ++t)
+      body(loop_detail::loop_index(begin, step, t), carried...);
     return;
   }
-  if (n == 0) return;
+  if (n == 0)
+    return;
   loop_detail::check_captures(body, where);
   loop_detail::run_checkpointed(*st, begin, step, n, body, std::index_sequence_for<C...>{},
                                 carried...);

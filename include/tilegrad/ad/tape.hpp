@@ -76,12 +76,14 @@ public:
   mark_type mark() const { return {records_.size(), current_, used_}; }
   /// Runs the backward() of the records made since m, last first.
   void sweep_from(mark_type const& m) {
-    for (std::size_t i = records_.size(); i > m.records; --i) records_[i - 1]->backward();
+    for (std::size_t i = records_.size(); i > m.records; --i)
+      records_[i - 1]->backward();
   }
   /// Drops the records made since m and gives their memory back to the arena: what was
   /// allocated since m is invalid afterwards.
   void rewind(mark_type const& m) {
-    for (std::size_t i = m.records; i < records_.size(); ++i) records_[i]->~record();
+    for (std::size_t i = m.records; i < records_.size(); ++i)
+      records_[i]->~record();
     records_.resize(m.records);
     current_ = m.chunk;
     used_ = m.used;

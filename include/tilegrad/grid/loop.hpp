@@ -34,7 +34,8 @@ struct loop_begin {
 
 /// The number of iterations of `for (i = begin; i < end (i > end for step < 0); i += step)`.
 inline int trip_count(int begin, int end, int step) {
-  if (step == 0) throw std::invalid_argument("tilegrad::loop: the step is 0");
+  if (step == 0)
+    throw std::invalid_argument("tilegrad::loop: the step is 0");
   std::int64_t const span = step > 0 ? std::int64_t{end} - begin : std::int64_t{begin} - end;
   std::int64_t const s = step > 0 ? step : -std::int64_t{step};
   return span <= 0 ? 0 : static_cast<int>((span + s - 1) / s);
@@ -65,8 +66,7 @@ template <class... A, std::size_t... I>
 constexpr bool carried_are_variables(std::index_sequence<I...>) {
   using all = std::tuple<A...>;
   return ((std::is_lvalue_reference_v<std::tuple_element_t<I, all>> &&
-           !std::is_const_v<std::remove_reference_t<std::tuple_element_t<I, all>>>) &&
-          ...);
+           !std::is_const_v<std::remove_reference_t<std::tuple_element_t<I, all>>>)&&...);
 }
 
 } // namespace detail
@@ -82,7 +82,7 @@ namespace detail {
 
 template <class Body, class... C>
 TILEGRAD_INLINE void run_loop(loop_begin const& begin, int end, int step, Body const& body,
-                                   C&... carried) {
+                              C&... carried) {
   static_assert(std::is_invocable_v<Body const&, int, C&...>,
                 "tilegrad::loop: the body must be callable as body(int index, carried&...), "
                 "with the carried values in the order given, and const (not a mutable lambda)");
@@ -94,15 +94,17 @@ TILEGRAD_INLINE void run_loop(loop_begin const& begin, int end, int step, Body c
   if constexpr ((is_adjoint_tile_v<C> || ...)) {
     ad::checkpointed_loop(begin.value, end, step, body, begin.where, carried...);
   } else {
-    if (step == 0) throw std::invalid_argument("tilegrad::loop: the step is 0");
+    if (step == 0)
+      throw std::invalid_argument("tilegrad::loop: the step is 0");
     // One call site, so that the body is inlined as a loop body written out would be.
-    for (int i = begin.value; step > 0 ? i < end : i > end; i += step) body(i, carried...);
+    for (int i = begin.value; step > 0 ? i < end : i > end; i += step)
+      body(i, carried...);
   }
 }
 
 template <class Refs, std::size_t... I>
 TILEGRAD_INLINE void split_loop(loop_begin const& begin, int end, int step, Refs const& refs,
-                                     std::index_sequence<I...>) {
+                                std::index_sequence<I...>) {
   run_loop(begin, end, step, std::get<sizeof...(I)>(refs), std::get<I>(refs)...);
 }
 
@@ -118,7 +120,8 @@ TILEGRAD_INLINE void split_loop(loop_begin const& begin, int end, int step, Refs
 /// the carried ones. See docs/reverse_mode.md, "Loops in bounded memory".
 template <class... A>
 TILEGRAD_INLINE void loop(detail::loop_begin begin, int end, int step, A&&... args) {
-  static_assert(sizeof...(A) >= 1, "tilegrad::loop: write loop(begin, end, step, carried..., body)");
+  static_assert(sizeof...(A) >= 1,
+                "tilegrad::loop: write loop(begin, end, step, carried..., body)");
   static_assert(detail::carried_are_variables<A...>(std::make_index_sequence<sizeof...(A) - 1>{}),
                 "tilegrad::loop: the carried values are variables (non-const lvalues) that the "
                 "loop updates; the body comes last");
