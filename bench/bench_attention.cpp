@@ -47,6 +47,45 @@ constexpr int BQ = tk::attention_block_q<D>, BK = tk::attention_block_k<D>;
 constexpr auto fwd_kernel = tk::flash_attention_fwd<D, BQ, BK, true>;
 float const scale = 1.0f / std::sqrt(float(D));
 
+/// The library's forward kernel as it was before its key walk became a tg::loop: the same
+/// statements in a plain for loop, whose reverse-mode tape records every key tile. The baseline
+/// of `fwd/kernel_*` (tg::loop on the fast path is this loop) and of `*vjp_for_loop` (the tape
+/// and time tg::loop saves in reverse mode).
+template <int D_, int BQ_, int BK_, bool Causal>
+constexpr auto for_loop_fwd = []<class T>(tg::program const& p, tg::tensor<T const> q,
+                                          tg::tensor<T const> k, tg::tensor<T const> v,
+                                          tg::tensor<T> o, tg::tensor<tg::fp32<T>> lse, double sc) {
+  using F = tg::fp32<T>;
+  namespace td = tk::detail;
+  int const q0 = p.program_id(0) * BQ_, h = p.program_id(1), b = p.program_id(2);
+  auto const kh = k[b][h], vh = v[b][h];
+  int const n_k = static_cast<int>(kh.size(0));
+  tg::tile<F, D_, BQ_> const qt =
+      trans(to<F>(load(tg::make_block_ptr<BQ_, D_>(q[b][h], {q0, 0}), tg::bounds<0>))) * sc;
+  auto m = tg::full<F, BQ_>(F(td::neg_inf));
+  auto l = tg::zeros<F, BQ_>();
+  auto acc = tg::zeros<F, BQ_, D_>();
+  for (int k0 = 0; k0 < td::key_end<BQ_, Causal>(q0, n_k); k0 += BK_) {
+    tg::tile<F, BK_, D_> const kj =
+        to<F>(load(tg::make_block_ptr<BK_, D_>(kh, {k0, 0}), tg::bounds<0>));
+    tg::tile<F, BK_, D_> const vj =
+        to<F>(load(tg::make_block_ptr<BK_, D_>(vh, {k0, 0}), tg::bounds<0>));
+    tg::tile<F, BK_, BQ_> st = dot(kj, qt);
+    if (td::block_needs_mask<BQ_, BK_, Causal>(q0, k0, n_k))
+      st = where(td::block_mask<BQ_, BK_, Causal, true>(q0, k0, n_k), st, td::neg_inf);
+    tg::tile<F, BQ_> const m_new = maximum(m, tg::max<0>(st));
+    tg::tile<F, BK_, BQ_> const pt = exp(st - tg::row(m_new));
+    tg::tile<F, BQ_> const alpha = exp(m - m_new);
+    l = l * alpha + tg::sum<0>(pt);
+    acc *= tg::col(alpha);
+    acc = dot(trans(pt), vj, std::move(acc));
+    m = m_new;
+  }
+  store(tg::make_block_ptr<BQ_, D_>(o[b][h], {q0, 0}), acc / tg::col(l), tg::bounds<0>);
+  store(tg::make_block_ptr<BQ_>(lse[b][h], {q0}), m + log(l), tg::bounds<0>);
+};
+constexpr auto for_loop_kernel = for_loop_fwd<D, BQ, BK, true>;
+
 // ----- flops and clocks --------------------------------------------------------------------------
 
 double forward_flops(std::int64_t heads, std::int64_t n) {
@@ -383,14 +422,25 @@ void bm_naive(benchmark::State& state, pass ps, std::int64_t n, int threads) {
 
 /// vjp of the forward kernel (all of q, k, v), credited with forward + backward flops;
 /// vjp_vs_fwd: its time over the tilegrad forward's, timed right after on the same clock.
-void bm_vjp(benchmark::State& state, std::int64_t n, int threads) {
+/// `budget`: tg::loop's tape budget while it runs (0: every key walk checkpointed; the largest
+/// value: every one recorded whole; see tg::set_loop_record_budget), or -1 for the default.
+template <class Kernel>
+void bm_vjp(benchmark::State& state, Kernel const& kernel, std::int64_t n, int threads,
+            double budget = -1) {
+  struct budget_scope {
+    std::size_t saved = tg::set_loop_record_budget(0);
+    explicit budget_scope(double b) {
+      tg::set_loop_record_budget(b < 0 ? saved : static_cast<std::size_t>(b));
+    }
+    ~budget_scope() { tg::set_loop_record_budget(saved); }
+  } const scope(budget);
   openblas_set_num_threads(threads);
   problem pr(batch, heads, n);
   auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), int(pr.h), int(pr.b));
   tg::launch_options const opts{tg::executor::tbb, threads};
   std::size_t tape = 0;
   auto run = [&] {
-    auto const grads = tg::vjp(opts, g, fwd_kernel, tg::in("q", pr.q), tg::in("k", pr.k),
+    auto const grads = tg::vjp(opts, g, kernel, tg::in("q", pr.q), tg::in("k", pr.k),
                                tg::in("v", pr.v), tg::out("o", pr.o, pr.d_o), pr.lse.view(), scale);
     tape = grads.peak_tape_bytes();
     benchmark::ClobberMemory();
@@ -412,6 +462,30 @@ void bm_vjp(benchmark::State& state, std::int64_t n, int threads) {
       double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.counters["tape_bytes"] = double(tape);
   add_vs_sgemm(state, threads, flops);
+  set_threads_counters(state, threads, n);
+}
+
+/// The forward kernel launched directly (no host entry): the library's, whose key walk is a
+/// tg::loop, and the same kernel with a plain for loop, to show that tg::loop on the fast path
+/// is that loop.
+template <class Kernel>
+void bm_forward_kernel(benchmark::State& state, Kernel const& kernel, std::int64_t n, int threads) {
+  openblas_set_num_threads(threads);
+  problem pr(batch, heads, n);
+  auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), int(pr.h), int(pr.b));
+  tg::launch_options const opts{tg::executor::tbb, threads};
+  auto const run = [&] {
+    tg::launch(opts, g, kernel, pr.q.cview(), pr.k.cview(), pr.v.cview(), pr.o.view(),
+               pr.lse.view(), double(scale));
+    benchmark::ClobberMemory();
+  };
+  run();
+  if (failed(state, check(pr, "o"), "forward kernel"))
+    return;
+  for (auto _ : state)
+    run();
+  double const flops = forward_flops(pr.heads(), n);
+  state.counters["GFLOP/s"] = rate(flops, state);
   set_threads_counters(state, threads, n);
 }
 
@@ -452,7 +526,8 @@ bool reset_peak_rss() {
 /// vjp on one head of n rows, once: the growth of the peak RSS over the RSS before (inputs,
 /// outputs and cotangent already allocated), less the three gradients vjp returns.
 /// Meaningful in a process of its own (freed memory held by the allocator is not counted).
-void bm_vjp_memory(benchmark::State& state, std::int64_t n, int threads) {
+template <class Kernel>
+void bm_vjp_memory(benchmark::State& state, Kernel const& kernel, std::int64_t n, int threads) {
   problem pr(1, 1, n);
   auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), 1, 1);
   tg::launch_options const opts{tg::executor::tbb, threads};
@@ -462,7 +537,7 @@ void bm_vjp_memory(benchmark::State& state, std::int64_t n, int threads) {
   std::size_t tape = 0;
   double grad_bytes = 0;
   for (auto _ : state) {
-    auto const grads = tg::vjp(opts, g, fwd_kernel, tg::in("q", pr.q), tg::in("k", pr.k),
+    auto const grads = tg::vjp(opts, g, kernel, tg::in("q", pr.q), tg::in("k", pr.k),
                                tg::in("v", pr.v), tg::out("o", pr.o, pr.d_o), pr.lse.view(), scale);
     tape = grads.peak_tape_bytes();
     grad_bytes = 3.0 * double(pr.q.numel()) * sizeof(float);
@@ -534,11 +609,19 @@ std::string suffix(std::int64_t n, int threads) {
 void register_all() {
   for (int t : {1, 2})
     with_clock(benchmark::RegisterBenchmark(("vjp_memory/tilegrad" + suffix(16384, t)).c_str(),
-                                            bm_vjp_memory, 16384, t),
+                                            bm_vjp_memory<decltype(fwd_kernel)>, fwd_kernel, 16384,
+                                            t),
                t)
         ->Iterations(1)
         ->Repetitions(1)
         ->Unit(benchmark::kSecond);
+  with_clock(benchmark::RegisterBenchmark(("vjp_memory/for_loop" + suffix(16384, 1)).c_str(),
+                                          bm_vjp_memory<decltype(for_loop_kernel)>, for_loop_kernel,
+                                          16384, 1),
+             1)
+      ->Iterations(1)
+      ->Repetitions(1)
+      ->Unit(benchmark::kSecond);
   // Thread counts up to 16, for larger machines; select with --benchmark_filter, one process per
   // run where the peak RSS matters.
   for (auto [h, n] : {std::pair<std::int64_t, std::int64_t>{4, 4096}, {16, 4096}, {16, 16384}})
@@ -564,7 +647,12 @@ void register_all() {
       reg("bwd/naive", bm_naive, pass::bwd, n, t);
       reg("fwd_bwd/tilegrad", bm_tilegrad, pass::fwd_bwd, atomic, n, t);
       reg("fwd_bwd/naive", bm_naive, pass::fwd_bwd, n, t);
-      reg("fwd_bwd/vjp", bm_vjp, n, t);
+      reg("fwd_bwd/vjp", bm_vjp<decltype(fwd_kernel)>, fwd_kernel, n, t, -1.0);
+      reg("fwd_bwd/vjp_checkpointed", bm_vjp<decltype(fwd_kernel)>, fwd_kernel, n, t, 0.0);
+      reg("fwd_bwd/vjp_for_loop", bm_vjp<decltype(for_loop_kernel)>, for_loop_kernel, n, t, -1.0);
+      reg("fwd/kernel_tg_loop", bm_forward_kernel<decltype(fwd_kernel)>, fwd_kernel, n, t);
+      reg("fwd/kernel_for_loop", bm_forward_kernel<decltype(for_loop_kernel)>, for_loop_kernel, n,
+          t);
       // sgemm at the per-head shapes: S = Q K^T (N x N x d) and O = P V (N x d x N)
       reg("sgemm/NxNx64", bm_sgemm, int(n), int(n), D, t);
       reg("sgemm/Nx64xN", bm_sgemm, int(n), D, int(n), t);

@@ -140,6 +140,14 @@ inline std::vector<run> const& logical_runs(tensor_entry const& e, std::vector<r
   return out;
 }
 
+/// Whether run r holds element el.
+inline bool run_holds(run const& r, std::int64_t el) {
+  std::int64_t const d = el - r.offset;
+  if (r.step == 0)
+    return d == 0;
+  return d % r.step == 0 && d / r.step >= 0 && d / r.step < r.count;
+}
+
 enum class access_kind : std::uint8_t { load, store, atomic };
 
 /// A program's access to a tensor the kernel may write, in program order.
@@ -341,6 +349,22 @@ struct program_state {
   // and this program's go straight to the gradients, else they are kept in `out` for later.
   gradient_sink const* grads = nullptr;
   bool direct = false;
+  // Inside the body of a checkpointed tg::loop (ad/loop.hpp): stores are refused there; while an
+  // iteration is replayed in the sweep, its accesses were already recorded by its first run, and
+  // a load of an element this program wrote after the loop (accesses from `after_loop` on; the
+  // tensors they wrote are the bits of `stored_after`) cannot be replayed as it ran.
+  int loop_depth = 0;
+  bool replaying = false;
+  std::uint64_t stored_after = 0;
+  std::size_t after_loop = 0;
+  /// Whether this program wrote element el of tensor t after the loop being replayed.
+  bool written_after_loop(int t, std::int64_t el) const {
+    auto const& acc = out->accesses;
+    for (std::size_t i = after_loop; i < acc.size(); ++i)
+      if (acc[i].kind != access_kind::load && acc[i].tensor == t && run_holds(acc[i].r, el))
+        return true;
+    return false;
+  }
 
   /// This program's contribution v to the elements of run r of tensor t.
   template <class T>
@@ -380,6 +404,11 @@ struct program_state {
   void reset() {
     t.reset();
     own.clear();
+    t.reset_peak();
+    loop_depth = 0;
+    replaying = false;
+    stored_after = 0;
+    after_loop = 0;
   }
 };
 

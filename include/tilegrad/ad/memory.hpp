@@ -88,7 +88,8 @@ inline tensor_entry const* tracked_load(program_state* st, void const* base) {
   if (!e)
     return nullptr;
   st->out->reads |= std::uint64_t{1} << e->index;
-  return e->writable || e->wants_grad() ? e : nullptr;
+  // Not recording (a checkpointed loop's forward run), a read-only tensor needs nothing.
+  return e->writable || (e->wants_grad() && st->t.recording()) ? e : nullptr;
 }
 
 /// Lanes are walked as offsets from the view the kernel accessed (t[b][h], say); the runs of
@@ -98,6 +99,37 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
   if (std::int64_t const d = e.shift<T>(base))
     for (run& r : runs)
       r.offset += d;
+}
+
+/// A load, in an iteration of a checkpointed loop replayed by the sweep, from a tensor this
+/// program writes after the loop: which of its stores a lane saw when the loop ran is no longer
+/// known (the stamps and the table of own stores moved on).
+[[noreturn]] inline void loop_replay_refused(tensor_entry const& e, std::int64_t el,
+                                             std::source_location const& loc) {
+  program const* p = detail::current_program();
+  throw std::invalid_argument(
+      "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) + " loads tensor " +
+      detail::tensor_label(e.name) + ", element " + e.layout.coordinates(el) +
+      ", inside the body of tg::loop at " + detail::where_string(loc) +
+      " and writes that element after the loop: the reverse sweep runs the body again, and can "
+      "no longer tell which of the program's stores the load saw. Write this loop as a plain "
+      "for loop.");
+}
+
+/// Refuses a store or an atomic inside the body of a checkpointed loop (reverse mode re-runs
+/// the body in its sweep; a write there would be made, and recorded, twice).
+inline void refuse_write_in_loop(program_state const* st, char const* what,
+                                 std::source_location const& loc) {
+  if (!st || st->loop_depth == 0)
+    return;
+  program const* p = detail::current_program();
+  throw std::invalid_argument(
+      std::string("tilegrad::vjp: ") + what + " by " +
+      (p ? p->describe() : std::string("host code")) + " inside the body of tg::loop at " +
+      detail::where_string(loc) +
+      ": in reverse mode a tg::loop body may load but not store (its sweep runs the body "
+      "again). Carry the values out of the loop and store them after it, or write the loop as "
+      "a plain for loop.");
 }
 
 /// Records a load of shape S whose lanes are the runs in st.scratch (filled while the values
@@ -126,8 +158,14 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
   routed.clear();
   run_builder init(initial);
   std::uint32_t const mine = st.stamp();
+  if (st.replaying && (st.stored_after >> e.index & 1))
+    for (run const& r : lanes)
+      for (int k = 0; k < r.count; ++k)
+        if (st.written_after_loop(e.index, r.element(k)))
+          loop_replay_refused(e, r.element(k), loc);
   for (run const& r : lanes) {
-    st.out->accesses.push_back({access_kind::load, e.index, r, nullptr, loc});
+    if (!st.replaying) // (a replayed iteration's loads were recorded by its first run)
+      st.out->accesses.push_back({access_kind::load, e.index, r, nullptr, loc});
     std::uint32_t* const stamps = e.stamp + r.offset;
     bool plain = true;
     for (int k = 0; k < r.count; ++k) {
@@ -156,7 +194,7 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
     }
   }
   init.finish();
-  if (routed.empty() && initial.empty())
+  if ((routed.empty() && initial.empty()) || !tp.recording())
     return nullptr;
   T* adj = tp.alloc_zero<T>(S::size);
   std::vector<run> const& g = grad_runs(initial);
@@ -339,6 +377,7 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
                std::source_location const& loc) {
   using T = primal_of_t<A>;
   using S = detail::access_shape_t<Off, Mask>;
+  refuse_write_in_loop(current_state(), "store", loc);
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
   program_state* st = current_state();
@@ -364,6 +403,7 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
   using T = primal_of_t<A>;
   using S = detail::access_shape_t<Off, Mask>;
   bool const additive = std::string_view(what) == "atomic_add";
+  refuse_write_in_loop(current_state(), what, loc);
   if (program_state* st = current_state()) {
     tensor_entry const* e = st->find(p.base.data());
     if (!additive && e && e->has_cotangent())
@@ -435,6 +475,7 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
                  std::source_location const& loc) {
   using T = primal_of_t<A>;
   using S = shape<Bs...>;
+  refuse_write_in_loop(current_state(), "store", loc);
   tile<adjoint<T>, Bs...> const v(value);
   auto const fbp = primal_block(bp);
   program_state* st = current_state();

@@ -98,7 +98,7 @@ auto reduce(E&& e) {
     detail::reduce_axis<Op, C, a, T>(yv, p);
     T* ya = nullptr;
     if constexpr (is_active_v<decltype(p)>) {
-      if (any_active(p)) {
+      if (any_active(p) && tp.recording()) {
         ya = tp.alloc_zero<T>(R::size);
         tp.push<sum_expr_record<C, a, decltype(p)>>(persisted(p, tp), ya);
       }
@@ -109,7 +109,7 @@ auto reduce(E&& e) {
   T* yv = tp.alloc<T>(R::size);
   detail::reduce_axis<Op, C, a, T>(yv, tile_ref<T, C>{{}, x.values()});
   T* ya = nullptr;
-  if (x.active()) {
+  if (x.active() && tp.recording()) {
     ya = tp.alloc_zero<T>(R::size);
     tp.push<reduce_record<Op, C, a, T>>(x.values(), x.adjoints(), yv, ya);
   }
@@ -126,7 +126,7 @@ auto reduce_all(E&& e) {
   T* yv = tp.alloc<T>(1);
   detail::reduce_axis<Op, F, 0, T>(yv, tile_ref<T, F>{{}, x.values()});
   T* ya = nullptr;
-  if (x.active()) {
+  if (x.active() && tp.recording()) {
     ya = tp.alloc_zero<T>(1);
     tp.push<reduce_record<Op, F, 0, T>>(x.values(), x.adjoints(), yv, ya);
   }
@@ -171,7 +171,7 @@ auto cumsum(E&& e) {
   T* yv = tp.alloc<T>(C::size);
   std::memcpy(yv, y.data(), sizeof(T) * C::size);
   T* ya = nullptr;
-  if (x.active()) {
+  if (x.active() && tp.recording()) {
     ya = tp.alloc_zero<T>(C::size);
     tp.push<cumsum_record<C, a, Reverse, T>>(x.adjoints(), ya);
   }
@@ -221,7 +221,7 @@ auto dot(A&& a, B&& b, C&& acc) {
   std::memcpy(cv, tc.values(), sizeof(T) * M * N);
   detail::gemm<T, M, N, K>(cv, ta.values(), tb.values());
   T* ca = nullptr;
-  if (ta.active() || tb.active() || tc.active()) {
+  if ((ta.active() || tb.active() || tc.active()) && tp.recording()) {
     ca = tp.alloc_zero<T>(M * N);
     tp.push<dot_record<T, M, N, K>>(ta.values(), ta.adjoints(), tb.values(), tb.adjoints(),
                                     tc.adjoints(), ca);

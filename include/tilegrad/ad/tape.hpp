@@ -64,9 +64,29 @@ public:
     return r;
   }
 
-  /// Runs every record's backward(), last first.
-  void sweep() {
-    for (auto it = records_.rbegin(); it != records_.rend(); ++it) (*it)->backward();
+  /// Runs every record's backward(), last first. A record's backward() may record more (a
+  /// checkpointed loop records one iteration at the end of the tape, sweeps it with sweep_from
+  /// and rewinds): records are taken by index, so that appending cannot invalidate the walk.
+  void sweep() { sweep_from({}); }
+
+  /// A point on the tape to come back to: the records and the bytes in use then.
+  struct mark_type {
+    std::size_t records = 0, chunk = 0, used = 0;
+  };
+  mark_type mark() const { return {records_.size(), current_, used_}; }
+  /// Runs the backward() of the records made since m, last first.
+  void sweep_from(mark_type const& m) {
+    for (std::size_t i = records_.size(); i > m.records; --i)
+      records_[i - 1]->backward();
+  }
+  /// Drops the records made since m and gives their memory back to the arena: what was
+  /// allocated since m is invalid afterwards.
+  void rewind(mark_type const& m) {
+    for (std::size_t i = m.records; i < records_.size(); ++i)
+      records_[i]->~record();
+    records_.resize(m.records);
+    current_ = m.chunk;
+    used_ = m.used;
   }
 
   /// Drops the records, keeps the memory for the next program.
@@ -75,6 +95,7 @@ public:
     records_.clear();
     current_ = 0;
     used_ = 0;
+    recording_ = true;
   }
 
   std::size_t records() const { return records_.size(); }
@@ -85,6 +106,12 @@ public:
     return b;
   }
   std::size_t peak() const { return peak_; }
+  /// Whether operations on active tiles record (off while a checkpointed loop runs its
+  /// iterations forward: their results are only values, the sweep records them again).
+  bool recording() const { return recording_; }
+  void set_recording(bool on) { recording_ = on; }
+  /// Starts a new high-water mark (one per program).
+  void reset_peak() { peak_ = in_use(); }
   std::size_t reserved() const {
     std::size_t b = 0;
     for (auto const& c : chunks_) b += c.size;
@@ -99,6 +126,7 @@ private:
   static constexpr std::size_t chunk_bytes = std::size_t{1} << 20;
   std::vector<chunk> chunks_;
   std::size_t current_ = 0, used_ = 0, peak_ = 0;
+  bool recording_ = true;
   std::vector<record*> records_;
 };
 

@@ -103,7 +103,7 @@ private:
     detail::assign<shape_type>(v, p);
     T* a = nullptr;
     if constexpr (ad::is_active_v<decltype(p)>) {
-      if (ad::any_active(p)) {
+      if (ad::any_active(p) && tp.recording()) {
         a = tp.template alloc_zero<T>(size);
         tp.template push<ad::expr_record<shape_type, decltype(p)>>(ad::persisted(p, tp), a, v);
       }

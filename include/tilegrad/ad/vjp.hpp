@@ -10,6 +10,7 @@
 #include "tilegrad/ad/aliasing.hpp"
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/expr.hpp"
+#include "tilegrad/ad/loop.hpp"
 #include "tilegrad/ad/memory.hpp"
 #include "tilegrad/ad/races.hpp"
 #include "tilegrad/ad/reduce.hpp"

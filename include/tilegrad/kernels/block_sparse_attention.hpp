@@ -26,6 +26,7 @@
 
 #include "tilegrad/core/types.hpp"
 #include "tilegrad/grid/launch.hpp"
+#include "tilegrad/grid/loop.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/kernels/flash_attention.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
@@ -103,7 +104,9 @@ inline constexpr auto block_sparse_attention_fwd =
       auto m = full<F, BQ>(F(detail::neg_inf)); // running row maximum of the scores
       auto l = zeros<F, BQ>();                  // running row sum of exp(score - m)
       auto acc = zeros<F, BQ, D>();
-      for (int i = 0; i < blocks.count; ++i) {
+      // The walk over the listed blocks carries m, l and acc: in reverse mode tg::loop keeps
+      // those per block, not every block's records.
+      loop(0, blocks.count, 1, m, l, acc, [=](int i, auto& m, auto& l, auto& acc) {
         int const k0 = blocks[i] * BK;
         tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
         tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
@@ -118,7 +121,7 @@ inline constexpr auto block_sparse_attention_fwd =
         acc *= col(alpha);
         acc = dot(pt, vj, std::move(acc));
         m = m_new;
-      }
+      });
       if constexpr (Causal) { // a row with no key: l = 0 and acc = 0, so o = 0 and lse = -inf
         tile<F, BQ> const l_ref = where(l > 0.0f, l, 1.0f); // no 0 / 0, not even unselected
         store(ob, acc / col(l_ref), bounds<0>);

@@ -8,6 +8,7 @@
 
 #include "tilegrad/core/types.hpp"
 #include "tilegrad/grid/launch.hpp"
+#include "tilegrad/grid/loop.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/pointer.hpp"
@@ -103,27 +104,27 @@ inline constexpr auto flash_attention_fwd =
       // zeros; their results are not stored.
       tile<F, D, BQ> const qt =
           trans(to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))) * scale;
-      auto kb = make_block_ptr<BK, D>(kh, {0, 0});
-      auto vb = make_block_ptr<BK, D>(vh, {0, 0});
       auto m = full<F, BQ>(F(detail::neg_inf)); // running maximum of each query's scores
       auto l = zeros<F, BQ>();                  // running sum of exp(score - m)
       auto acc = zeros<F, BQ, D>();
-      for (int k0 = 0; k0 < detail::key_end<BQ, Causal>(q0, n_k); k0 += BK) {
-        tile<F, BK, D> const kj = to<F>(load(kb, bounds<0>));
-        tile<F, BK, D> const vj = to<F>(load(vb, bounds<0>));
-        tile<F, BK, BQ> st = dot(kj, qt);
-        if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
-          st = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), st, detail::neg_inf);
-        tile<F, BQ> const m_new = maximum(m, max<0>(st));
-        tile<F, BK, BQ> const pt = exp(st - row(m_new));
-        tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
-        l = l * alpha + sum<0>(pt);
-        acc *= col(alpha);
-        acc = dot(trans(pt), vj, std::move(acc));
-        m = m_new;
-        kb = kb.advance(BK, 0);
-        vb = vb.advance(BK, 0);
-      }
+      // The key walk carries m, l and acc; in reverse mode tg::loop keeps only those per key
+      // tile (the tape of one key tile is rebuilt in the sweep), not every tile's records.
+      loop(0, detail::key_end<BQ, Causal>(q0, n_k), BK, m, l, acc,
+           [=](int k0, auto& m, auto& l, auto& acc) {
+             tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
+             tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
+             tile<F, BK, BQ> st = dot(kj, qt);
+             if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
+               st = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), st,
+                          detail::neg_inf);
+             tile<F, BQ> const m_new = maximum(m, max<0>(st));
+             tile<F, BK, BQ> const pt = exp(st - row(m_new));
+             tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
+             l = l * alpha + sum<0>(pt);
+             acc *= col(alpha);
+             acc = dot(trans(pt), vj, std::move(acc));
+             m = m_new;
+           });
       store(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), acc / col(l), bounds<0>);
       store(make_block_ptr<BQ>(lse[b][h], {q0}), m + log(l), bounds<0>);
     };

@@ -1,0 +1,346 @@
+// Reverse mode of tg::loop (grid/loop.hpp): a checkpointed scan. The forward pass runs each
+// iteration without recording (values only, on the tape, rewound after it), keeping only the
+// values carried into the next iteration; one record stands for the whole loop. Its backward
+// runs the iterations again, last first, each recorded at the end of the tape from its saved
+// carried values, seeded with the adjoint of the values it produced, swept, and rewound. So a
+// program's tape holds the carried values of every iteration and one iteration's records, not
+// every iteration's records: one more forward of the body buys a tape that stays in cache. A
+// loop whose records fit a budget is recorded whole instead, as a plain loop.
+#pragma once
+
+#include "tilegrad/ad/adjoint.hpp"
+#include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/tape.hpp"
+#include "tilegrad/ad/tile.hpp"
+#include "tilegrad/grid/loop.hpp"
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/block_ptr.hpp"
+#include "tilegrad/memory/checked.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TILEGRAD_LOOP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TILEGRAD_LOOP_ASAN 1
+#endif
+#endif
+#ifdef TILEGRAD_LOOP_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
+namespace tilegrad::ad {
+
+namespace loop_detail {
+
+template <class C>
+inline constexpr bool is_block_ptr_v = false;
+template <class T, int... Bs>
+inline constexpr bool is_block_ptr_v<block_ptr<T, Bs...>> = true;
+
+template <class C>
+inline constexpr bool is_plain_tile_v = requires {
+  typename C::shape_type;
+  typename C::value_type;
+}
+&&std::is_trivially_copyable_v<C> && !tilegrad::detail::is_adjoint_tile_v<C>;
+
+/// How one carried value that holds no adjoint (a number, a block pointer, a plain tile) is kept:
+/// a copy of its value at the start of every iteration.
+template <class C>
+struct carried_slot {
+  static_assert(std::is_arithmetic_v<C> || is_block_ptr_v<C> || is_plain_tile_v<C>,
+                "tilegrad::loop: carry tiles, numbers and block pointers (in reverse mode the "
+                "loop keeps a copy of each per iteration)");
+  std::vector<C> saved;
+
+  void start(tape&, int n, C const& init) {
+    saved.reserve(static_cast<std::size_t>(n));
+    saved.push_back(init);
+  }
+  void stage(C const&) {}
+  void keep(int t, int n, tape&, C const& c, bool) { // a value: the rewind leaves it as it is
+    if (t < n)
+      saved.push_back(c);
+  }
+  C restore(int t, tape&) const { return saved[static_cast<std::size_t>(t)]; }
+  void seed(C const&) const {}
+  void take(C const&) {}
+  void finish() const {}
+};
+
+/// An adjoint tile: its values at the start of every iteration and after the last, each on the
+/// tape where the iteration before it was rewound (a stack of values, one iteration's records
+/// above them at a time).
+template <class T, int... Ns>
+struct carried_slot<tile<adjoint<T>, Ns...>> {
+  using tile_type = tile<adjoint<T>, Ns...>;
+  static constexpr int size = tile_type::size;
+  std::vector<T*> saved; // n + 1
+  T* init_adj = nullptr;
+  // The adjoint of the loop's result; in the sweep, that of the values at the start of the
+  // iteration swept last (the adjoint its previous iteration's result receives).
+  T* adj = nullptr;
+  T* staging = nullptr; // the values an iteration produced, while its records are rewound
+
+  void start(tape& tp, int n, tile_type const& init) {
+    saved.reserve(static_cast<std::size_t>(n + 1));
+    saved.push_back(init.values()); // below the loop on the tape, and immutable
+    init_adj = init.adjoints();
+    adj = tp.alloc_zero<T>(size);
+    staging = tp.alloc<T>(size);
+  }
+  void stage(tile_type const& c) { std::memcpy(staging, c.values(), sizeof(T) * size); }
+  // After the rewind: the values carried into iteration t (the result, after the last), which
+  // the next iteration reads as a constant (the forward runs do not record).
+  void keep(int t, int n, tape& tp, tile_type& c, bool recording) {
+    T* v = tp.alloc<T>(size);
+    std::memcpy(v, staging, sizeof(T) * size);
+    saved.push_back(v);
+    c = tile_type::from_buffers(v, t == n && recording ? adj : nullptr);
+  }
+  tile_type restore(int t, tape& tp) const {
+    return tile_type::from_buffers(saved[static_cast<std::size_t>(t)], tp.alloc_zero<T>(size));
+  }
+  // The values the iteration produced receive the adjoint the iterations after it handed back.
+  void seed(tile_type const& c) const {
+    if (!c.active())
+      return;
+    T* d = c.adjoints();
+    for (int i = 0; i < size; ++i)
+      d[i] += adj[i];
+  }
+  void take(tile_type const& start) { std::memcpy(adj, start.adjoints(), sizeof(T) * size); }
+  void finish() const {
+    if (init_adj)
+      for (int i = 0; i < size; ++i)
+        init_adj[i] += adj[i];
+  }
+};
+
+/// Whether address a lies in the kernel's stack frames (between this call and the frame of the
+/// vjp program that runs the kernel, where its program object lives) or, under AddressSanitizer,
+/// in a live frame of this thread's fake stack (where locals go with
+/// detect_stack_use_after_return).
+[[gnu::noinline]] inline std::uintptr_t stack_here() {
+  return reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+}
+inline bool kernel_stack_address(std::uintptr_t a, std::uintptr_t lo, std::uintptr_t hi) {
+  if (a >= lo && a < hi)
+    return true;
+#ifdef TILEGRAD_LOOP_ASAN
+  if (void* fs = __asan_get_current_fake_stack())
+    if (__asan_addr_is_in_fake_stack(fs, reinterpret_cast<void*>(a), nullptr, nullptr))
+      return true;
+#endif
+  return false;
+}
+
+/// Refuses a body that captures a local of the kernel by reference: the sweep runs the body
+/// after the kernel returned. A by-reference capture is the address of the local, so a word of
+/// the closure pointing into the kernel's stack frames is one. (Tiles, tensors and block pointers
+/// captured by value hold addresses of the tape and of tensor data, never of the stack.)
+template <class Body>
+void check_captures(Body const& body, std::source_location const& where) {
+  program const* p = tilegrad::detail::current_program();
+  std::uintptr_t const lo = stack_here();
+  std::uintptr_t hi = reinterpret_cast<std::uintptr_t>(p);
+  if (hi <= lo || hi - lo > (std::uintptr_t{1} << 26)) // not on this stack (a fake stack)
+    hi = lo;
+  auto const* bytes = reinterpret_cast<unsigned char const*>(std::addressof(body));
+  for (std::size_t off = 0; off + sizeof(std::uintptr_t) <= sizeof(Body);
+       off += alignof(std::uintptr_t)) {
+    std::uintptr_t w = 0;
+    std::memcpy(&w, bytes + off, sizeof w);
+    if (kernel_stack_address(w, lo, hi))
+      throw std::invalid_argument(
+          "tilegrad::vjp: the body of tg::loop at " + tilegrad::detail::where_string(where) +
+          ", run by " + (p ? p->describe() : std::string("host code")) +
+          ", captures a local variable by reference: in reverse mode the body runs again in the "
+          "sweep, after the kernel returned. Capture by value ([=]): tiles, tensors and block "
+          "pointers are small values.");
+  }
+}
+
+/// While it lives, the running program is inside a loop body (stores are refused); replaying,
+/// its accesses are not recorded again, and loads from tensors in `stored_after` are refused.
+class body_scope {
+public:
+  body_scope(program_state& st, bool replay, std::uint64_t stored_after, std::size_t after_loop)
+      : st_(st), replaying_(st.replaying), stored_after_(st.stored_after),
+        after_loop_(st.after_loop) {
+    ++st.loop_depth;
+    if (replay && !st.replaying) { // the outermost loop replayed: what came after it counts
+      st.replaying = true;
+      st.stored_after = stored_after;
+      st.after_loop = after_loop;
+    }
+  }
+  ~body_scope() {
+    --st_.loop_depth;
+    st_.replaying = replaying_;
+    st_.stored_after = stored_after_;
+    st_.after_loop = after_loop_;
+  }
+  body_scope(body_scope const&) = delete;
+  body_scope& operator=(body_scope const&) = delete;
+
+private:
+  program_state& st_;
+  bool replaying_;
+  std::uint64_t stored_after_;
+  std::size_t after_loop_;
+};
+
+inline int loop_index(int begin, int step, int t) {
+  return static_cast<int>(std::int64_t{begin} + std::int64_t{t} * step);
+}
+
+/// The record of a whole loop: the body (a copy), its carried values per iteration.
+template <class Body, class... C>
+struct loop_record final : record {
+  Body body;
+  int begin, step, n;
+  std::tuple<carried_slot<C>...> slots;
+  std::size_t end_access; // the program's accesses recorded up to the end of the loop
+
+  loop_record(Body const& b, int b0, int s, int count, std::tuple<carried_slot<C>...>&& sl,
+              std::size_t acc)
+      : body(b), begin(b0), step(s), n(count), slots(std::move(sl)), end_access(acc) {}
+
+  void backward() override { replay(std::index_sequence_for<C...>{}); }
+
+  template <std::size_t... I>
+  void replay(std::index_sequence<I...>) {
+    program_state& st = *current_state();
+    tape& tp = st.t;
+    std::uint64_t stored_after = 0; // tensors the program wrote after the loop
+    auto const& acc = st.out->accesses;
+    for (std::size_t i = end_access; i < acc.size(); ++i)
+      if (acc[i].kind != access_kind::load)
+        stored_after |= std::uint64_t{1} << acc[i].tensor;
+    body_scope const scope(st, true, stored_after, end_access);
+    for (int t = n - 1; t >= 0; --t) {
+      auto const m = tp.mark();
+      std::tuple<C...> const start{std::get<I>(slots).restore(t, tp)...};
+      std::tuple<C...> cur = start;
+      body(loop_index(begin, step, t), std::get<I>(cur)...);
+      (std::get<I>(slots).seed(std::get<I>(cur)), ...);
+      tp.sweep_from(m);
+      (std::get<I>(slots).take(std::get<I>(start)), ...);
+      tp.rewind(m);
+    }
+    (std::get<I>(slots).finish(), ...);
+  }
+};
+
+/// Loops whose records would take at most this many bytes of a program's tape (estimated from
+/// their first iteration) record them, as a plain loop: below a few MiB, replaying each iteration
+/// in the sweep costs more than the cache misses of the tape it saves (docs/performance.md,
+/// FlashAttention at N = 1024). 0 checkpoints every tg::loop. One setting for all threads.
+inline std::atomic<std::size_t>& loop_record_budget_setting() {
+  static std::atomic<std::size_t> bytes{std::size_t{8} << 20};
+  return bytes;
+}
+inline std::size_t loop_record_budget() {
+  return loop_record_budget_setting().load(std::memory_order_relaxed);
+}
+
+/// Turns recording off while it lives (restoring what it was).
+class recording_off {
+public:
+  explicit recording_off(tape& tp) : tp_(tp), was_(tp.recording()) { tp.set_recording(false); }
+  ~recording_off() { tp_.set_recording(was_); }
+  recording_off(recording_off const&) = delete;
+  recording_off& operator=(recording_off const&) = delete;
+
+private:
+  tape& tp_;
+  bool was_;
+};
+
+template <class Body, class... C, std::size_t... I>
+void run_checkpointed(program_state& st, int begin, int step, int n, Body const& body,
+                      std::index_sequence<I...>, C&... carried) {
+  tape& tp = st.t;
+  bool const recording = tp.recording(); // off: inside the forward run of an enclosing loop
+  bool rerun_first = false;              // iteration 0 ran already: its accesses are recorded
+  if (recording) {
+    // The first iteration, recorded: if the whole loop's records fit the budget, it goes on as
+    // a plain loop (a replay costs more than the cache misses of a tape that small).
+    std::tuple<C...> const init{carried...};
+    std::size_t const before = tp.in_use();
+    auto const m0 = tp.mark();
+    body_scope const scope(st, false, 0, 0);
+    body(loop_index(begin, step, 0), carried...);
+    std::size_t const per_iteration = tp.in_use() - before;
+    if (per_iteration * static_cast<std::size_t>(n) <= loop_record_budget()) {
+      for (int t = 1; t < n; ++t)
+        body(loop_index(begin, step, t), carried...);
+      return;
+    }
+    tp.rewind(m0);
+    std::tie(carried...) = init;
+    rerun_first = true;
+  }
+  std::tuple<carried_slot<C>...> slots;
+  (std::get<I>(slots).start(tp, n, carried), ...);
+  {
+    recording_off const values_only(tp);
+    for (int t = 0; t < n; ++t) {
+      body_scope const scope(st, t == 0 && rerun_first, 0, 0);
+      auto const m = tp.mark();
+      body(loop_index(begin, step, t), carried...);
+      (std::get<I>(slots).stage(carried), ...);
+      tp.rewind(m);
+      (std::get<I>(slots).keep(t + 1, n, tp, carried, recording), ...);
+    }
+  }
+  if (recording)
+    tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots),
+                                     st.out->accesses.size());
+}
+
+} // namespace loop_detail
+
+template <class Body, class... C>
+void checkpointed_loop(int begin, int end, int step, Body const& body,
+                       std::source_location const& where, C&... carried) {
+  int const n = tilegrad::detail::trip_count(begin, end, step);
+  program_state* st = current_state();
+  if (!st) { // adjoint tiles outside vjp: recorded, never swept
+    for (int t = 0; t < n; ++t)
+      body(loop_detail::loop_index(begin, step, t), carried...);
+    return;
+  }
+  if (n == 0)
+    return;
+  loop_detail::check_captures(body, where);
+  loop_detail::run_checkpointed(*st, begin, step, n, body, std::index_sequence_for<C...>{},
+                                carried...);
+}
+
+} // namespace tilegrad::ad
+
+namespace tilegrad {
+
+/// Sets the tape budget of tg::loop in reverse mode (bytes; default 8 MiB): a loop whose records
+/// would fit it records them as a plain loop, a larger one is checkpointed; 0 checkpoints every
+/// loop. Returns the previous budget. Gradients are the same either way, bitwise.
+inline std::size_t set_loop_record_budget(std::size_t bytes) {
+  return ad::loop_detail::loop_record_budget_setting().exchange(bytes);
+}
+
+} // namespace tilegrad

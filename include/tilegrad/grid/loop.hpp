@@ -1,0 +1,132 @@
+// tg::loop: a counted loop whose body updates the values it carries, Triton's
+// `for i in range(begin, end, step)` with loop-carried variables. On the fast path and in forward
+// mode it is the plain for loop; in reverse mode (ad/loop.hpp) it is a checkpointed scan: the
+// tape keeps the carried values of each iteration, not each iteration's records, and the sweep
+// runs one iteration at a time again.
+//
+//   auto m = full<F, BQ>(-inf);  auto l = zeros<F, BQ>();  auto acc = zeros<F, BQ, D>();
+//   loop(0, n_k, BK, m, l, acc, [=](int k0, auto& m, auto& l, auto& acc) { ... });
+//   // m, l and acc hold their values after the last iteration
+#pragma once
+
+#include "tilegrad/core/config.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <stdexcept>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace tilegrad {
+
+namespace detail {
+
+/// The loop's first index, and where the loop is written (the default argument of an implicit
+/// conversion is taken at the call: `loop(0, ...)` records the caller's line).
+struct loop_begin {
+  int value;
+  std::source_location where;
+  loop_begin(int v, std::source_location w = std::source_location::current()) // NOLINT: implicit
+      : value(v), where(w) {}
+};
+
+/// The number of iterations of `for (i = begin; i < end (i > end for step < 0); i += step)`.
+inline int trip_count(int begin, int end, int step) {
+  if (step == 0)
+    throw std::invalid_argument("tilegrad::loop: the step is 0");
+  std::int64_t const span = step > 0 ? std::int64_t{end} - begin : std::int64_t{begin} - end;
+  std::int64_t const s = step > 0 ? step : -std::int64_t{step};
+  return span <= 0 ? 0 : static_cast<int>((span + s - 1) / s);
+}
+
+/// A tile of adjoint<T>: carried through a loop, it is checkpointed in reverse mode.
+template <class C>
+inline constexpr bool is_adjoint_tile_v = requires {
+  typename C::shape_type;
+  typename C::value_type::adjoint_tag;
+};
+
+/// Whether the body takes the carried value at position J by value or const reference (it
+/// would accept an rvalue there): its updates would be lost.
+template <class Body, std::size_t J, class Carried, std::size_t... I>
+constexpr bool takes_by_value(std::index_sequence<I...>) {
+  return std::is_invocable_v<Body const&, int,
+                             std::conditional_t<I == J, std::tuple_element_t<I, Carried>&&,
+                                                std::tuple_element_t<I, Carried>&>...>;
+}
+template <class Body, class Carried, std::size_t... J>
+constexpr bool any_by_value(std::index_sequence<J...> s) {
+  return (takes_by_value<Body, J, Carried>(s) || ...);
+}
+
+/// Whether the first sizeof...(I) arguments (all but the body) are non-const lvalues.
+template <class... A, std::size_t... I>
+constexpr bool carried_are_variables(std::index_sequence<I...>) {
+  using all = std::tuple<A...>;
+  return ((std::is_lvalue_reference_v<std::tuple_element_t<I, all>> &&
+           !std::is_const_v<std::remove_reference_t<std::tuple_element_t<I, all>>>)&&...);
+}
+
+} // namespace detail
+
+namespace ad {
+// Reverse mode of tg::loop (ad/loop.hpp).
+template <class Body, class... C>
+void checkpointed_loop(int begin, int end, int step, Body const& body,
+                       std::source_location const& where, C&... carried);
+} // namespace ad
+
+namespace detail {
+
+template <class Body, class... C>
+TILEGRAD_INLINE void run_loop(loop_begin const& begin, int end, int step, Body const& body,
+                              C&... carried) {
+  static_assert(std::is_invocable_v<Body const&, int, C&...>,
+                "tilegrad::loop: the body must be callable as body(int index, carried&...), "
+                "with the carried values in the order given, and const (not a mutable lambda)");
+  static_assert(std::is_void_v<std::invoke_result_t<Body const&, int, C&...>>,
+                "tilegrad::loop: the body updates the carried values in place and returns nothing");
+  static_assert(!any_by_value<Body, std::tuple<C...>>(std::index_sequence_for<C...>{}),
+                "tilegrad::loop: take every carried value by reference (auto& acc): a value "
+                "taken by copy or const& would not carry its update to the next iteration");
+  if constexpr ((is_adjoint_tile_v<C> || ...)) {
+    ad::checkpointed_loop(begin.value, end, step, body, begin.where, carried...);
+  } else {
+    if (step == 0)
+      throw std::invalid_argument("tilegrad::loop: the step is 0");
+    // One call site, so that the body is inlined as a loop body written out would be.
+    for (int i = begin.value; step > 0 ? i < end : i > end; i += step)
+      body(i, carried...);
+  }
+}
+
+template <class Refs, std::size_t... I>
+TILEGRAD_INLINE void split_loop(loop_begin const& begin, int end, int step, Refs const& refs,
+                                std::index_sequence<I...>) {
+  run_loop(begin, end, step, std::get<sizeof...(I)>(refs), std::get<I>(refs)...);
+}
+
+} // namespace detail
+
+/// loop(begin, end, step, carried..., body): runs body(i, carried...) for
+/// i = begin, begin + step, ... while i < end (i > end for a negative step); the body updates the
+/// carried values (tiles, numbers, block pointers) in place, taking each as `auto&`.
+///
+/// In reverse mode the body runs again in the reverse sweep, after the kernel returned: it must
+/// capture by value ([=]; tiles, tensors and block pointers are small handles or values), may
+/// load but not store, and every value it changes from one iteration to the next must be among
+/// the carried ones. See docs/reverse_mode.md, "Loops in bounded memory".
+template <class... A>
+TILEGRAD_INLINE void loop(detail::loop_begin begin, int end, int step, A&&... args) {
+  static_assert(sizeof...(A) >= 1,
+                "tilegrad::loop: write loop(begin, end, step, carried..., body)");
+  static_assert(detail::carried_are_variables<A...>(std::make_index_sequence<sizeof...(A) - 1>{}),
+                "tilegrad::loop: the carried values are variables (non-const lvalues) that the "
+                "loop updates; the body comes last");
+  detail::split_loop(begin, end, step, std::forward_as_tuple(args...),
+                     std::make_index_sequence<sizeof...(A) - 1>{});
+}
+
+} // namespace tilegrad

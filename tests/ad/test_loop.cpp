@@ -1,0 +1,400 @@
+// tg::loop, the loop whose reverse mode keeps only the carried values (a checkpointed scan): the
+// same kernel written with tg::loop and with a plain for loop gives bitwise the same forward and
+// the same gradients (the sweep replays the very records, in the very order, that the plain
+// loop's tape holds); against central differences of the double launch and against jvp; a tape
+// that grows by the carried values only; and its refusals (a by-reference capture, a store in
+// the body, a replayed load of a tensor stored after the loop).
+#include <tilegrad/kernels/flash_attention.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/tensors.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+namespace tg = tilegrad;
+template <class T>
+using owned = tg::owned_tensor<T>;
+
+constexpr int R = 8, C = 16; // rows per program, columns per step; the sizes below divide neither
+
+// y[r] = s + sum(acc * acc) after a walk over the first len[program] columns of x and z: masks
+// made in the body, a pointer load with a mask, a block pointer carried and advanced, loaded with
+// boundary checks, and a captured tile (wv, an active value loaded before the loop) whose
+// gradient collects every iteration's. len[program] = 0 runs no iteration.
+template <bool Checkpointed>
+constexpr auto walk = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                  tg::tensor<T const> z, tg::tensor<T const> w,
+                                  tg::tensor<std::int32_t const> len, tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  int const pid = p.program_id(0);
+  int const r0 = pid * R;
+  auto const rows = r0 + tg::arange<0, R>();
+  int const n = tg::load(len + tg::arange<0, 1>() + pid)(0); // the trip count comes from data
+  auto const wc = tg::arange<0, C>();
+  tg::tile<F, C> const wv = tg::load(w + wc, wc < w.size(0), 0.0f) * 0.5f;
+  auto acc = tg::zeros<F, R, C>();
+  auto s = tg::full<F, R>(F(0.25f));
+  auto zb = tg::make_block_ptr<R, C>(z, {r0, 0});
+  auto const body = [=](int c0, auto& acc, auto& s, auto& zb) {
+    auto const cols = c0 + tg::arange<0, C>();
+    auto const mask = tg::col(rows < x.size(0)) & tg::row(cols < n);
+    tg::tile<F, R, C> const v =
+        tg::load(x + tg::col(rows) * x.stride(0) + tg::row(cols), mask, 0.0f);
+    tg::tile<F, R, C> const zv = tg::load(zb, tg::bounds<0, 1>);
+    acc = acc * tg::row(wv) + tg::tanh(v) * zv;
+    s = s * 0.875f + tg::sum<1>(tg::where(mask, acc * v, 0.0f));
+    zb = zb.advance(0, C);
+  };
+  if constexpr (Checkpointed)
+    tg::loop(0, n, C, acc, s, zb, body);
+  else
+    for (int c0 = 0; c0 < n; c0 += C)
+      body(c0, acc, s, zb);
+  tg::tile<F, R> const out = s + tg::sum<1>(acc * acc);
+  tg::store(y + rows, out, rows < y.size(0));
+};
+
+constexpr int NR = 21, NC = 37, P = 3; // P = cdiv(NR, R) programs
+
+template <class T>
+struct problem {
+  owned<T> x{{NR, NC}, "x"}, z{{NR, NC}, "z"}, w{{C}, "w"}, y{{NR}, "y"}, dy{{NR}, "dy"};
+  owned<std::int32_t> len{{P}, "len"};
+  explicit problem(std::int32_t const (&lens)[P]) {
+    test_support::fill(x, 1);
+    test_support::fill(z, 2);
+    test_support::fill(w, 3);
+    test_support::fill(dy, 4);
+    for (int i = 0; i < P; ++i)
+      len(i) = lens[i];
+  }
+  template <class K>
+  auto grads(K const& k, tg::launch_options o = tg::default_options()) {
+    return tg::vjp(o, P, k, tg::in("x", x), tg::in("z", z), tg::in("w", w), len.cview(),
+                   tg::out("y", y, dy));
+  }
+};
+
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+/// While it lives, reverse mode checkpoints every tg::loop, however small its tape (by default a
+/// loop whose records fit a few MiB records them as a plain loop).
+struct checkpoint_every_loop {
+  std::size_t saved = tg::set_loop_record_budget(0);
+  ~checkpoint_every_loop() { tg::set_loop_record_budget(saved); }
+};
+
+// Lengths: a whole walk, none (zero iterations), one partial tile short of the end.
+constexpr std::int32_t lens[P] = {NC, 0, 20};
+
+TEST(Loop, FastPathIsThePlainLoopBitwise) {
+  problem<float> a(lens), b(lens);
+  tg::launch(P, walk<true>, a.x.cview(), a.z.cview(), a.w.cview(), a.len.cview(), a.y.view());
+  tg::launch(P, walk<false>, b.x.cview(), b.z.cview(), b.w.cview(), b.len.cview(), b.y.view());
+  for (int i = 0; i < NR; ++i)
+    ASSERT_TRUE(same_bits(a.y(i), b.y(i))) << i;
+}
+
+TEST(Loop, GradientsAreThoseOfThePlainLoopBitwise) {
+  checkpoint_every_loop const checkpointed;
+  // The sweep runs the records of each iteration, rebuilt from the same values, in the order
+  // the plain loop's tape holds them; the adjoint an iteration hands back is the sum the plain
+  // loop forms, started from zero. So every gradient is the same float.
+  problem<float> a(lens), b(lens);
+  auto const ga = a.grads(walk<true>);
+  auto const gb = b.grads(walk<false>);
+  for (int i = 0; i < NR; ++i)
+    ASSERT_TRUE(same_bits(a.y(i), b.y(i))) << "y " << i;
+  for (char const* t : {"x", "z", "w"}) {
+    auto const& u = ga[t];
+    auto const& v = gb[t];
+    bool nonzero = false;
+    for (std::int64_t i = 0; i < u.numel(); ++i) {
+      ASSERT_TRUE(same_bits(u.data()[i], v.data()[i]))
+          << t << " " << i << ": " << u.data()[i] << " vs " << v.data()[i];
+      nonzero |= u.data()[i] != 0;
+    }
+    EXPECT_TRUE(nonzero) << t;
+  }
+  // Program 1 ran no iteration: its rows of x get nothing; rows of the other two do.
+  for (int r = R; r < 2 * R; ++r)
+    for (int c = 0; c < NC; ++c)
+      ASSERT_EQ(ga["x"](r, c), 0.0f) << r << "," << c;
+  // Program 2 walked 20 columns: the mask made in the body stops x (and so z, which multiplies
+  // tanh(x)) at column 20; program 0 reaches the last column, read with boundary checks.
+  EXPECT_NE(ga["x"](2 * R, 19), 0.0f);
+  EXPECT_EQ(ga["x"](2 * R, 20), 0.0f);
+  EXPECT_NE(ga["z"](2 * R + 4, 19), 0.0f);
+  EXPECT_EQ(ga["z"](2 * R + 4, 20), 0.0f);
+  EXPECT_NE(ga["z"](R - 1, NC - 1), 0.0f);
+  // Bitwise for any thread count, as every vjp.
+  problem<float> c(lens);
+  auto const gc = c.grads(walk<true>, {tg::executor::sequential, 1});
+  for (std::int64_t i = 0; i < ga["w"].numel(); ++i)
+    ASSERT_TRUE(same_bits(gc["w"].data()[i], ga["w"].data()[i])) << i;
+}
+
+TEST(Loop, MatchesCentralDifferencesAndJvp) {
+  checkpoint_every_loop const checkpointed;
+  problem<double> pr(lens);
+  auto const g = pr.grads(walk<true>);
+  auto forward = [&](owned<double> const& x, owned<double> const& z, owned<double> const& w) {
+    owned<double> y({NR}, "y");
+    tg::launch(P, walk<true>, x.cview(), z.cview(), w.cview(), pr.len.cview(), y.view());
+    double s = 0;
+    for (int i = 0; i < NR; ++i)
+      s += pr.dy(i) * y(i);
+    return s;
+  };
+  double const h = 1e-6;
+  auto check = [&](char const* name, owned<double>& t) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      double const v = t.data()[i];
+      t.data()[i] = v + h;
+      double const fp = forward(pr.x, pr.z, pr.w);
+      t.data()[i] = v - h;
+      double const fm = forward(pr.x, pr.z, pr.w);
+      t.data()[i] = v;
+      double const want = (fp - fm) / (2 * h);
+      ASSERT_NEAR(g[name].data()[i], want, 1e-7 * (1 + std::abs(want))) << name << " " << i;
+    }
+  };
+  check("x", pr.x);
+  check("z", pr.z);
+  check("w", pr.w);
+
+  // Forward mode along random directions against reverse mode along dy.
+  owned<double> ux({NR, NC}, "ux"), uz({NR, NC}, "uz"), uw({C}, "uw"), yt({NR}, "y");
+  test_support::fill(ux, 5);
+  test_support::fill(uz, 6);
+  test_support::fill(uw, 7);
+  auto const t =
+      tg::jvp(P, walk<true>, tg::tangent_in("x", pr.x, ux), tg::tangent_in("z", pr.z, uz),
+              tg::tangent_in("w", pr.w, uw), pr.len.cview(), tg::tangent_out("y", yt));
+  double jv = 0, vj = 0;
+  for (int i = 0; i < NR; ++i)
+    jv += t["y"](i) * pr.dy(i);
+  for (std::int64_t i = 0; i < ux.numel(); ++i)
+    vj += ux.data()[i] * g["x"].data()[i] + uz.data()[i] * g["z"].data()[i];
+  for (int i = 0; i < C; ++i)
+    vj += uw(i) * g["w"](i);
+  EXPECT_NEAR(jv, vj, 1e-12 * (1 + std::abs(jv)));
+}
+
+TEST(Loop, TheTapeGrowsByTheCarriedValuesOnly) {
+  // One program walking 64 and then 16 column tiles: the plain loop's tape grows with every
+  // iteration's records, tg::loop's by the carried values (acc: R x C floats, s: R floats).
+  // Under the default budget, a loop this small records its iterations as a plain loop does.
+  auto peak = [](auto const& k, int cols, std::size_t budget = 0) {
+    std::size_t const saved = tg::set_loop_record_budget(budget);
+    owned<float> x({R, cols}, "x"), z({R, cols}, "z"), w({C}, "w"), y({R}, "y"), dy({R}, "dy");
+    owned<std::int32_t> len({1}, "len");
+    test_support::fill(x, 1);
+    test_support::fill(z, 2);
+    test_support::fill(w, 3);
+    test_support::fill(dy, 4);
+    len(0) = cols;
+    auto const g = tg::vjp(1, k, tg::in("x", x), tg::in("z", z), tg::in("w", w), len.cview(),
+                           tg::out("y", y, dy));
+    tg::set_loop_record_budget(saved);
+    return static_cast<double>(g.peak_tape_bytes());
+  };
+  double const loop_long = peak(walk<true>, 64 * C), loop_short = peak(walk<true>, 16 * C);
+  double const plain_long = peak(walk<false>, 64 * C), plain_short = peak(walk<false>, 16 * C);
+  auto const on_tape = [](double bytes) { return std::ceil(bytes / 64) * 64; }; // 64-byte blocks
+  double const carried = on_tape(R * C * sizeof(float)) + on_tape(R * sizeof(float));
+  EXPECT_LE(loop_long - loop_short, 48 * carried) << loop_short << " -> " << loop_long;
+  EXPECT_GT(plain_long - plain_short, 4 * (loop_long - loop_short))
+      << plain_short << " -> " << plain_long;
+  EXPECT_LT(loop_long, plain_long / 4);
+  // The budget: a loop whose records fit it is recorded whole, one that does not is checkpointed.
+  EXPECT_EQ(peak(walk<true>, 64 * C, std::size_t{8} << 20), plain_long);
+  EXPECT_EQ(peak(walk<true>, 64 * C, std::size_t(plain_long / 2)), loop_long);
+}
+
+TEST(Loop, FlashAttentionGradientsAreTheSameCheckpointedOrNot) {
+  // The library's forward kernel (its key walk is a tg::loop), causal, with N not a multiple of
+  // the tiles: checkpointed, and recorded whole under an unlimited budget.
+  constexpr int Dh = 16, Bq = 16, Bk = 16, H = 2, N = 45;
+  owned<float> q({1, H, N, Dh}, "q"), k({1, H, N, Dh}, "k"), v({1, H, N, Dh}, "v"),
+      o({1, H, N, Dh}, "o"), d_o({1, H, N, Dh}, "d_o"), lse({1, H, N}, "lse");
+  test_support::fill(q, 1);
+  test_support::fill(k, 2);
+  test_support::fill(v, 3);
+  test_support::fill(d_o, 4);
+  // With `magnitudes`, the sweep check_backward's error bound takes (every rule's |contribution|).
+  auto run = [&](std::size_t budget, bool magnitudes) {
+    std::size_t const saved = tg::set_loop_record_budget(budget);
+    tg::ad::magnitude_scope const sweep(magnitudes);
+    auto g = tg::vjp(tg::grid(tg::cdiv(N, Bq), H, 1),
+                     tilegrad::kernels::flash_attention_fwd<Dh, Bq, Bk, true>, tg::in("q", q),
+                     tg::in("k", k), tg::in("v", v), tg::out("o", o, d_o), lse.view(), 0.25);
+    tg::set_loop_record_budget(saved);
+    return g;
+  };
+  for (bool magnitudes : {false, true}) {
+    auto const a = run(0, magnitudes), b = run(~std::size_t{0}, magnitudes);
+    for (char const* t : {"q", "k", "v"}) {
+      bool nonzero = false;
+      for (std::int64_t i = 0; i < a[t].numel(); ++i) {
+        ASSERT_TRUE(same_bits(a[t].data()[i], b[t].data()[i]))
+            << t << " " << i << ": " << a[t].data()[i] << " vs " << b[t].data()[i];
+        nonzero |= a[t].data()[i] != 0;
+      }
+      EXPECT_TRUE(nonzero) << t;
+    }
+    EXPECT_LT(a.peak_tape_bytes(), b.peak_tape_bytes());
+  }
+}
+
+// A nested tg::loop, against the same nesting of plain loops: the inner loop is recorded while
+// the outer one runs forward and while its iterations are replayed. The outer one counts down.
+template <bool Checkpointed>
+constexpr auto nested = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<T const> z, tg::tensor<T const> w,
+                                    tg::tensor<std::int32_t const> len, tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  int const r0 = p.program_id(0) * R;
+  auto const rows = r0 + tg::arange<0, R>();
+  int const n = tg::load(len + tg::arange<0, 1>() + p.program_id(0))(0);
+  tg::tile<F, R> const zr = tg::load(z + rows * z.stride(0), rows < z.size(0), 0.0f);
+  auto s = tg::zeros<F, R>();
+  auto const inner = [=](int c0, auto& t) {
+    auto const cols = c0 + tg::arange<0, C>();
+    auto const mask = tg::col(rows < x.size(0)) & tg::row(cols < n);
+    tg::tile<F, R, C> const v =
+        tg::load(x + tg::col(rows) * x.stride(0) + tg::row(cols), mask, 0.0f);
+    t = t * tg::sigmoid(zr) + tg::sum<1>(v * v * tg::row(tg::load(w + tg::arange<0, C>())));
+  };
+  auto const outer = [=](int k, auto& s) {
+    tg::tile<F, R> t = s * 0.5f + float(k);
+    if constexpr (Checkpointed)
+      tg::loop(k * C, n, 2 * C, t, inner);
+    else
+      for (int c0 = k * C; c0 < n; c0 += 2 * C)
+        inner(c0, t);
+    s = s + tg::exp(t * 0.125f);
+  };
+  if constexpr (Checkpointed) // a negative step: k = 1, then 0
+    tg::loop(1, -1, -1, s, outer);
+  else
+    for (int k = 1; k > -1; --k)
+      outer(k, s);
+  tg::store(y + rows, s, rows < y.size(0));
+};
+
+TEST(Loop, NestedLoopsGiveThePlainLoopsGradients) {
+  checkpoint_every_loop const checkpointed;
+  problem<float> a(lens), b(lens);
+  auto const ga = a.grads(nested<true>);
+  auto const gb = b.grads(nested<false>);
+  for (char const* t : {"x", "z", "w"}) {
+    bool nonzero = false;
+    for (std::int64_t i = 0; i < ga[t].numel(); ++i) {
+      ASSERT_TRUE(same_bits(ga[t].data()[i], gb[t].data()[i]))
+          << t << " " << i << ": " << ga[t].data()[i] << " vs " << gb[t].data()[i];
+      nonzero |= ga[t].data()[i] != 0;
+    }
+    EXPECT_TRUE(nonzero) << t;
+  }
+}
+
+// ---- refusals -----------------------------------------------------------------------------
+
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (std::invalid_argument const& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Loop, ABodyCapturingByReferenceIsRefused) {
+  // The sweep runs the body after the kernel returned: `a` would be gone.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 8>();
+    tg::tile<tg::fp32<T>, 8> const a = tg::load(x + i, i < x.size(0), 0.0f);
+    auto acc = tg::zeros<tg::fp32<T>, 8>();
+    tg::loop(0, 3, 1, acc, [&](int, auto& acc) { acc = acc + a * a; });
+    tg::store(y + i, acc, i < y.size(0));
+  };
+  owned<float> x({5}, "x"), y({5}, "y"), dy({5}, "dy");
+  test_support::fill(x, 1);
+  test_support::fill(dy, 2);
+  // The fast path runs it (the body is called while `a` lives).
+  tg::launch(1, k, x.cview(), y.view());
+  EXPECT_FLOAT_EQ(y(2), 3 * x(2) * x(2));
+  std::string const m = message_of([&] { tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy)); });
+  EXPECT_NE(m.find("captures a local variable by reference"), std::string::npos) << m;
+  EXPECT_NE(m.find("test_loop.cpp"), std::string::npos) << m;
+  EXPECT_NE(m.find("program (0"), std::string::npos) << m;
+}
+
+TEST(Loop, AStoreInTheBodyIsRefusedInReverseMode) {
+  checkpoint_every_loop const checkpointed;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 8>();
+    auto acc = tg::zeros<tg::fp32<T>, 8>();
+    tg::loop(0, 2, 1, acc, [=](int j, auto& acc) {
+      acc = acc + tg::load(x + i, i < x.size(0), 0.0f);
+      tg::store(y + i, acc * float(j), i < y.size(0));
+    });
+  };
+  owned<float> x({5}, "x"), y({5}, "y"), dy({5}, "dy");
+  std::string const m = message_of([&] { tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy)); });
+  EXPECT_NE(m.find("store by program (0"), std::string::npos) << m;
+  EXPECT_NE(m.find("may load but not store"), std::string::npos) << m;
+}
+
+TEST(Loop, LoadsOfOwnEarlierStoresReplayAndALaterStoreIsRefused) {
+  checkpoint_every_loop const checkpointed;
+  // y is inout: the program stores into it before the loop (a load in the body sees that value,
+  // in the forward run and in the replay alike), and, when `after` is set, once more after the
+  // loop: a replayed load can no longer tell which store it saw, and is refused.
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y, int after) {
+    auto const i = tg::arange<0, 8>();
+    auto const m = i < x.size(0);
+    tg::store(y + i, tg::load(x + i, m, 0.0f) * 2.0f, m);
+    auto acc = tg::zeros<tg::fp32<T>, 8>();
+    tg::loop(0, 3, 1, acc, [=](int, auto& acc) { acc = acc * 0.5f + tg::load(y + i, m, 0.0f); });
+    if (after)
+      tg::store(y + i, acc, m);
+    else
+      tg::store(y + i + 8, acc, m);
+  };
+  auto plain = [](owned<float> const& x, owned<float> const& dy) {
+    // y[i] = 2 x[i]; y[i + 8] = (0.25 + 0.5 + 1) * 2 x[i]: dx[i] = 2 dy[i] + 3.5 dy[i + 8].
+    owned<float> want({5}, "want");
+    for (int i = 0; i < 5; ++i)
+      want(i) = 2 * dy(i) + 3.5f * dy(i + 8);
+    (void)x;
+    return want;
+  };
+  owned<float> x({5}, "x"), y({13}, "y"), dy({13}, "dy");
+  test_support::fill(x, 1);
+  test_support::fill(dy, 2);
+  auto const g = tg::vjp(1, k, tg::in("x", x), tg::inout("y", y, dy), 0);
+  auto const want = plain(x, dy);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NEAR(g["x"](i), want(i), 1e-6) << i;
+  std::string const m =
+      message_of([&] { tg::vjp(1, k, tg::in("x", x), tg::inout("y", y, dy), 1); });
+  EXPECT_NE(m.find("loads tensor 'y', element (0), inside the body of tg::loop"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("writes that element after the loop"), std::string::npos) << m;
+}
+
+} // namespace
