@@ -584,6 +584,18 @@ void bm_vjp_scaling(benchmark::State& state, std::int64_t h, std::int64_t n, int
     benchmark::ClobberMemory();
   }
   double const hwm = status_bytes("VmHWM");
+  // The forward launch alone on the same problem and threads, best of three, after the vjp (the
+  // peak RSS above is the vjp's): vjp_vs_fwd, the vjp's time over it.
+  double fwd = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    double const t0 = clock_seconds(2); // wall clock, as the vjp above
+    tg::launch(opts, g, fwd_kernel, pr.q.cview(), pr.k.cview(), pr.v.cview(), pr.o.view(),
+               pr.lse.view(), scale);
+    fwd = std::min(fwd, clock_seconds(2) - t0);
+  }
+  state.counters["fwd_seconds"] = fwd;
+  state.counters["vjp_vs_fwd"] = benchmark::Counter(
+      double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   double const grad_bytes = 3.0 * double(pr.q.numel()) * sizeof(float);
   state.counters["peak_beyond_io_bytes"] = hwm - rss0 - grad_bytes;
   state.counters["hwm_reset"] = reset && hwm0 <= rss0 + (1 << 20) ? 1 : 0;
@@ -624,7 +636,12 @@ void register_all() {
       ->Unit(benchmark::kSecond);
   // Thread counts up to 16, for larger machines; select with --benchmark_filter, one process per
   // run where the peak RSS matters.
-  for (auto [h, n] : {std::pair<std::int64_t, std::int64_t>{4, 4096}, {16, 4096}, {16, 16384}})
+  for (auto [h, n] : {std::pair<std::int64_t, std::int64_t>{1, 1024},
+                      {1, 4096},
+                      {1, 16384},
+                      {4, 4096},
+                      {16, 4096},
+                      {16, 16384}})
     for (int t : {1, 2, 4, 8, 16})
       with_clock(benchmark::RegisterBenchmark(
                      ("vjp_scaling/tilegrad/H:" + std::to_string(h) + suffix(n, t)).c_str(),
