@@ -34,17 +34,27 @@ namespace tilegrad {
 
 namespace detail {
 
-// The working dtype of a launch: that of its first marked or float tensor.
+// The working dtype of a launch: that of its first marked tensor (in, out, passive), else of its
+// first unmarked float tensor.
 template <class... X>
 struct working_float {
   using type = void;
 };
 template <class X, class... Rest>
 struct working_float<X, Rest...> {
-  using type =
-      std::conditional_t<!std::is_void_v<typename arg_kind<X>::type>, typename arg_kind<X>::type,
-                         typename working_float<Rest...>::type>;
+  using K = arg_kind<X>;
+  using rest = typename working_float<Rest...>::type;
+  using type = std::conditional_t<K::in || K::out || K::passive, typename K::type,
+                                  std::conditional_t<std::is_void_v<rest>, typename K::type, rest>>;
 };
+
+// Whether an argument fits a launch of working dtype T: marked tensors have T; unmarked float
+// tensors T or fp32<T> (the float logsumexp beside a bf16 attention's tensors).
+template <class X, class T>
+inline constexpr bool fits_working_float = std::is_void_v<typename arg_kind<X>::type> ||
+                                           std::is_same_v<typename arg_kind<X>::type, T> ||
+                                           (arg_kind<X>::float_tensor &&
+                                            std::is_same_v<typename arg_kind<X>::type, fp32<T>>);
 
 template <class T>
 struct named_tensor {
@@ -92,10 +102,10 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
   using T = typename detail::working_float<Args...>::type;
   static_assert(detail::float_storage_v<T>,
                 "tilegrad::check_backward: mark the float tensors of the forward with in / out");
-  static_assert(((std::is_void_v<typename detail::arg_kind<Args>::type> ||
-                  std::is_same_v<typename detail::arg_kind<Args>::type, T>)&&...),
-                "tilegrad::check_backward: every float tensor of the forward must have the same "
-                "element type");
+  static_assert((detail::fits_working_float<Args, T> && ...),
+                "tilegrad::check_backward: every marked tensor of the forward must have the same "
+                "element type, and an unmarked float tensor that type or its compute type "
+                "(float beside bf16)");
   using result_t = std::invoke_result_t<Backward&, backward_context<T>&>;
   static_assert(std::is_void_v<result_t> || std::is_convertible_v<result_t, gradient_set>,
                 "tilegrad::check_backward: the backward returns a tilegrad::gradient_set or "
