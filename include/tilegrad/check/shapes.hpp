@@ -35,18 +35,18 @@ inline void sort_unique(std::vector<std::int64_t>& v) {
 } // namespace detail
 
 /// The sizes an axis cut into tiles of `tile` should be checked at: 1, 2, tile - 1, tile,
-/// tile + 1 and 2 * tile + tile / 2 + 1 (two full tiles and a partial one, the remainder
+/// tile + 1 and 2 * tile + (tile + 1) / 2 (two full tiles and a partial one, the remainder
 /// neither 1 nor tile - 1 for tile >= 4). A size above max_size becomes max_size.
 /// @pre tile >= 1, max_size >= 1 (std::invalid_argument otherwise)
 /// @post result is strictly increasing, result.front() == 1,
-///       result.back() == min(max_size, 2 * tile + tile / 2 + 1)
+///       result.back() == min(max_size, 2 * tile + (tile + 1) / 2)
 /// @post for s in {1, 2, tile - 1, tile, tile + 1}: s >= 1 implies min(s, max_size) is in result
 inline std::vector<std::int64_t> edge_sizes(std::int64_t tile,
                                             std::int64_t max_size = no_size_limit) {
   detail::expect_edge_args(tile, max_size);
   std::vector<std::int64_t> out;
   for (std::int64_t s :
-       {std::int64_t{1}, std::int64_t{2}, tile - 1, tile, tile + 1, 2 * tile + tile / 2 + 1})
+       {std::int64_t{1}, std::int64_t{2}, tile - 1, tile, tile + 1, 2 * tile + (tile + 1) / 2})
     if (s >= 1)
       out.push_back(std::min(s, max_size));
   detail::sort_unique(out);
