@@ -156,7 +156,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
                                 "kernel; bf16 rounding differentiated as identity)"
                               : "";
     if (rule == pass_rule::error_bound) {
-      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max(" << o.k_bound << ", "
+      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max(" << o.k_bound.value_or(dtype.k_bound) << ", "
          << o.k << " * the units g_ref32 is off by at worst), u = 2^"
          << std::ilogb(dtype.eps) - 1 << " (the unit roundoff of " << dtype.name
          << "); |J|^T |w|: vjp of the forward in float64 with every partial and cotangent taken "
@@ -175,7 +175,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         rep.warnings.push_back(
             "the baseline rule with bfloat16 tensors: g_ref32 rounds nothing to bfloat16, so "
             "k * max|g_ref32 - g_ref64| is float32 round-off and the floor alone bounds the "
-            "kernel's bf16 roundings (the normwise rule is bfloat16's default)");
+            "kernel's bf16 roundings (error_bound is bfloat16's default)");
     } else if (rule == pass_rule::normwise) {
       auto t = make_tolerance(o, dtype, {}, {});
       os << "max|g - g_ref64| <= rtol * max|g_ref64| + atol, rtol = ";
