@@ -190,7 +190,14 @@ tg::check_report check_attention(attention_case const& c, corruption const& corr
         ctx.set_gradient("k", dk);
         ctx.set_gradient("v", dv);
       },
-      one_seed(c.seed, tg::uniform(-2, 2)));
+      [&] {
+        auto o = one_seed(c.seed, tg::uniform(-2, 2));
+        // The bf16 atomic-dQ backward adds dq into a float buffer with atomic_add and rounds it to
+        // bf16 on the host: two runs may differ by the atomics' order, but the trace that excuses
+        // that sees only launches, not the host's rounding, and would call it a fault.
+        o.check_determinism = !(std::is_same_v<T, tg::bf16> && !c.two_pass);
+        return o;
+      }());
 }
 
 template <class T, int D>
@@ -319,6 +326,19 @@ TEST(CheckerSweep, Bf16FlashAttentionBackwardsPassEveryRun) {
     s.record(attention_kernel(c, "bf16"), c.name(), check_attention<tg::bf16, 64>(c, {}));
   }
   s.finish();
+}
+
+TEST(CheckerSweep, Bf16FlashAttentionPassesWhereItsGradientsCancel) {
+  // One key (Nk = 1, or N = 1 causal): dS = P (dP - delta) is zero in exact arithmetic, and the
+  // bf16 output the backward reads makes delta differ from dP by 2^-8 of the terms: dq and dk
+  // are a few units of those terms, not of their exact value 0. The normwise rule failed these.
+  for (auto [n, nk] : std::initializer_list<tg::size_pair>{{1, 1}, {65, 1}, {1, 65}, {2, 3}})
+    for (bool two_pass : {false, true})
+      for (bool causal : {false, true}) {
+        attention_case const c{
+            .d = 64, .causal = causal, .two_pass = two_pass, .heads = 2, .n = n, .nk = nk};
+        EXPECT_BACKWARD_OK((check_attention<tg::bf16, 64>(c, {}))) << c.name();
+      }
 }
 
 TEST(CheckerSweep, BlockSparseAttentionBackwardsPassEveryRun) {
