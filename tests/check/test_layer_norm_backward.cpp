@@ -141,9 +141,13 @@ tg::check_report check(bug b, std::int64_t m, std::int64_t n, int seeds = 2) {
 
 TEST(CheckLayerNorm, HandWrittenBackwardPasses) {
   // Rows at the edges of the groups of 8 and of the reduction's 4 groups, columns at the edges
-  // of the blocks of 32 (from 2: one column is the test below); equal and crossed.
+  // of the blocks of 32; equal and crossed. One column is the test below. Rows of 2 and 3
+  // columns are left out: there dx is a few 1e-5 of its terms and the float rounding of
+  // x - mean decides it, which the error bound weighs only through the fp32 reference's own
+  // error, an independent draw; in 40,000 one-seed checks each the correct kernel exceeded its
+  // bound 13 times at N = 2 and 7 times at N = 3 (tests/check/test_checker_sweep.cpp).
   for (auto [m, n] : tg::edge_pairs(Rows * BG, BlockN)) {
-    if (n == 1)
+    if (n < 4)
       continue;
     auto const r = check(bug::none, m, n, 3);
     EXPECT_BACKWARD_OK(r) << m << " x " << n;
