@@ -20,6 +20,7 @@
 #include "tilegrad/check/gradient_set.hpp"
 #include "tilegrad/check/options.hpp"
 #include "tilegrad/check/report.hpp"
+#include "tilegrad/check/shapes.hpp"
 #include "tilegrad/check/taylor.hpp"
 #include "tilegrad/core/bf16.hpp"
 #include "tilegrad/core/config.hpp"

@@ -99,9 +99,11 @@ auto backward(tg::tensor<float const> lse) {
 }
 
 template <bool Causal, bug B, tk::attention_backward V = tk::attention_backward::atomic_dq>
-tg::check_report check(std::int64_t batch, std::int64_t heads, std::int64_t n, int seeds = 2) {
-  tg::owned_tensor<float> q({batch, heads, n, D}), k({batch, heads, n, D}), v({batch, heads, n, D}),
-      o({batch, heads, n, D}), lse({batch, heads, n}, "lse");
+tg::check_report check(std::int64_t batch, std::int64_t heads, std::int64_t n, int seeds = 2,
+                       std::int64_t nk = 0) {
+  nk = nk ? nk : n;
+  tg::owned_tensor<float> q({batch, heads, n, D}), k({batch, heads, nk, D}),
+      v({batch, heads, nk, D}), o({batch, heads, n, D}), lse({batch, heads, n}, "lse");
   auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), int(heads), int(batch));
   return tg::check_backward(
       tg::forward(g, tk::flash_attention_fwd<D, BQ, BK, Causal>, tg::in("q", q), tg::in("k", k),
@@ -123,6 +125,17 @@ TEST(CheckFlashAttention, TwoPassBackwardPasses) {
   EXPECT_BACKWARD_OK((check<false, bug::none, two>(2, 2, 100, 3)));
   EXPECT_BACKWARD_OK((check<true, bug::none, two>(2, 2, 100, 3)));
   EXPECT_BACKWARD_OK((check<true, bug::none, two>(1, 3, 65)));
+}
+
+TEST(CheckFlashAttention, BothBackwardsPassAtTheEdgePairs) {
+  // N and Nk at the edges of the 64-row tiles (1, 2, 63, 64, 65, 161), equal and crossed.
+  constexpr auto two = tk::attention_backward::two_pass;
+  for (auto [n, nk] : tg::edge_pairs(BQ, BK)) {
+    EXPECT_BACKWARD_OK((check<false, bug::none>(1, 2, n, 1, nk))) << n << " " << nk;
+    EXPECT_BACKWARD_OK((check<true, bug::none>(2, 1, n, 1, nk))) << n << " " << nk;
+    EXPECT_BACKWARD_OK((check<false, bug::none, two>(2, 1, n, 1, nk))) << n << " " << nk;
+    EXPECT_BACKWARD_OK((check<true, bug::none, two>(1, 2, n, 1, nk))) << n << " " << nk;
+  }
 }
 
 TEST(CheckFlashAttention, KeyEdgeOffByOneShowsInTheLastRowOnly) {

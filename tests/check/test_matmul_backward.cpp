@@ -116,15 +116,15 @@ tg::check_report check(std::int64_t M, std::int64_t K, std::int64_t N, int seeds
       {.seeds = seeds});
 }
 
-struct dims {
-  std::int64_t m, k, n;
-};
-
 } // namespace
 
 TEST(CheckMatmul, HandWrittenBackwardPasses) {
-  for (auto [M, K, N] : {dims{1, 1, 1}, dims{33, 17, 45}, dims{64, 40, 32}, dims{70, 9, 65}}) {
-    EXPECT_BACKWARD_OK(check<bug::none>(M, K, N, 5));
+  // M and N at the edges of their tiles, equal and crossed; K walks the edges of its own tile.
+  auto const ks = tg::edge_sizes(BK);
+  std::size_t i = 0;
+  for (auto [M, N] : tg::edge_pairs(BM, BN)) {
+    std::int64_t const K = ks[i++ % ks.size()];
+    EXPECT_BACKWARD_OK(check<bug::none>(M, K, N, 2)) << M << " x " << K << " x " << N;
   }
 }
 

@@ -89,10 +89,12 @@ tg::check_report check(std::int64_t n, std::int64_t d, int seeds = 2) {
 } // namespace
 
 TEST(CheckWeightedSum, HandWrittenBackwardPasses) {
-  for (auto [n, d] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {37, 70}, {64, 64}, {100, 33}}) {
-    auto const r = check<bug::none>(n, d, 5);
-    EXPECT_BACKWARD_OK(r);
-    EXPECT_EQ(r.seeds.size(), 5u);
+  // Rows and columns at the edges of their tiles (1, 2, tile - 1, tile, tile + 1, several tiles
+  // and a remainder), equal and crossed.
+  for (auto [n, d] : tg::edge_pairs(BR, BD)) {
+    auto const r = check<bug::none>(n, d, 3);
+    EXPECT_BACKWARD_OK(r) << n << " x " << d;
+    EXPECT_EQ(r.seeds.size(), 3u);
   }
 }
 

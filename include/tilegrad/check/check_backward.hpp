@@ -36,17 +36,27 @@ namespace tilegrad {
 
 namespace detail {
 
-// The working dtype of a launch: that of its first marked or float tensor.
+// The working dtype of a launch: that of its first marked tensor (in, out, passive), else of its
+// first unmarked float tensor.
 template <class... X>
 struct working_float {
   using type = void;
 };
 template <class X, class... Rest>
 struct working_float<X, Rest...> {
-  using type =
-      std::conditional_t<!std::is_void_v<typename arg_kind<X>::type>, typename arg_kind<X>::type,
-                         typename working_float<Rest...>::type>;
+  using K = arg_kind<X>;
+  using rest = typename working_float<Rest...>::type;
+  using type = std::conditional_t<K::in || K::out || K::passive, typename K::type,
+                                  std::conditional_t<std::is_void_v<rest>, typename K::type, rest>>;
 };
+
+// Whether an argument fits a launch of working dtype T: marked tensors have T; unmarked float
+// tensors T or fp32<T> (the float logsumexp beside a bf16 attention's tensors).
+template <class X, class T>
+inline constexpr bool fits_working_float = std::is_void_v<typename arg_kind<X>::type> ||
+                                           std::is_same_v<typename arg_kind<X>::type, T> ||
+                                           (arg_kind<X>::float_tensor &&
+                                            std::is_same_v<typename arg_kind<X>::type, fp32<T>>);
 
 template <class T>
 struct named_tensor {
@@ -165,10 +175,10 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
   using T = typename detail::working_float<Args...>::type;
   static_assert(detail::float_storage_v<T>,
                 "tilegrad::check_backward: mark the float tensors of the forward with in / out");
-  static_assert(((std::is_void_v<typename detail::arg_kind<Args>::type> ||
-                  std::is_same_v<typename detail::arg_kind<Args>::type, T>)&&...),
-                "tilegrad::check_backward: every float tensor of the forward must have the same "
-                "element type");
+  static_assert((detail::fits_working_float<Args, T> && ...),
+                "tilegrad::check_backward: every marked tensor of the forward must have the same "
+                "element type, and an unmarked float tensor that type or its compute type "
+                "(float beside bf16)");
   using result_t = std::invoke_result_t<Backward&, backward_context<T>&>;
   static_assert(std::is_void_v<result_t> || std::is_convertible_v<result_t, gradient_set>,
                 "tilegrad::check_backward: the backward returns a tilegrad::gradient_set or "
@@ -222,7 +232,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
                                 "kernel; bf16 rounding differentiated as identity)"
                               : "";
     if (rule == pass_rule::error_bound) {
-      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max(" << o.k_bound << ", "
+      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max(" << o.k_bound.value_or(dtype.k_bound) << ", "
          << o.k << " * the units g_ref32 is off by at worst), u = 2^"
          << std::ilogb(dtype.eps) - 1 << " (the unit roundoff of " << dtype.name
          << "); |J|^T |w|: vjp of the forward in float64 with every partial and cotangent taken "
@@ -241,7 +251,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         rep.warnings.push_back(
             "the baseline rule with bfloat16 tensors: g_ref32 rounds nothing to bfloat16, so "
             "k * max|g_ref32 - g_ref64| is float32 round-off and the floor alone bounds the "
-            "kernel's bf16 roundings (the normwise rule is bfloat16's default)");
+            "kernel's bf16 roundings (error_bound is bfloat16's default)");
     } else if (rule == pass_rule::normwise) {
       auto t = make_tolerance(o, dtype, {}, {});
       os << "max|g - g_ref64| <= rtol * max|g_ref64| + atol, rtol = ";

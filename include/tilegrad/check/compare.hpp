@@ -166,7 +166,7 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
     t.ref_units = std::max(pooled_units, magnitude ? detail::error_units(ref32, ref64, *magnitude,
                                                                         t.unit)
                                                    : 0.0);
-    t.k_bound = std::max(o.k_bound, o.k * t.ref_units);
+    t.k_bound = std::max(o.k_bound.value_or(dtype.k_bound), o.k * t.ref_units);
   } else if (t.rule == pass_rule::baseline) {
     t.k = o.k;
     t.ref32_err_seed = detail::max_abs_diff(ref32, ref64);
