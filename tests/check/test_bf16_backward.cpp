@@ -131,8 +131,9 @@ TEST(CheckBf16, RowsOfOneAndTwoColumnsPass) {
         },
         {.seeds = 20, .inputs = tg::uniform(-3, 3)});
     EXPECT_BACKWARD_OK(r) << cols;
-    if (cols == 1)
+    if (cols == 1) {
       EXPECT_TRUE(r.mentions("all zeros by cancellation")) << r;
+    }
   }
 }
 
