@@ -82,6 +82,7 @@ int const bwd_last_line = __LINE__;
 struct backward_options {
   bool alternate = false;    // every other call takes the key tiles in reverse order
   float extra_on_second = 0; // the second call adds this to dq(0, 0) atomically
+  enum { none, with_copy, by_hand } accumulator = none; // dq added into a buffer, then copied
 };
 
 // The hand-written backward: zeroed gradients, one launch, named tensors.
@@ -92,8 +93,10 @@ auto backward(backward_options bo = {}) {
     auto const d_o = ctx.cotangent("o");
     std::int64_t const n = q.size(0);
     tg::owned_tensor<float> dq({n, D}, "dq"), dk({n, D}, "dk"), dv({n, D}, "dv");
+    tg::owned_tensor<float> acc({n, D}, "dq accumulator");
+    auto const into = bo.accumulator == backward_options::none ? dq.view() : acc.view();
     bool const reversed = bo.alternate && calls % 2 == 1;
-    tg::launch(ctx.options(), tg::cdiv<int>(int(n), B), lin_bwd<How>, q, k, v, d_o, dq.view(),
+    tg::launch(ctx.options(), tg::cdiv<int>(int(n), B), lin_bwd<How>, q, k, v, d_o, into,
                dk.view(), dv.view(), reversed);
     if (bo.extra_on_second != 0 && calls == 1)
       tg::launch(
@@ -101,7 +104,11 @@ auto backward(backward_options bo = {}) {
           [x = bo.extra_on_second](tg::program const&, tg::tensor<float> g) {
             tg::atomic_add(g + tg::arange<0, 1>(), x);
           },
-          dq.view());
+          into);
+    if (bo.accumulator == backward_options::with_copy)
+      tg::copy(acc.cview(), dq.view());
+    else if (bo.accumulator == backward_options::by_hand)
+      std::copy(acc.begin(), acc.end(), dq.begin());
     ++calls;
     ctx.set_gradient("q", dq);
     ctx.set_gradient("k", dk);
@@ -198,6 +205,54 @@ TEST(BackwardDeterminism, AtomicDifferenceBeyondReorderingFails) {
                          "elements of 'q' that atomic_add alone wrote, by more than reordering "
                          "the additions can: at (0, 0)"))
       << r;
+}
+
+TEST(BackwardDeterminism, AtomicReorderingIsFollowedThroughACopy) {
+  // dQ added into a buffer with atomic_add, then copied into the gradient on the host (as the
+  // bf16 attention backward rounds its fp32 accumulator into dq): with tg::copy the determinism
+  // check follows each element back to its additions; a copy it cannot see is a failure.
+  using bo = backward_options;
+  auto const traced = check(backward<dq_by::atomic_add>({.alternate = true, .accumulator = bo::with_copy}),
+                            40, {tg::executor::sequential, 1});
+  EXPECT_BACKWARD_OK(traced);
+  EXPECT_TRUE(traced.mentions("each written by atomic_add alone")) << traced;
+  auto const unseen = check(backward<dq_by::atomic_add>({.alternate = true, .accumulator = bo::by_hand}),
+                            40, {tg::executor::sequential, 1});
+  ASSERT_FALSE(unseen);
+  EXPECT_TRUE(unseen.mentions("not deterministic: two runs on the same data differ in ")) << unseen;
+  // A difference beyond what reordering explains still fails through the copy.
+  auto const extra = check(backward<dq_by::atomic_add>({.extra_on_second = 1e-3f,
+                                                        .accumulator = bo::with_copy}),
+                           40, {tg::executor::sequential, 1});
+  ASSERT_FALSE(extra);
+  EXPECT_TRUE(extra.mentions("that atomic_add alone wrote, by more than reordering the additions "
+                             "can: at (0, 0)"))
+      << extra;
+}
+
+TEST(Copy, ConvertsRoundsAndRefusesAnotherShape) {
+  tg::owned_tensor<float> f({2, 3}, "f");
+  for (int i = 0; i < 6; ++i)
+    f.data()[i] = 1.0f + static_cast<float>(i) * 0x1p-9f; // between bf16 neighbours
+  tg::owned_tensor<tg::bf16> h({3, 2}, "h");
+  tg::owned_tensor<tg::bf16> g({2, 3}, "g");
+  tg::copy(f.cview(), g.view());
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(static_cast<float>(g.data()[i]), static_cast<float>(tg::bf16(f.data()[i]))) << i;
+  // Into a transposed view: element (i, j) of the source lands at (i, j) of the view.
+  tg::owned_tensor<float> t({3, 2}, "t");
+  tg::tensor<float> tt(t.data(), {2, 3}, {1, 2}, "t transposed");
+  tg::copy(f.cview(), tt);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      EXPECT_EQ(t.data()[j * 2 + i], f.data()[i * 3 + j]);
+  try {
+    tg::copy(f.cview(), h.view());
+    ADD_FAILURE() << "no throw";
+  } catch (std::invalid_argument const& e) {
+    EXPECT_STREQ(e.what(), "tilegrad::copy: the source 'f' has shape (2, 3), the destination 'h' "
+                           "(3, 2)");
+  }
 }
 
 TEST(BackwardDeterminism, StoredDifferencesStillFail) {

@@ -12,6 +12,7 @@
 #include "tilegrad/check/gradient_set.hpp"
 #include "tilegrad/check/options.hpp"
 #include "tilegrad/check/report.hpp"
+#include "tilegrad/check/saved.hpp"
 #include "tilegrad/grid/launch.hpp"
 #include "tilegrad/memory/tracking.hpp"
 
@@ -368,6 +369,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     std::size_t seed_index = 0;
     gradient_set got;
     std::vector<std::vector<double>> ref64, ref32, mag; // per input marked in
+    std::vector<std::vector<double>> saved; // second look: per input marked in, or empty
     std::optional<gradient_set> zero, twice;       // first seed: scaled cotangents
     std::vector<std::pair<std::string, tolerance>> tols; // per gradient compared
   };
@@ -430,13 +432,39 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       return cot_copies.front(); // unreachable: every out has a cotangent
     };
     auto args = std::apply(
-        [&](auto const&... a) { return std::make_tuple(detail::rebind<U>(a, keep, cot)...); },
+        // Braces: the copies are made (and `keep` filled) in the order of the arguments.
+        [&](auto const&... a) { return std::tuple{detail::rebind<U>(a, keep, cot)...}; },
         fwd.args);
     std::optional<ad::magnitude_scope> scope;
     if (magnitudes)
       scope.emplace();
     return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
                       args);
+  };
+
+  // The tensors the forward writes that the backward may read: its outputs and the unmarked
+  // tensors it writes (a logsumexp, a mean, an rstd), with their float64 forward values, which
+  // the float64 reference left in `keep` (one copy per float tensor argument, in order).
+  auto saved_of = [&](std::deque<owned_tensor<double>> const& keep) {
+    std::vector<detail::saved_values> saved;
+    std::size_t k = 0;
+    std::apply(
+        [&](auto const&... a) {
+          auto visit = [&]<class X>(X const& x) {
+            using K = detail::arg_kind<X>;
+            if constexpr (K::out)
+              saved.push_back(detail::make_saved_values(x.name, x.t, keep[k].data()));
+            else if constexpr (K::float_tensor) {
+              if constexpr (!std::is_const_v<typename X::element_type>)
+                saved.push_back(detail::make_saved_values(x.name(), x, keep[k].data()));
+            }
+            if constexpr (K::in || K::out || K::passive || K::float_tensor)
+              ++k;
+          };
+          (visit(a), ...);
+        },
+        fwd.args);
+    return saved;
   };
 
   for (int si = 0; si < o.seeds; ++si) {
@@ -484,6 +512,53 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       r.got = std::move(ctx.gradients());
       return r;
     };
+    // The second look (error_bound): when an element is over this seed's bound (the final one,
+    // pooled over the seeds, is no smaller), the backward runs twice more with the values it
+    // reads from the forward moved by their rounding errors, up or down at random; how far each
+    // gradient element moves, the largest of the two, may be added k_saved times to its bound.
+    auto second_look = [&](gradient_set const& got, pending const& pd,
+                           std::deque<owned_tensor<double>> const& keep) {
+      std::vector<std::vector<double>> moved;
+      bool over = false;
+      for (std::size_t q = 0; q < ins.size() && !over; ++q) {
+        erased_gradient const* e = got.find(ins[q].name);
+        if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
+          continue;
+        auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q]);
+        for (std::size_t i = 0; i < e->values.size() && !over; ++i)
+          over = !(detail::abs_err(e->values[i], pd.ref64[q][i]) <=
+                   t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i)));
+      }
+      if (!over)
+        return moved;
+      auto saved = saved_of(keep);
+      if (saved.empty())
+        return moved;
+      moved.assign(ins.size(), {});
+      auto rng = detail::rng_for(seed, 3000);
+      for (int r = 0; r < 2; ++r) {
+        for (auto& s : saved)
+          s.jitter(rng);
+        backward_run j = run_backward(cots);
+        for (auto& s : saved)
+          s.restore();
+        if (j.error)
+          return std::vector<std::vector<double>>{};
+        for (std::size_t q = 0; q < ins.size(); ++q) {
+          erased_gradient const* e = got.find(ins[q].name);
+          erased_gradient const* e2 = j.got.find(ins[q].name);
+          if (!e || !e2 || e2->values.size() != e->values.size())
+            continue;
+          moved[q].resize(e->values.size(), 0.0);
+          for (std::size_t i = 0; i < e->values.size(); ++i) {
+            double const d = std::abs(e2->values[i] - e->values[i]);
+            if (std::isfinite(d)) // a NaN after the move allows nothing
+              moved[q][i] = std::max(moved[q][i], d);
+          }
+        }
+      }
+      return moved;
+    };
     backward_run first = run_backward(cots);
     if (first.error)
       sr.problems.push_back("the backward threw: " + *first.error);
@@ -517,8 +592,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     // The references, on copies, with the same cotangents.
     std::optional<gradients<double>> g64, gmag;
     std::optional<gradients<W>> g32; // only the baseline rule reads it
+    std::deque<owned_tensor<double>> keep64; // the float64 forward's values, for the second look
     try {
-      std::deque<owned_tensor<double>> keep64;
       g64.emplace(reference(cots, keep64));
       if (rule == pass_rule::error_bound) {
         std::deque<owned_tensor<double>> keepm;
@@ -549,6 +624,9 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       pd.ref32.push_back(g32 ? detail::values_of((*g32)[n.name]) : std::vector<double>{});
       pd.mag.push_back(gmag ? detail::values_of((*gmag)[n.name]) : std::vector<double>{});
     }
+
+    if (rule == pass_rule::error_bound && o.k_saved > 0 && !first.error)
+      pd.saved = second_look(first.got, pd, keep64);
 
     if (si != 0 || first.error)
       continue;
@@ -653,7 +731,8 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
         continue;
       }
       auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q],
-                                      pd.mag[q].empty() ? nullptr : &pd.mag[q], pooled_units[q]);
+                                      pd.mag[q].empty() ? nullptr : &pd.mag[q], pooled_units[q],
+                                      q < pd.saved.size() ? &pd.saved[q] : nullptr);
       tols.emplace_back(n.name, tol);
       auto r = compare_gradient(*e, ref64, tol, o);
       // A bf16 input's gradient may be handed back wider (kept in float, say).

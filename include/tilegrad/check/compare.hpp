@@ -77,6 +77,11 @@ struct tolerance {
   double ref_units = 0; ///< max |g_ref32 - g_ref64| / (unit * magnitude), over the seeds
   std::shared_ptr<std::vector<double> const> magnitude; ///< |J|^T |w|, per element
   double max_magnitude = 0;
+  /// error_bound, second look: how far the kernel's gradient moves, per element, when the
+  /// values it reads from the forward (outputs, saved tensors) move by their rounding errors;
+  /// element i may be off by k_saved times that more. Null unless the first look failed.
+  std::shared_ptr<std::vector<double> const> saved;
+  double k_saved = 0;
 
   /// The largest error allowed at element i (flat index; -1: the tensor's largest) where the
   /// reference is `want`; one bound for the whole tensor under the baseline and normwise rules.
@@ -85,7 +90,7 @@ struct tolerance {
     case pass_rule::error_bound:
       return k_bound * unit *
                  (i < 0 || !magnitude ? max_magnitude : (*magnitude)[static_cast<std::size_t>(i)]) +
-             floor;
+             (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) + floor;
     case pass_rule::baseline:
       return k * ref32_err + floor;
     case pass_rule::normwise:
@@ -101,6 +106,10 @@ struct tolerance {
       os << "|err| <= k " << k_bound << " * u " << unit << " * (|J|^T |w|) elementwise";
       if (ref_units > 0)
         os << " (the fp32 reference is " << ref_units << " units off at worst)";
+      if (saved)
+        os << " + " << k_saved
+           << " * (how far the gradient moves when the values the backward reads from the forward "
+              "move by their rounding errors)";
       if (floor)
         os << " + " << floor;
     } else if (rule == pass_rule::baseline) {
@@ -129,6 +138,7 @@ struct gradient_report {
   /// The element closest to (or furthest over) its bound: error / bound, the bound, and under
   /// error_bound the |J|^T |w| it was formed from.
   double worst_ratio = 0, worst_ratio_bound = 0, worst_ratio_magnitude = 0;
+  double worst_ratio_saved = 0; ///< the saved values' share of that bound (second look), if any
   element_error at_worst_ratio;
   std::int64_t mismatches = 0, nonfinite = 0;
   std::vector<element_error> worst; ///< the largest errors first
@@ -145,11 +155,14 @@ struct gradient_report {
 /// @param pooled_rel the largest max|g_ref32 - g_ref64| / max|g_ref64| over all seeds, which
 ///   stands in for this seed's when larger
 /// @param magnitude error_bound: |J|^T |w| per element (the magnitude sweep of the reference)
+/// @param saved error_bound: per element, how far the kernel's gradient moved when the values it
+///   reads from the forward moved by their rounding errors (the second look; null: none)
 inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
                                 std::vector<double> const& ref64, std::vector<double> const& ref32,
                                 double pooled_rel = 0,
                                 std::vector<double> const* magnitude = nullptr,
-                                double pooled_units = 0) {
+                                double pooled_units = 0,
+                                std::vector<double> const* saved = nullptr) {
   tolerance t;
   t.rule = o.rule.value_or(dtype.rule);
   t.scale = detail::max_abs(ref64);
@@ -167,6 +180,10 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
                                                                         t.unit)
                                                    : 0.0);
     t.k_bound = std::max(o.k_bound.value_or(dtype.k_bound), o.k * t.ref_units);
+    if (saved && !saved->empty()) {
+      t.saved = std::make_shared<std::vector<double> const>(*saved);
+      t.k_saved = o.k_saved;
+    }
   } else if (t.rule == pass_rule::baseline) {
     t.k = o.k;
     t.ref32_err_seed = detail::max_abs_diff(ref32, ref64);
@@ -247,6 +264,8 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     r.at_worst_ratio = element(i_ratio);
     if (tol.magnitude)
       r.worst_ratio_magnitude = (*tol.magnitude)[static_cast<std::size_t>(i_ratio)];
+    if (tol.saved)
+      r.worst_ratio_saved = tol.k_saved * (*tol.saved)[static_cast<std::size_t>(i_ratio)];
   }
   auto const k =
       std::min<std::size_t>(static_cast<std::size_t>(std::max(o.worst, 0)), order.size());

@@ -55,9 +55,10 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
     if (std::memcmp(a.bits.data() + at * w, b.bits.data() + at * w, w) == 0)
       continue;
     ++diff;
-    add_sum sa{}, sb{};
-    bool const atomic = la.last_write(a.source_of(i), a.elem_size, sa) == op_atomic_add &&
-                        lb.last_write(b.source_of(i), b.elem_size, sb) == op_atomic_add;
+    traced_write const ta = la.last_write(a.source_of(i), a.elem_size);
+    traced_write const tb = lb.last_write(b.source_of(i), b.elem_size);
+    bool const atomic = ta.ops == op_atomic_add && tb.ops == op_atomic_add;
+    add_sum const sa = ta.sum, sb = tb.sum;
     if (!atomic) {
       if (unexplained++ == 0)
         first = i;
@@ -66,7 +67,12 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
     std::uint32_t const adds = std::max(sa.n, sb.n);
     double const mag = std::max<double>(sa.abs, sb.abs);
     double const g = std::max(std::abs(a.values[at]), std::abs(b.values[at]));
-    double const bound = 2 * adds * u * (g + 2 * mag);
+    // Through a copy (an fp32 accumulator rounded into the gradient's type), the additions ran
+    // at the source's roundoff, and the final rounding may then differ by one unit in the last
+    // place of the gradient's type, at most 2 u |g|.
+    double const u_add = std::max(ta.copied_from_unit, tb.copied_from_unit);
+    double const bound = u_add > 0 ? 2 * adds * u_add * (g + 2 * mag) + 2 * u * g
+                                   : 2 * adds * u * (g + 2 * mag);
     double const d = std::abs(a.values[at] - b.values[at]);
     double const ratio =
         d <= bound ? (bound > 0 ? d / bound : 0) : std::numeric_limits<double>::infinity();

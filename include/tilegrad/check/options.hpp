@@ -93,6 +93,11 @@ struct check_options {
   /// dtype's (32 for float32 and float64, 4 for bfloat16; docs/checking.md has the sweeps that
   /// set them).
   std::optional<double> k_bound = {};
+  /// error_bound, second look: when an element is over its bound, the backward runs again with
+  /// the values it reads from the forward (outputs, unmarked tensors the forward writes) moved by
+  /// their rounding errors, and each element may also be off by k_saved times how far it moved
+  /// (0: no second look). See docs/checking.md, "The forward's roundings".
+  double k_saved = 2;
   /// baseline: the multiple of the reference's own fp32 error the kernel may have.
   double k = 3;
   /// baseline: floor = floor_ulps * epsilon(working dtype) * max|g_ref64| + floor_abs, the

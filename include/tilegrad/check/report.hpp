@@ -122,13 +122,16 @@ private:
     os << "; max abs err " << g.max_abs_err;
     if (g.tol.rule == pass_rule::error_bound) {
       os << ", " << g.mismatches << " elements over " << g.tol.describe() << "\n";
-      if (!g.at_worst_ratio.at.empty())
+      if (!g.at_worst_ratio.at.empty()) {
         os << "      closest to its bound: " << g.at_worst_ratio.where() << " err "
            << g.at_worst_ratio.abs_err() << (g.worst_ratio <= 1 ? " <= " : " > ") << "bound "
            << g.worst_ratio_bound << " = " << g.tol.k_bound << " * " << g.tol.unit << " * "
-           << g.worst_ratio_magnitude << " (|J|^T |w| there)"
-           << (g.tol.floor ? " + " + std::to_string(g.tol.floor) : std::string())
+           << g.worst_ratio_magnitude << " (|J|^T |w| there)";
+        if (g.worst_ratio_saved > 0)
+          os << " + " << g.worst_ratio_saved << " (the forward's roundings, second look)";
+        os << (g.tol.floor ? " + " + std::to_string(g.tol.floor) : std::string())
            << ", err/bound " << g.worst_ratio << "\n";
+      }
     } else if (g.tol.rule != pass_rule::atol_rtol) // one bound for the tensor
       os << (g.max_abs_err <= g.tol.bound(0) ? " <= " : " > ") << g.tol.describe() << "\n";
     else

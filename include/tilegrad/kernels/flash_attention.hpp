@@ -11,6 +11,7 @@
 #include "tilegrad/grid/loop.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
+#include "tilegrad/memory/copy.hpp"
 #include "tilegrad/memory/pointer.hpp"
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/tile/creation.hpp"
@@ -421,8 +422,7 @@ void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T con
         owned_tensor<F> acc({q.size(0), q.size(1), q.size(2), q.size(3)}, "dq (fp32)");
         launch(opt.launch, keys, flash_attention_bwd<D, BQ, BK, Causal>, q, k, v, d_o, lse,
                delta.cview(), acc.view(), dk, dv, scale);
-        for (std::int64_t i = 0; i < acc.numel(); ++i)
-          dq.data()[dq.row_major_offset(i)] = static_cast<T>(acc.data()[i]);
+        copy(acc.cview(), dq); // traced under check_backward, to the atomic additions
       }
     };
     if (opt.causal)

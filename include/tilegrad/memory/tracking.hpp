@@ -33,6 +33,8 @@ namespace tilegrad::detail {
 // cas) are kept apart: only atomic_add's reordering is excused by the determinism check.
 inline constexpr std::uint8_t op_load = 1, op_store = 2, op_atomic_add = 4, op_atomic = 8;
 inline constexpr std::uint8_t op_write = op_store | op_atomic_add | op_atomic;
+/// Written on the host by tilegrad::copy (memory/copy.hpp), from another traced element.
+inline constexpr std::uint8_t op_copy = 16;
 
 /// One access of a program to a tracked tensor: its lanes are runs [first, first + count) of
 /// the program's log; an atomic_add of float or double values keeps the magnitude of each
@@ -479,6 +481,17 @@ struct launch_writes {
   std::size_t elem = 0;
   std::vector<std::uint8_t> ops;
   std::vector<add_sum> sums; // empty without atomic_add
+  // A copy (op_copy): each element's source, of from_elem bytes and unit roundoff from_unit.
+  std::vector<std::byte const*> from;
+  std::size_t from_elem = 0;
+  double from_unit = 0;
+};
+
+/// What the last write of an element was, followed through copies to the launch that made it.
+struct traced_write {
+  std::uint8_t ops = 0; ///< that launch's writes to it (0: none traced)
+  add_sum sum{0, 0};    ///< with op_atomic_add alone: its additions
+  double copied_from_unit = 0; ///< when reached through copies: the source's unit roundoff
 };
 
 /// Collects what the tracked launches started on one thread found (check_backward installs one
@@ -500,7 +513,7 @@ public:
     for (auto& t : tr.tensors()) {
       if (!t.state)
         continue;
-      launch_writes w{t.lo, t.hi, t.elem, {}, {}};
+      launch_writes w{t.lo, t.hi, t.elem, {}, {}, {}, 0, 0};
       w.ops.resize(static_cast<std::size_t>(t.span));
       bool any = false;
       for (std::int64_t i = 0; i < t.span; ++i) {
@@ -515,21 +528,56 @@ public:
     }
   }
 
+  /// Records a host copy (tilegrad::copy) of n elements: element i of the destination, at
+  /// dst(i), comes from src(i); `unit` is the source's unit roundoff.
+  template <class Dst, class Src>
+  void add_copy(tensor<Dst> const& dst, tensor<Src const> const& src, double unit) {
+    std::int64_t const n = dst.numel();
+    if (n == 0)
+      return;
+    std::byte const* lo = nullptr;
+    std::byte const* hi = nullptr;
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto const* b = reinterpret_cast<std::byte const*>(dst.data() + dst.row_major_offset(i));
+      lo = i == 0 ? b : std::min(lo, b);
+      hi = i == 0 ? b + sizeof(Dst) : std::max(hi, b + sizeof(Dst));
+    }
+    launch_writes w{lo, hi, sizeof(Dst), {}, {}, {}, sizeof(Src), unit};
+    auto const span = static_cast<std::size_t>((hi - lo) / static_cast<std::ptrdiff_t>(sizeof(Dst)));
+    w.ops.assign(span, 0);
+    w.from.assign(span, nullptr);
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto const* b = reinterpret_cast<std::byte const*>(dst.data() + dst.row_major_offset(i));
+      auto const at = static_cast<std::size_t>((b - lo) / static_cast<std::ptrdiff_t>(sizeof(Dst)));
+      w.ops[at] = op_copy;
+      w.from[at] = reinterpret_cast<std::byte const*>(src.data() + src.row_major_offset(i));
+    }
+    writes.push_back(std::move(w));
+  }
+
   /// What the last tracked launch that wrote the element at address p (of elem bytes) did to
-  /// it: 0 when no tracked launch wrote it; with op_atomic_add alone, `sum` holds its additions.
-  std::uint8_t last_write(void const* p, std::size_t elem, add_sum& sum) const {
+  /// it, following host copies back to the element they read.
+  traced_write last_write(void const* p, std::size_t elem) const {
+    traced_write t;
     auto const* b = static_cast<std::byte const*>(p);
     for (auto it = writes.rbegin(); it != writes.rend(); ++it) {
       if (b < it->lo || b >= it->hi || it->elem != elem)
         continue;
       auto const i = static_cast<std::size_t>((b - it->lo) / static_cast<std::ptrdiff_t>(elem));
+      if (it->ops[i] & op_copy) {
+        b = it->from[i];
+        elem = it->from_elem;
+        t.copied_from_unit = it->from_unit;
+        continue; // the source was written before the copy
+      }
       std::uint8_t const ops = it->ops[i] & op_write;
       if (!ops)
         continue;
-      sum = it->sums.empty() ? add_sum{0, 0} : it->sums[i];
-      return ops;
+      t.ops = ops;
+      t.sum = it->sums.empty() ? add_sum{0, 0} : it->sums[i];
+      return t;
     }
-    return 0;
+    return {};
   }
 };
 

@@ -1,0 +1,78 @@
+// The values a backward reads from the forward (its outputs, the statistics it saves), for
+// check_backward's second look: a float32 forward leaves each of them a rounding error away from
+// the float64 forward's, and a correct backward can amplify that error (layer norm's rows of two
+// or three columns, where dx is a small difference of large terms). The second look moves these
+// values by their rounding errors and measures how far the backward's gradients move.
+#pragma once
+
+#include "tilegrad/core/bf16.hpp"
+#include "tilegrad/memory/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace tilegrad::detail {
+
+/// The spacing of E's values at |v| (v finite): the size of one rounding error there.
+template <class E>
+double ulp_of(double v) {
+  double const a = std::abs(v);
+  if constexpr (std::is_same_v<E, bf16>) {
+    // 8 significant bits; below the smallest normal the spacing is that of the smallest normal.
+    int const e = a > 0 ? std::max(std::ilogb(a), -126) : -126;
+    return std::ldexp(1.0, e - 7);
+  } else {
+    E const x = static_cast<E>(a);
+    return static_cast<double>(std::nextafter(x, std::numeric_limits<E>::infinity()) - x);
+  }
+}
+
+/// One tensor the forward writes and the backward may read, with its float forward values and
+/// its float64 forward values.
+struct saved_values {
+  std::string name;
+  /// Sets every element to its float value moved by max(one ulp, |float - float64|), up or down
+  /// at random (non-finite values stay).
+  std::function<void(std::mt19937_64&)> jitter;
+  /// Puts the float forward's values back.
+  std::function<void()> restore;
+};
+
+/// The saved values of tensor t (as the float forward left it), whose float64 forward values
+/// are `ref`, contiguous in row-major order.
+template <class E>
+saved_values make_saved_values(std::string name, tensor<E> t, double const* ref) {
+  auto const n = t.numel();
+  auto kept = std::make_shared<std::vector<E>>();
+  auto refs = std::make_shared<std::vector<double>>(ref, ref + n);
+  kept->reserve(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    kept->push_back(t.data()[t.row_major_offset(i)]);
+  saved_values s;
+  s.name = std::move(name);
+  s.jitter = [t, kept, refs](std::mt19937_64& rng) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      auto const at = static_cast<std::size_t>(i);
+      double const v = static_cast<double>((*kept)[at]), r = (*refs)[at];
+      if (!std::isfinite(v) || !std::isfinite(r))
+        continue;
+      double const e = std::max(ulp_of<E>(v), std::abs(v - r));
+      t.data()[t.row_major_offset(i)] = static_cast<E>(rng() & 1 ? v + e : v - e);
+    }
+  };
+  s.restore = [t, kept] {
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t.data()[t.row_major_offset(i)] = (*kept)[static_cast<std::size_t>(i)];
+  };
+  return s;
+}
+
+} // namespace tilegrad::detail
