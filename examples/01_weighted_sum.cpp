@@ -18,7 +18,7 @@ int main() {
   examples::fill_uniform(x, 1);
   examples::fill_uniform(w, 2);
 
-  tg::launch(tg::cdiv<int>(n, BR), tg::kernels::weighted_sum_fwd<BR, BD>, x.cview(), w.cview(),
+  tg::launch(tg::cdiv(n, BR), tg::kernels::weighted_sum_fwd<BR, BD>, x.cview(), w.cview(),
              y.view());
 
   std::vector<double> ref(n);

@@ -22,12 +22,14 @@ tg::gradient_set backward(tg::backward_context<float>& ctx) {
   auto const w = ctx.input("w");
   auto dy = ctx.cotangent("y");
   std::int64_t const n = x.size(0), d = x.size(1);
+  // A weight of another length would be read zero-padded by the kernel's bounds: say so instead.
+  tg::expect_shape(w, {d});
   if constexpr (OffByOne) // the bug: a row mask that stops one row early (rows < n - 1)
     dy = tg::tensor<float const>(dy.data(), {n - 1});
-  tg::owned_tensor<float> dx({n, d}), partial({tg::cdiv<std::int64_t>(n, BR), d}), dw({d});
-  tg::launch(ctx.options(), tg::cdiv<int>(n, BR), tg::kernels::weighted_sum_bwd<BR, BD>, x, w, dy,
+  tg::owned_tensor<float> dx({n, d}), partial({tg::cdiv(n, BR), d}), dw({d});
+  tg::launch(ctx.options(), tg::cdiv(n, BR), tg::kernels::weighted_sum_bwd<BR, BD>, x, w, dy,
              dx.view(), partial.view());
-  tg::launch(ctx.options(), tg::cdiv<int>(d, BD), tg::kernels::weighted_sum_reduce_dw<8, BD>,
+  tg::launch(ctx.options(), tg::cdiv(d, BD), tg::kernels::weighted_sum_reduce_dw<8, BD>,
              partial.cview(), dw.view());
   return {{"x", dx}, {"w", dw}};
 }
@@ -35,7 +37,7 @@ tg::gradient_set backward(tg::backward_context<float>& ctx) {
 int main() {
   std::int64_t const n = 100, d = 70;
   tg::owned_tensor<float> x({n, d}), w({d}), y({n});
-  auto const fwd = tg::forward(tg::cdiv<int>(n, BR), tg::kernels::weighted_sum_fwd<BR, BD>,
+  auto const fwd = tg::forward(tg::cdiv(n, BR), tg::kernels::weighted_sum_fwd<BR, BD>,
                                tg::in("x", x), tg::in("w", w), tg::out("y", y));
 
   auto const good = tg::check_backward(fwd, backward<false>);

@@ -54,12 +54,13 @@ int main() {
     auto const ws = ctx.input("w");
     auto const dy = ctx.cotangent("y");
     std::int64_t const rows = xs.size(0), cols = xs.size(1);
-    int const groups = tg::cdiv<int>(rows, Rows);
+    tg::expect_shape(ws, {cols}); // a weight of another length would be read zero-padded
+    auto const groups = tg::cdiv(rows, Rows);
     tg::owned_tensor<float> dx({rows, cols}), partial_dw({groups, cols}),
         partial_db({groups, cols}), dw({cols}), db({cols});
     tg::launch(ctx.options(), groups, tg::kernels::layer_norm_bwd<BlockN, Rows>, xs, ws,
                mean.cview(), rstd.cview(), dy, dx.view(), partial_dw.view(), partial_db.view());
-    tg::launch(ctx.options(), tg::cdiv<int>(cols, BlockN),
+    tg::launch(ctx.options(), tg::cdiv(cols, BlockN),
                tg::kernels::layer_norm_reduce_dwdb<BG, BlockN>, partial_dw.cview(),
                partial_db.cview(), dw.view(), db.view());
     return {{"x", dx}, {"w", dw}, {"b", db}};

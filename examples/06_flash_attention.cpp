@@ -57,10 +57,10 @@ double scale() {
 }
 
 tg::grid query_tiles(tg::tensor<float const> q) {
-  return {tg::cdiv<int>(int(q.size(2)), BQ), int(q.size(1)), int(q.size(0))};
+  return {tg::cdiv(q.size(2), BQ), q.size(1), q.size(0)};
 }
 tg::grid key_tiles(tg::tensor<float const> k) {
-  return {tg::cdiv<int>(int(k.size(2)), BK), int(k.size(1)), int(k.size(0))};
+  return {tg::cdiv(k.size(2), BK), k.size(1), k.size(0)};
 }
 
 // The backward as check_backward calls it: inputs, output and its cotangent by name; the

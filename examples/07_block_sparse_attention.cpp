@@ -21,7 +21,7 @@ constexpr int D = 32, BLOCK = 32;
 
 int main() {
   std::int64_t const B = 1, H = 2, N = 200; // 7 blocks of 32 rows, the last of 8
-  std::int64_t const blocks = tg::cdiv<std::int64_t>(N, BLOCK);
+  std::int64_t const blocks = tg::cdiv(N, BLOCK);
   // One table for every batch and head (axes of size 1 are shared).
   auto const table = tk::make_block_table(1, 1, blocks, blocks, [](auto, auto, auto r, auto c) {
     return c == 0 || c == r || c + 1 == r;

@@ -1,5 +1,6 @@
 // launch(): every program runs exactly once with the right ids, on every executor compiled in
 // and several thread counts; errors reach the caller; nested launches finish.
+#include <tilegrad/core/types.hpp>
 #include <tilegrad/grid/launch.hpp>
 
 #include <gtest/gtest.h>
@@ -529,3 +530,27 @@ TEST(LaunchTbb, CancellationOfAnEnclosingTaskGroupIsNotSilent) {
 #endif
 
 } // namespace
+
+TEST(Grid, TakesSizesAsTheyComeAndRefusesWhatAnIntCannotHold) {
+  // A tensor's sizes are int64: cdiv keeps the type, and a grid takes it without a cast.
+  std::int64_t const n = 1000;
+  static_assert(std::is_same_v<decltype(tg::cdiv(n, 16)), std::int64_t>);
+  static_assert(tg::cdiv(std::int64_t{33}, 16) == 3 && tg::cdiv(33, 16) == 3);
+  tg::grid const g{tg::cdiv(n, 16), n / 500, std::size_t{3}};
+  EXPECT_EQ(g.rank, 3);
+  EXPECT_EQ(g.dims[0], 63);
+  EXPECT_EQ(g.dims[1], 2);
+  EXPECT_EQ(g.dims[2], 3);
+  std::atomic<int> ran{0};
+  tg::launch(tg::cdiv(n, 100), [&](tg::program const&) { ++ran; });
+  EXPECT_EQ(ran.load(), 10);
+  std::int64_t const too_many = std::int64_t{1} << 31;
+  try {
+    tg::grid const bad{1, too_many};
+    ADD_FAILURE() << "no throw";
+  } catch (std::invalid_argument const& e) {
+    EXPECT_STREQ(e.what(), "tilegrad::grid: extent 1 is 2147483648, outside the int range of a "
+                           "grid axis");
+  }
+  EXPECT_THROW(tg::grid(-too_many - 1), std::invalid_argument);
+}

@@ -372,3 +372,22 @@ TEST(Tensor, IndexingTheFirstAxisGivesTheSubViewOneRankLower) {
   EXPECT_THROW((void)t[-1], std::out_of_range);
   EXPECT_THROW((void)t[0][0][0][0], std::invalid_argument); // rank 1 has no sub-view
 }
+
+TEST(Tensor, ExpectShapeNamesTheTensorBothShapesAndTheLine) {
+  owned_tensor<float> w({20, 37}, "w");
+  expect_shape(w, {20, 37});
+  expect_shape(w.cview(), {20, 37});
+  int const line = __LINE__ + 2;
+  try {
+    expect_shape(w.view(), {37, 20}); // a weight passed transposed
+    ADD_FAILURE() << "no throw";
+  } catch (std::invalid_argument const& e) {
+    std::string const what = e.what();
+    EXPECT_EQ(what.rfind("tilegrad::expect_shape: 'w' has shape (20, 37), expected (37, 20) (", 0),
+              0u)
+        << what;
+    EXPECT_NE(what.find("test_tensor.cpp:" + std::to_string(line) + ")"), std::string::npos)
+        << what;
+  }
+  EXPECT_THROW(expect_shape(w, {20, 37, 1}), std::invalid_argument);
+}

@@ -125,10 +125,12 @@ template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, bool>, std::int32_t,
                                  std::conditional_t<std::is_same_v<T, bf16>, float, T>>;
 
-/// Triton's cdiv: ceiling division of positive integers.
-template <class I>
-constexpr I cdiv(I a, I b) {
-  return (a + b - 1) / b;
+/// Triton's cdiv: ceiling division of positive integers, in their common type (a tensor's
+/// int64 size by an int block is int64; a grid takes it as it is).
+template <class I, class J>
+constexpr std::common_type_t<I, J> cdiv(I a, J b) {
+  using C = std::common_type_t<I, J>;
+  return (C(a) + C(b) - 1) / C(b);
 }
 
 /// Smallest power of two >= n (1 for n <= 1).

@@ -3,23 +3,43 @@
 #pragma once
 
 #include <array>
+#include <concepts>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace tilegrad {
 
 /// Grid extents of a launch: 1 to 3 axes, each 0 or more (a grid with an extent 0 has no program).
+/// Extents take any integer type (a size of a tensor is int64): one past 2^31 - 1 throws
+/// std::invalid_argument naming the axis, when the grid is made; a negative one throws at launch.
 struct grid {
   std::array<int, 3> dims{1, 1, 1};
   int rank = 1;
 
   grid() = default;
-  grid(int x) : dims{x, 1, 1}, rank(1) {}                 // NOLINT: launch(n, ...) reads well
-  grid(int x, int y) : dims{x, y, 1}, rank(2) {}
-  grid(int x, int y, int z) : dims{x, y, z}, rank(3) {}
+  template <std::integral X>
+  grid(X x) : dims{extent(x, 0), 1, 1}, rank(1) {} // NOLINT: launch(n, ...) reads well
+  template <std::integral X, std::integral Y>
+  grid(X x, Y y) : dims{extent(x, 0), extent(y, 1), 1}, rank(2) {}
+  template <std::integral X, std::integral Y, std::integral Z>
+  grid(X x, Y y, Z z) : dims{extent(x, 0), extent(y, 1), extent(z, 2)}, rank(3) {}
 
   std::int64_t size() const {
     return std::int64_t{dims[0]} * dims[1] * dims[2];
+  }
+
+private:
+  template <class I>
+  static int extent(I n, int axis) {
+    static_assert(!std::is_same_v<I, bool>, "tilegrad::grid: an extent is a number of programs");
+    if (!std::in_range<int>(n))
+      throw std::invalid_argument("tilegrad::grid: extent " + std::to_string(axis) + " is " +
+                                  std::to_string(n) + ", outside the int range of a grid axis");
+    return static_cast<int>(n);
   }
 };
 

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <memory>
 #include <new>
+#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -319,5 +320,31 @@ private:
   std::int64_t size_ = 0;
   tensor<T> view_;
 };
+
+/// Throws std::invalid_argument, naming the tensor, both shapes and the caller's line, unless t
+/// has exactly this shape: the one-line check of a host entry point (a kernel's block pointer
+/// bounds would zero-pad a weight passed transposed, in every mode, without a word).
+template <class T>
+void expect_shape(tensor<T> const& t, std::initializer_list<std::int64_t> shape,
+                  std::source_location const where = std::source_location::current()) {
+  bool same = static_cast<std::size_t>(t.rank()) == shape.size();
+  for (std::size_t a = 0; same && a < shape.size(); ++a)
+    same = t.size(static_cast<int>(a)) == shape.begin()[a];
+  if (same)
+    return;
+  std::string want = "(";
+  for (std::size_t a = 0; a < shape.size(); ++a)
+    want += (a ? ", " : "") + std::to_string(shape.begin()[a]);
+  want += ")";
+  throw std::invalid_argument(std::string("tilegrad::expect_shape: '") + t.name() + "' has shape " +
+                              t.shape_string() + ", expected " + want + " (" + where.file_name() +
+                              ":" + std::to_string(where.line()) + ")");
+}
+
+template <class T>
+void expect_shape(owned_tensor<T> const& t, std::initializer_list<std::int64_t> shape,
+                  std::source_location const where = std::source_location::current()) {
+  expect_shape(t.cview(), shape, where);
+}
 
 } // namespace tilegrad
