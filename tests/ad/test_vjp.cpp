@@ -304,10 +304,17 @@ TEST(VjpMemoryBound, ContributionsHeldStayWithinTheBatchWhateverTheGrid) {
     if (!tg::executor_available(e))
       continue;
     for (int t : {2, 3}) {
-      std::size_t const two = peak(2, {e, t}), six = peak(6, {e, t});
-      EXPECT_GT(two, 0u);
-      EXPECT_LE(two, t * chunks_per_program * chunk) << tg::to_string(e) << " threads " << t;
-      EXPECT_LE(six, t * chunks_per_program * chunk) << tg::to_string(e) << " threads " << t;
+      // Whether a program holds anything depends on the schedule: one that finds every earlier
+      // program's contributions added adds its own at once (on a loaded machine they all may).
+      // So the bound is checked on every try, and that something was held on one of several.
+      bool held = false;
+      for (int attempt = 0; attempt < 20 && !held; ++attempt) {
+        std::size_t const two = peak(2, {e, t}), six = peak(6, {e, t});
+        held = two > 0 || six > 0;
+        EXPECT_LE(two, t * chunks_per_program * chunk) << tg::to_string(e) << " threads " << t;
+        EXPECT_LE(six, t * chunks_per_program * chunk) << tg::to_string(e) << " threads " << t;
+      }
+      EXPECT_TRUE(held) << tg::to_string(e) << " threads " << t;
     }
   }
   // The budget bounds the batches: 1 MiB holds 7 such programs, never a wave of 64.
