@@ -3,6 +3,7 @@
 // dual or adjoint number flows through the very same loops at width 1.
 #pragma once
 
+#include "tilegrad/core/bf16.hpp"
 #include "tilegrad/core/config.hpp"
 
 #include <atomic>
@@ -70,18 +71,17 @@ struct vec_of<T, 1> {
 };
 #if TILEGRAD_USE_XSIMD
 template <class T, int W>
-  requires(W > 1 && is_vectorizable_v<T>)
-struct vec_of<T, W> {
+requires(W > 1 && is_vectorizable_v<T>) struct vec_of<T, W> {
   using type = xsimd::make_sized_batch_t<T, static_cast<std::size_t>(W)>;
 };
 // A bool lane set of width W is the comparison mask of the float (or else double) vector of W
 // lanes; masks of other element types are converted to it where they meet.
 template <int W>
-  requires(W > 1)
-struct vec_of<bool, W> {
+requires(W > 1) struct vec_of<bool, W> {
   using fbatch = xsimd::make_sized_batch_t<float, static_cast<std::size_t>(W)>;
   using dbatch = xsimd::make_sized_batch_t<double, static_cast<std::size_t>(W)>;
-  using type = typename std::conditional_t<!std::is_void_v<fbatch>, fbatch, dbatch>::batch_bool_type;
+  using type =
+      typename std::conditional_t<!std::is_void_v<fbatch>, fbatch, dbatch>::batch_bool_type;
 };
 #endif
 } // namespace detail
@@ -184,12 +184,41 @@ TILEGRAD_INLINE vec_t<To, W> convert(V const& v) {
       alignas(64) From in[W];
       alignas(64) To out[W];
       v.store_unaligned(in);
-      for (int i = 0; i < W; ++i) out[i] = static_cast<To>(in[i]);
+      for (int i = 0; i < W; ++i)
+        out[i] = static_cast<To>(in[i]);
       return vec_t<To, W>::load_unaligned(out);
     }
 #endif
   }
 }
+
+/// Whether store_bf16<W> has a vector path on this build (else a conversion to bf16 goes lane by
+/// lane, through bf16(float)).
+template <int W>
+inline constexpr bool has_bf16_store =
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+    W == 16;
+#else
+    false;
+#endif
+
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+/// The 16 floats of v rounded to bf16 and stored at p: bf16(float) on 16 lanes at once (nearest
+/// even; a NaN stays a quiet NaN; denormals round like any other number).
+template <int W>
+requires(has_bf16_store<W>) TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
+  __m512i const u = _mm512_castps_si512(static_cast<__m512>(v));
+  __m512i const high = _mm512_srli_epi32(u, 16);
+  __m512i const bias =
+      _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+  __m512i const rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  __mmask16 const nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  __m512i const r =
+      _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+#endif
 
 /// Copies `bytes` (a multiple of 64) from src to the 64-byte aligned dst with non-temporal
 /// stores where the target has them: a line written once and not read again soon skips the read
