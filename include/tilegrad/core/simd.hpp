@@ -71,17 +71,18 @@ struct vec_of<T, 1> {
 };
 #if TILEGRAD_USE_XSIMD
 template <class T, int W>
-requires(W > 1 && is_vectorizable_v<T>) struct vec_of<T, W> {
+  requires(W > 1 && is_vectorizable_v<T>)
+struct vec_of<T, W> {
   using type = xsimd::make_sized_batch_t<T, static_cast<std::size_t>(W)>;
 };
 // A bool lane set of width W is the comparison mask of the float (or else double) vector of W
 // lanes; masks of other element types are converted to it where they meet.
 template <int W>
-requires(W > 1) struct vec_of<bool, W> {
+  requires(W > 1)
+struct vec_of<bool, W> {
   using fbatch = xsimd::make_sized_batch_t<float, static_cast<std::size_t>(W)>;
   using dbatch = xsimd::make_sized_batch_t<double, static_cast<std::size_t>(W)>;
-  using type =
-      typename std::conditional_t<!std::is_void_v<fbatch>, fbatch, dbatch>::batch_bool_type;
+  using type = typename std::conditional_t<!std::is_void_v<fbatch>, fbatch, dbatch>::batch_bool_type;
 };
 #endif
 } // namespace detail
@@ -184,8 +185,7 @@ TILEGRAD_INLINE vec_t<To, W> convert(V const& v) {
       alignas(64) From in[W];
       alignas(64) To out[W];
       v.store_unaligned(in);
-      for (int i = 0; i < W; ++i)
-        out[i] = static_cast<To>(in[i]);
+      for (int i = 0; i < W; ++i) out[i] = static_cast<To>(in[i]);
       return vec_t<To, W>::load_unaligned(out);
     }
 #endif
@@ -206,7 +206,8 @@ inline constexpr bool has_bf16_store =
 /// The 16 floats of v rounded to bf16 and stored at p: bf16(float) on 16 lanes at once (nearest
 /// even; a NaN stays a quiet NaN; denormals round like any other number).
 template <int W>
-requires(has_bf16_store<W>) TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
+  requires(has_bf16_store<W>)
+TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
   __m512i const u = _mm512_castps_si512(static_cast<__m512>(v));
   __m512i const high = _mm512_srli_epi32(u, 16);
   __m512i const bias =

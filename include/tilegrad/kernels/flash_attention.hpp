@@ -128,47 +128,47 @@ auto probabilities_and_ds(tile<E, BQ, D> const& qi, tile<E, D, BK> const& kt,
 /// Forward: o = softmax(scale * q kᵀ [causal mask]) v and lse = the rows' logsumexp, for
 /// q, o (B, H, N, D), k, v (B, H, Nk, D), lse (B, H, N). Grid: (cdiv(N, BQ), H, B).
 template <int D, int BQ, int BK, bool Causal>
-inline constexpr auto flash_attention_fwd = []<class T>(program const& p, tensor<T const> q,
-                                                        tensor<T const> k, tensor<T const> v,
-                                                        tensor<T> o, tensor<fp32<T>> lse,
-                                                        double scale) {
-  using F = fp32<T>;
-  using E = detail::operand_t<T>;
-  int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
-  auto const kh = k[b][h], vh = v[b][h];
-  int const n_k = static_cast<int>(kh.size(0));
-  // The scores are computed transposed, keys down the rows: S^T = K (scale Q)^T needs Q^T,
-  // transposed once here rather than K^T in every step, and P V = (P^T)^T V reads P^T in
-  // place. The softmax statistics then reduce along axis 0. Rows of q past the end read
-  // zeros; their results are not stored.
-  tile<E, D, BQ> const qt = detail::prescaled<E>(
-      trans(to<E>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))), scale);
-  auto m = full<F, BQ>(F(detail::neg_inf)); // running maximum of each query's scores
-  auto l = zeros<F, BQ>();                  // running sum of exp(score - m)
-  auto acc = zeros<F, BQ, D>();
-  // The key walk carries m, l and acc; in reverse mode tg::loop keeps only those per key
-  // tile (the tape of one key tile is rebuilt in the sweep), not every tile's records.
-  loop(0, detail::key_end<BQ, Causal>(q0, n_k), BK, m, l, acc,
-       [=](int k0, auto& m, auto& l, auto& acc) {
-         tile<E, BK, D> const kj = to<E>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
-         tile<E, BK, D> const vj = to<E>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
-         tile<F, BK, BQ> st = dot(kj, qt);
-         if constexpr (std::is_same_v<E, bf16>)
-           st = st * scale;
-         if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
-           st = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), st, detail::neg_inf);
-         tile<F, BQ> const m_new = maximum(m, max<0>(st));
-         tile<F, BK, BQ> const pt = exp(st - row(m_new));
-         tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
-         l = l * alpha + sum<0>(pt);
-         acc *= col(alpha);
-         auto const& pe = detail::as_operand<E>(pt);
-         acc = dot(trans(pe), vj, std::move(acc));
-         m = m_new;
-       });
-  store(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), acc / col(l), bounds<0>);
-  store(make_block_ptr<BQ>(lse[b][h], {q0}), m + log(l), bounds<0>);
-};
+inline constexpr auto flash_attention_fwd =
+    []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
+                tensor<T> o, tensor<fp32<T>> lse, double scale) {
+      using F = fp32<T>;
+      using E = detail::operand_t<T>;
+      int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
+      auto const kh = k[b][h], vh = v[b][h];
+      int const n_k = static_cast<int>(kh.size(0));
+      // The scores are computed transposed, keys down the rows: S^T = K (scale Q)^T needs Q^T,
+      // transposed once here rather than K^T in every step, and P V = (P^T)^T V reads P^T in
+      // place. The softmax statistics then reduce along axis 0. Rows of q past the end read
+      // zeros; their results are not stored.
+      tile<E, D, BQ> const qt = detail::prescaled<E>(
+          trans(to<E>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))), scale);
+      auto m = full<F, BQ>(F(detail::neg_inf)); // running maximum of each query's scores
+      auto l = zeros<F, BQ>();                  // running sum of exp(score - m)
+      auto acc = zeros<F, BQ, D>();
+      // The key walk carries m, l and acc; in reverse mode tg::loop keeps only those per key
+      // tile (the tape of one key tile is rebuilt in the sweep), not every tile's records.
+      loop(0, detail::key_end<BQ, Causal>(q0, n_k), BK, m, l, acc,
+           [=](int k0, auto& m, auto& l, auto& acc) {
+             tile<E, BK, D> const kj = to<E>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
+             tile<E, BK, D> const vj = to<E>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
+             tile<F, BK, BQ> st = dot(kj, qt);
+             if constexpr (std::is_same_v<E, bf16>)
+               st = st * scale;
+             if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
+               st = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), st,
+                          detail::neg_inf);
+             tile<F, BQ> const m_new = maximum(m, max<0>(st));
+             tile<F, BK, BQ> const pt = exp(st - row(m_new));
+             tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
+             l = l * alpha + sum<0>(pt);
+             acc *= col(alpha);
+             auto const& pe = detail::as_operand<E>(pt);
+             acc = dot(trans(pe), vj, std::move(acc));
+             m = m_new;
+           });
+      store(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), acc / col(l), bounds<0>);
+      store(make_block_ptr<BQ>(lse[b][h], {q0}), m + log(l), bounds<0>);
+    };
 
 /// delta = rowsum(do * o), the D of Algorithm 2, for o, do (B, H, N, D) and delta (B, H, N).
 /// Grid: (cdiv(N, BQ), H, B).

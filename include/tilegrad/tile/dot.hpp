@@ -45,36 +45,30 @@ TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q)
-      acc[r][q] = simd::load<T, W>(c + (i0 + r) * N + j0 + q * W);
+    for (int q = 0; q < NB; ++q) acc[r][q] = simd::load<T, W>(c + (i0 + r) * N + j0 + q * W);
   for (int k = 0; k < K; ++k) {
     V bv[NB];
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q)
-      bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
+    for (int q = 0; q < NB; ++q) bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       V const av = simd::splat<T, W>(a_at<T, M, K, TransA>(a, i0 + r, k));
 #pragma GCC unroll 8
-      for (int q = 0; q < NB; ++q)
-        acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
+      for (int q = 0; q < NB; ++q) acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q)
-      simd::store<T, W>(c + (i0 + r) * N + j0 + q * W, acc[r][q]);
+    for (int q = 0; q < NB; ++q) simd::store<T, W>(c + (i0 + r) * N + j0 + q * W, acc[r][q]);
 }
 
 // All row blocks of one column block of NB vectors starting at j0.
 template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA>
 TILEGRAD_INLINE void gemm_columns(T* c, T const* a, T const* b, int j0) {
   constexpr int full = M / MR * MR;
-  for (int i0 = 0; i0 < full; i0 += MR)
-    gemm_block<T, W, MR, NB, M, N, K, TransA>(c, a, b, i0, j0);
-  if constexpr (M % MR != 0)
-    gemm_block<T, W, M % MR, NB, M, N, K, TransA>(c, a, b, full, j0);
+  for (int i0 = 0; i0 < full; i0 += MR) gemm_block<T, W, MR, NB, M, N, K, TransA>(c, a, b, i0, j0);
+  if constexpr (M % MR != 0) gemm_block<T, W, M % MR, NB, M, N, K, TransA>(c, a, b, full, j0);
 }
 
 /// C (M x N) += A (M x K) @ B (K x N), all row-major and contiguous; with TransA, `a` holds
@@ -86,8 +80,7 @@ void gemm(T* c, T const* a, T const* b) {
     for (int i = 0; i < M; ++i)
       for (int k = 0; k < K; ++k) {
         T const aik = a_at<T, M, K, TransA>(a, i, k);
-        for (int j = 0; j < N; ++j)
-          c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
+        for (int j = 0; j < N; ++j) c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
       }
   } else {
     // Register budget: 32 vector registers with AVX-512, 16 otherwise. MR x NB accumulators,
@@ -99,16 +92,14 @@ void gemm(T* c, T const* a, T const* b) {
     constexpr int jfull = NV / NB * NB * W;
     for (int j0 = 0; j0 < jfull; j0 += NB * W)
       gemm_columns<T, W, MR, NB, M, N, K, TransA>(c, a, b, j0);
-    if constexpr (NV % NB != 0)
-      gemm_columns<T, W, MR, NV % NB, M, N, K, TransA>(c, a, b, jfull);
+    if constexpr (NV % NB != 0) gemm_columns<T, W, MR, NV % NB, M, N, K, TransA>(c, a, b, jfull);
     // Columns past the last whole vector.
     if constexpr (N % W != 0) {
       constexpr int j1 = NV * W;
       for (int i = 0; i < M; ++i)
         for (int k = 0; k < K; ++k) {
           T const aik = a_at<T, M, K, TransA>(a, i, k);
-          for (int j = j1; j < N; ++j)
-            c[i * N + j] += aik * b[k * N + j];
+          for (int j = j1; j < N; ++j) c[i * N + j] += aik * b[k * N + j];
         }
     }
   }

@@ -28,8 +28,8 @@ template <class E, int W>
 inline constexpr bool bf16_of_float_lanes = false;
 template <class X, int W>
 inline constexpr bool bf16_of_float_lanes<convert_node<bf16, X>, W> =
-    std::is_same_v<value_of_t<X>, float>&& W > 1 &&
-    X::template vectorizes<W>&& simd::has_bf16_store<W>;
+    std::is_same_v<value_of_t<X>, float> && W > 1 && X::template vectorizes<W> &&
+    simd::has_bf16_store<W>;
 
 /// dst[row, col] = e[row, col] over shape S, in one pass. E::value_type must be T.
 template <class S, class T, class E>
@@ -42,10 +42,8 @@ TILEGRAD_INLINE void assign(T* dst, E const& e) {
     constexpr int vec_end = N / W * W;
     for (int r = 0; r < S::rows; ++r) {
       T* d = dst + r * N;
-      for (int c = 0; c < vec_end; c += W)
-        simd::store_bf16<W>(d + c, e.e.template load<W>(r, c));
-      for (int c = vec_end; c < N; ++c)
-        d[c] = e.template load<1>(r, c);
+      for (int c = 0; c < vec_end; c += W) simd::store_bf16<W>(d + c, e.e.template load<W>(r, c));
+      for (int c = vec_end; c < N; ++c) d[c] = e.template load<1>(r, c);
     }
     return;
   }
@@ -59,11 +57,9 @@ TILEGRAD_INLINE void assign(T* dst, E const& e) {
   for (int r = 0; r < S::rows; ++r) {
     T* d = dst + r * N;
     if constexpr (W > 1) {
-      for (int c = 0; c < vec_end; c += W)
-        simd::store<T, W>(d + c, e.template load<W>(r, c));
+      for (int c = 0; c < vec_end; c += W) simd::store<T, W>(d + c, e.template load<W>(r, c));
     }
-    for (int c = vec_end; c < N; ++c)
-      d[c] = e.template load<1>(r, c);
+    for (int c = vec_end; c < N; ++c) d[c] = e.template load<1>(r, c);
   }
 }
 
