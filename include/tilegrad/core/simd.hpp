@@ -202,12 +202,13 @@ inline constexpr bool has_bf16_store =
     false;
 #endif
 
-#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
 /// The 16 floats of v rounded to bf16 and stored at p: bf16(float) on 16 lanes at once (nearest
-/// even; a NaN stays a quiet NaN; denormals round like any other number).
+/// even; a NaN stays a quiet NaN; denormals round like any other number). Only where
+/// has_bf16_store<W>.
 template <int W>
-  requires(has_bf16_store<W>)
 TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
+  static_assert(has_bf16_store<W>, "tilegrad: store_bf16 has no vector path on this build");
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
   __m512i const u = _mm512_castps_si512(static_cast<__m512>(v));
   __m512i const high = _mm512_srli_epi32(u, 16);
   __m512i const bias =
@@ -218,8 +219,11 @@ TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
   __m512i const r =
       _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-}
+#else
+  (void)p;
+  (void)v;
 #endif
+}
 
 /// Copies `bytes` (a multiple of 64) from src to the 64-byte aligned dst with non-temporal
 /// stores where the target has them: a line written once and not read again soon skips the read
