@@ -420,6 +420,45 @@ void bm_naive(benchmark::State& state, pass ps, std::int64_t n, int threads) {
       [&] { naive_backward(pr, nb, threads); });
 }
 
+/// tilegrad's forward on bf16 copies of q, k, v (o bf16, lse float), checked against the naive
+/// attention of the float inputs with the looser tolerance bf16 storage needs; vs_fp32: its
+/// GFLOP/s over the float forward's, timed right after on the same clock.
+void bm_tilegrad_bf16(benchmark::State& state, std::int64_t n, int threads) {
+  openblas_set_num_threads(threads);
+  problem pr(batch, heads, n);
+  auto bf16_copy = [](tg::owned_tensor<float> const& t) {
+    tg::owned_tensor<tg::bf16> r({t.size(0), t.size(1), t.size(2), t.size(3)}, t.name());
+    tg::copy(t.cview(), r.view());
+    return r;
+  };
+  auto const q = bf16_copy(pr.q), k = bf16_copy(pr.k), v = bf16_copy(pr.v);
+  tg::owned_tensor<tg::bf16> o({pr.b, pr.h, n, D}, "o");
+  auto const forward = [&] {
+    tk::flash_attention_forward<tg::bf16>(q.cview(), k.cview(), v.cview(), o.view(), pr.lse.view(),
+                                          options(threads));
+    benchmark::ClobberMemory();
+  };
+  forward();
+  tg::copy(o.cview(), pr.o.view());
+  constexpr double bf16_tolerance = 2e-2; // inputs and output rounded to 8 significant bits
+  double const err = check(pr, "o");
+  state.counters["rel_err"] = err;
+  if (err > bf16_tolerance) {
+    state.SkipWithError("bf16 forward differs from the naive attention");
+    return;
+  }
+  double const t0 = clock_seconds(threads);
+  for (auto _ : state)
+    forward();
+  double const seconds = clock_seconds(threads) - t0;
+  double const flops = forward_flops(pr.heads(), n);
+  state.counters["GFLOP/s"] = rate(flops, state);
+  double const fp32 = seconds_per_call(threads, 0.2, [&] { tilegrad_forward(pr, threads); });
+  state.counters["vs_fp32"] = fp32 * double(state.iterations()) / seconds;
+  add_vs_sgemm(state, threads, flops);
+  set_threads_counters(state, threads, n);
+}
+
 /// vjp of the forward kernel (all of q, k, v), credited with forward + backward flops;
 /// vjp_vs_fwd: its time over the tilegrad forward's, timed right after on the same clock.
 /// `budget`: tg::loop's tape budget while it runs (0: every key walk checkpointed; the largest
@@ -659,6 +698,7 @@ void register_all() {
       constexpr auto two_pass = tk::attention_backward::two_pass;
       reg("fwd/tilegrad", bm_tilegrad, pass::fwd, atomic, n, t);
       reg("fwd/naive", bm_naive, pass::fwd, n, t);
+      reg("fwd/tilegrad_bf16", bm_tilegrad_bf16, n, t);
       reg("bwd/tilegrad_atomic_dq", bm_tilegrad, pass::bwd, atomic, n, t);
       reg("bwd/tilegrad_two_pass", bm_tilegrad, pass::bwd, two_pass, n, t);
       reg("bwd/naive", bm_naive, pass::bwd, n, t);

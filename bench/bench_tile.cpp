@@ -2,7 +2,9 @@
 //   softmax/RxC/*       row softmax: tilegrad (fused), eager (one temporary tile per op), naive
 //   elementwise/RxC/*   y = a * b + c * exp(-d): tilegrad (fused), eager, naive
 //   dot/MxNxK/*         C += A @ B: tilegrad acc = dot(a, b, std::move(acc)) (in place) and
-//                       acc = dot(a, b, acc) (acc copied), naive triple loop, OpenBLAS sgemm
+//                       acc = dot(a, b, acc) (acc copied), naive triple loop, OpenBLAS sgemm;
+//                       tilegrad_bf16: A and B bf16 tiles, C float (vs_fp32: its FLOP/s over
+//                       the float dot's on the same values)
 //   peak/fma            the FMA throughput of one core, the ceiling of every dot figure
 // Operands are tiles and stay in cache. Every tilegrad and eager benchmark first checks its
 // result against the naive loop and reports an error instead of a time when they differ.
@@ -248,13 +250,20 @@ BENCH_NOINLINE void dot_tilegrad(tg::tile<float, M, K> const& a, tg::tile<float,
   c = tg::dot(a, b, std::move(c)); // Triton's acc = tl.dot(a, b, acc), accumulating in place
 }
 
+/// bf16 operands, float accumulator: the dot of a bf16 attention kernel.
+template <int M, int N, int K>
+BENCH_NOINLINE void dot_tilegrad_bf16(tg::tile<tg::bf16, M, K> const& a,
+                                      tg::tile<tg::bf16, K, N> const& b, tg::tile<float, M, N>& c) {
+  c = tg::dot(a, b, std::move(c));
+}
+
 #if TILEGRAD_HAVE_CBLAS
 void gemm_openblas(int m, int n, int k, float const* a, float const* b, float* c) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 1.0f, c, n);
 }
 #endif
 
-enum class gemm_impl { tilegrad, tilegrad_copy_acc, naive, openblas };
+enum class gemm_impl { tilegrad, tilegrad_copy_acc, tilegrad_bf16, naive, openblas };
 
 template <int M, int N, int K, gemm_impl I>
 void bm_dot(benchmark::State& st) {
@@ -264,6 +273,14 @@ void bm_dot(benchmark::State& st) {
   fill_uniform(a, -1.0f, 1.0f, 1u);
   fill_uniform(b, -1.0f, 1.0f, 2u);
   fill_uniform(c, -1.0f, 1.0f, 3u);
+  // bf16 copies of the operands; the float operands take their values, so that every variant
+  // computes the same product.
+  tg::tile<tg::bf16, M, K> const a16 = tg::to<tg::bf16>(a);
+  tg::tile<tg::bf16, K, N> const b16 = tg::to<tg::bf16>(b);
+  if constexpr (I == gemm_impl::tilegrad_bf16) {
+    a = tg::to<float>(a16);
+    b = tg::to<float>(b16);
+  }
   ref = c;
   gemm_naive<M, N, K>(a.data(), b.data(), ref.data());
 
@@ -272,6 +289,8 @@ void bm_dot(benchmark::State& st) {
       dot_tilegrad(a, b, c);
     } else if constexpr (I == gemm_impl::tilegrad_copy_acc) {
       dot_tilegrad_copy_acc(a, b, c);
+    } else if constexpr (I == gemm_impl::tilegrad_bf16) {
+      dot_tilegrad_bf16(a16, b16, c);
     } else if constexpr (I == gemm_impl::naive) {
       gemm_naive<M, N, K>(a.data(), b.data(), c.data());
     } else {
@@ -294,12 +313,27 @@ void bm_dot(benchmark::State& st) {
   for (auto _ : st) {
     benchmark::DoNotOptimize(a);
     benchmark::DoNotOptimize(b);
+    benchmark::DoNotOptimize(a16);
+    benchmark::DoNotOptimize(b16);
     run(); // C accumulates A @ B every iteration, as sgemm with beta = 1 does
     benchmark::DoNotOptimize(c);
   }
   double const seconds = thread_cpu_seconds() - t0;
   st.counters["FLOPS"] =
       benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate);
+  if constexpr (I == gemm_impl::tilegrad_bf16) {
+    // The float dot on the same values, the same number of calls right after: above 1, the
+    // bf16 dot is the faster.
+    tg::tile<float, M, N> cf = c;
+    double const t1 = thread_cpu_seconds();
+    for (benchmark::IterationCount i = 0; i < st.iterations(); ++i) {
+      benchmark::DoNotOptimize(a);
+      benchmark::DoNotOptimize(b);
+      dot_tilegrad(a, b, cf);
+      benchmark::DoNotOptimize(cf);
+    }
+    st.counters["vs_fp32"] = (thread_cpu_seconds() - t1) / seconds;
+  }
 #if TILEGRAD_HAVE_CBLAS
   if constexpr (I == gemm_impl::tilegrad) {
     // The same number of OpenBLAS calls on the same operands, timed right after on the same
@@ -374,6 +408,7 @@ void register_dot() {
       "dot/" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + "/";
   add(base + "tilegrad", bm_dot<M, N, K, gemm_impl::tilegrad>);
   add(base + "tilegrad_copy_acc", bm_dot<M, N, K, gemm_impl::tilegrad_copy_acc>);
+  add(base + "tilegrad_bf16", bm_dot<M, N, K, gemm_impl::tilegrad_bf16>);
   add(base + "naive", bm_dot<M, N, K, gemm_impl::naive>);
 #if TILEGRAD_HAVE_CBLAS
   add(base + "openblas", bm_dot<M, N, K, gemm_impl::openblas>);

@@ -419,4 +419,35 @@ TEST(BlockPtrCast, StoreConvertsToTheTensorType) {
     for (int j = 0; j < 37; ++j) ASSERT_EQ(d(i, j), static_cast<double>(v(i, j) * 2.0f)) << at(i, j);
 }
 
+// bf16 blocks (rows copied as bytes): hanging over every edge with both paddings, from a
+// contiguous tensor and from a transposed (strided) view, against the tensor element by element.
+TEST(BlockPtrBf16, LoadCopiesTheInsideElementsAndPads) {
+  checked_scope on(true);
+  owned_tensor<bf16> x({M, N}, "x");
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data()[i] = bf16(0.25f * static_cast<float>(i % 509) - 60.0f);
+  auto const check = [&](tensor<bf16 const> t, char const* what) {
+    std::int64_t const rows = t.size(0), cols = t.size(1);
+    for (std::int64_t r0 : hanging(5, static_cast<int>(rows)))
+      for (std::int64_t c0 : hanging(37, static_cast<int>(cols)))
+        for (padding pad : {padding::zero, padding::nan}) {
+          tile<bf16, 5, 37> const v = load(make_block_ptr<5, 37>(t, {r0, c0}), bounds<0, 1>, pad);
+          for (int i = 0; i < 5; ++i)
+            for (int j = 0; j < 37; ++j) {
+              std::int64_t const r = r0 + i, c = c0 + j;
+              bool const in = r >= 0 && r < rows && c >= 0 && c < cols;
+              float const got = static_cast<float>(v(i, j));
+              if (in)
+                ASSERT_EQ(v(i, j).bits, t(r, c).bits) << what << " " << at(i, j) << " at " << r0 << ", " << c0;
+              else if (pad == padding::nan)
+                ASSERT_TRUE(std::isnan(got)) << what << " " << at(i, j);
+              else
+                ASSERT_EQ(got, 0.0f) << what << " " << at(i, j);
+            }
+        }
+  };
+  check(x.cview(), "contiguous");
+  check(tensor<bf16 const>(x.data(), {N, M}, {1, N}, "xt"), "transposed view");
+}
+
 } // namespace

@@ -3,7 +3,9 @@
 // blocking runs), with and without an accumulator, with operands given as expressions (a * 2,
 // trans(b)) and as bf16 tiles. Inputs are multiples of 1/8: every product and partial sum is
 // exact in float, so results must equal the double reference exactly, whatever the order of
-// accumulation.
+// accumulation. Two bf16 operands also on general values, through the bf16 dot-product kernel
+// (where the build has it) and the float path, each within the rounding error bound of a sum
+// of K terms.
 #include "../support/reference.hpp"
 
 #include <cmath>
@@ -164,6 +166,98 @@ TEST(DotBf16, OperandsComputeInFloat) {
   check_bf16_dot<16, 16, 16>();
   check_bf16_dot<3, 17, 33>();
   check_bf16_dot<33, 64, 17>();
+}
+
+// bf16 operands on general values: the bf16 dot-product kernel (dot itself, where the build has
+// it) and the float path (detail::dot_impl<false>), on shapes that fill no register block
+// (rows in blocks of 6, columns in vectors of 16 and blocks of 4 vectors, k in pairs: odd K
+// leaves a pair half empty). Products of two bf16 are exact in float, and the kernel adds each
+// one with its own rounding to nearest (measured on Zen 4: vdpbf16ps adds the odd product of a
+// pair, then the even one, bit for bit), so both paths make K roundings of a running sum:
+//   |dot - exact| <= K 2^-24 (|acc| + sum_k |a_ik b_kj|)
+// plus 2^-126 per addition for the kernel's flushing of denormal results to zero (none of these
+// sums comes near the denormals, so the term is there for rigour only).
+template <int M, int K, int N>
+void check_bf16_dot_general() {
+  auto rng = make_rng(M * 10000 + K * 100 + N + 5);
+  tile<bf16, M, K> a;
+  tile<bf16, K, M> at; // A given transposed, as dot(trans(p), v) in attention
+  tile<bf16, K, N> b;
+  tile<bf16, N, K> bt; // B given transposed, as dot(q, trans(k))
+  tile<float, M, N> acc;
+  tg_test::fill_uniform(a, rng, -1, 1);
+  tg_test::fill_uniform(at, rng, -1, 1);
+  tg_test::fill_uniform(b, rng, -1, 1);
+  tg_test::fill_uniform(bt, rng, -1, 1);
+  tg_test::fill_uniform(acc, rng, -4, 4);
+  auto f = [](bf16 x) { return double(float(x)); };
+  auto expect_within_bound = [&](tile<float, M, N> const& got, auto A, auto B, bool with_acc,
+                                 char const* what) {
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double s = with_acc ? double(acc(i, j)) : 0.0;
+        double mag = std::abs(s);
+        for (int k = 0; k < K; ++k) {
+          s += A(i, k) * B(k, j); // exact: 8-bit significands
+          mag += std::abs(A(i, k) * B(k, j));
+        }
+        double const bound = K * 0x1p-24 * mag + (K + 1) * 0x1p-126;
+        ASSERT_LE(std::abs(double(got(i, j)) - s), bound)
+            << what << " at (" << i << ", " << j << "), M=" << M << " K=" << K << " N=" << N;
+      }
+  };
+  auto A = [&](int i, int k) { return f(a(i, k)); };
+  auto AT = [&](int i, int k) { return f(at(k, i)); };
+  auto B = [&](int k, int j) { return f(b(k, j)); };
+  auto BT = [&](int k, int j) { return f(bt(j, k)); };
+  // The dot of the build (the bf16 kernel where there is one), then the float path.
+  expect_within_bound(dot(a, b), A, B, false, "dot(a, b)");
+  expect_within_bound(dot(a, b, acc), A, B, true, "dot(a, b, acc)");
+  expect_within_bound(dot(trans(at), b, acc), AT, B, true, "dot(trans(at), b, acc)");
+  expect_within_bound(dot(a, trans(bt)), A, BT, false, "dot(a, trans(bt))");
+  expect_within_bound(detail::dot_impl<false>(a, b, acc), A, B, true, "float path: dot(a, b, acc)");
+  expect_within_bound(detail::dot_impl<false>(trans(at), b, acc), AT, B, true,
+                      "float path: dot(trans(at), b, acc)");
+  // The accumulator as a temporary, as a K loop writes it: acc + a b - a b.
+  tile<float, M, N> run = acc;
+  run = dot(a, b, std::move(run));
+  run = dot(a, to<bf16>(to<float>(b) * -1), std::move(run));
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double mag = std::abs(double(acc(i, j)));
+      for (int k = 0; k < K; ++k) mag += 2 * std::abs(A(i, k) * B(k, j));
+      ASSERT_LE(std::abs(double(run(i, j)) - double(acc(i, j))), 2 * K * 0x1p-24 * mag)
+          << "acc = dot(a, b, acc); acc = dot(a, -b, acc) at (" << i << ", " << j << ")";
+    }
+}
+
+TEST(DotBf16, GeneralValuesWithinTheRoundingBoundOnBothPaths) {
+  check_bf16_dot_general<1, 1, 1>();
+  check_bf16_dot_general<3, 17, 31>();
+  check_bf16_dot_general<17, 31, 64>();
+  check_bf16_dot_general<31, 64, 65>();
+  check_bf16_dot_general<64, 65, 3>();
+  check_bf16_dot_general<65, 3, 17>();
+  check_bf16_dot_general<64, 64, 64>();
+}
+
+// The bf16 kernel runs where the build has it: it counts a denormal bf16 operand as zero (the
+// instruction's rule), the float path multiplies it out. The native result is 0, the float one
+// 2^-130 * 2^10 = 2^-120 (a normal float).
+TEST(DotBf16, TheBuildsKernelRuns) {
+  tile<bf16, 2, 3> a;
+  tile<bf16, 3, 17> b;
+  a(1, 2) = bf16(0x1p-130f); // denormal in bf16 as in float
+  b(2, 16) = bf16(1024.0f);
+  ASSERT_NE(float(a(1, 2)), 0.0f);
+  tile<float, 2, 17> const native = dot(a, b);
+  tile<float, 2, 17> const generic = detail::dot_impl<false>(a, b, tile<float, 2, 17>());
+  EXPECT_EQ(generic(1, 16), 0x1p-120f);
+  EXPECT_EQ(native(1, 16), detail::bf16_dot_native ? 0.0f : 0x1p-120f)
+      << "bf16_dot_native = " << detail::bf16_dot_native;
+#if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && !defined(TILEGRAD_NO_BF16_DOT)
+  EXPECT_TRUE(detail::bf16_dot_native) << "the target has AVX512-BF16: dot should use it";
+#endif
 }
 
 TEST(DotMixed, IntegerAndMixedPrecisionOperands) {

@@ -3,6 +3,7 @@
 // dual or adjoint number flows through the very same loops at width 1.
 #pragma once
 
+#include "tilegrad/core/bf16.hpp"
 #include "tilegrad/core/config.hpp"
 
 #include <atomic>
@@ -189,6 +190,39 @@ TILEGRAD_INLINE vec_t<To, W> convert(V const& v) {
     }
 #endif
   }
+}
+
+/// Whether store_bf16<W> has a vector path on this build (else a conversion to bf16 goes lane by
+/// lane, through bf16(float)).
+template <int W>
+inline constexpr bool has_bf16_store =
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+    W == 16;
+#else
+    false;
+#endif
+
+/// The 16 floats of v rounded to bf16 and stored at p: bf16(float) on 16 lanes at once (nearest
+/// even; a NaN stays a quiet NaN; denormals round like any other number). Only where
+/// has_bf16_store<W>.
+template <int W>
+TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
+  static_assert(has_bf16_store<W>, "tilegrad: store_bf16 has no vector path on this build");
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+  __m512i const u = _mm512_castps_si512(static_cast<__m512>(v));
+  __m512i const high = _mm512_srli_epi32(u, 16);
+  __m512i const bias =
+      _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+  __m512i const rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  __mmask16 const nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  __m512i const r =
+      _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+#else
+  (void)p;
+  (void)v;
+#endif
 }
 
 /// Copies `bytes` (a multiple of 64) from src to the 64-byte aligned dst with non-temporal

@@ -3,7 +3,9 @@
 // saving the output O and the row logsumexp L; the backward recomputes the probabilities from L.
 // Two backwards: one program per key tile adding dQ by atomic_add, or a key-tile pass for
 // dK/dV and a query-tile pass for dQ (no atomics). Tensors are (batch, heads, rows, head dim);
-// batch and heads are grid axes 2 and 1. bf16 storage computes in fp32.
+// batch and heads are grid axes 2 and 1. bf16 storage computes in fp32, but as Triton's kernels
+// do: q, k, v and dO go to dot as bf16 (accumulating in fp32), and so do P and dS, rounded to
+// bf16 first (Triton's p.to(v.dtype)); the softmax scale multiplies the fp32 scores.
 #pragma once
 
 #include "tilegrad/core/types.hpp"
@@ -26,6 +28,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace tilegrad::kernels {
@@ -73,14 +76,47 @@ constexpr int query_begin(int k0) {
   return Causal ? k0 / BQ * BQ : 0;
 }
 
+/// The operand type of the kernels' products for storage type T: bf16 itself (dot takes bf16
+/// operands as they are), fp32<T> for every other type.
+template <class T>
+using operand_t = std::conditional_t<std::is_same_v<T, bf16>, bf16, fp32<T>>;
+
+/// x as an operand of a product in operand type E: x itself in fp32, rounded to a bf16 tile
+/// for bf16 operands (P and dS before their products, as Triton's p.to(v.dtype)).
+template <class E, class X>
+decltype(auto) as_operand(X const& x) {
+  if constexpr (std::is_same_v<E, bf16>)
+    return tilegrad::detail::tile_t<bf16, shape_of_t<X>>(to<bf16>(x));
+  else
+    return (x);
+}
+
+/// x * scale as an operand in E: fp32 operands take the softmax scale once, before the walk;
+/// bf16 ones stay as loaded (scaling them would round again) and the scale multiplies the fp32
+/// scores their products make instead.
+template <class E, class X>
+auto prescaled(X&& x, double scale) {
+  if constexpr (std::is_same_v<E, bf16>)
+    return std::forward<X>(x);
+  else
+    return std::forward<X>(x) * scale;
+}
+
 /// P = exp(scale Q Kᵀ - L) for one block, masked lanes 0, and dS = P (dP - D) scale with
 /// dP = dO Vᵀ: what a backward recomputes from the saved logsumexp, queries down the rows.
-/// Takes kt = scale Kᵀ and vt = Vᵀ, which a key-tile program transposes once for its whole walk.
-template <int BQ, int BK, bool Causal, class F, int D, class L, class Dl>
-auto probabilities_and_ds(tile<F, BQ, D> const& qi, tile<F, D, BK> const& kt,
-                          tile<F, D, BK> const& vt, tile<F, BQ, D> const& doi, L const& li,
+/// Takes kt = scale Kᵀ (bf16: Kᵀ) and vt = Vᵀ, which a key-tile program transposes once for its
+/// whole walk.
+template <int BQ, int BK, bool Causal, class E, int D, class L, class Dl>
+auto probabilities_and_ds(tile<E, BQ, D> const& qi, tile<E, D, BK> const& kt,
+                          tile<E, D, BK> const& vt, tile<E, BQ, D> const& doi, L const& li,
                           Dl const& di, double scale, int q0, int k0, int n_k) {
-  tile<F, BQ, BK> pt = exp(dot(qi, kt) - col(li));
+  using F = fp32<E>;
+  tile<F, BQ, BK> pt = [&] {
+    if constexpr (std::is_same_v<E, bf16>)
+      return tile<F, BQ, BK>(exp(dot(qi, kt) * scale - col(li)));
+    else
+      return tile<F, BQ, BK>(exp(dot(qi, kt) - col(li)));
+  }();
   if (block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
     pt = where(block_mask<BQ, BK, Causal>(q0, k0, n_k), pt, 0.0f);
   tile<F, BQ, BK> ds = pt * (dot(doi, vt) - col(di)) * scale;
@@ -96,6 +132,7 @@ inline constexpr auto flash_attention_fwd =
     []<class T>(program const& p, tensor<T const> q, tensor<T const> k, tensor<T const> v,
                 tensor<T> o, tensor<fp32<T>> lse, double scale) {
       using F = fp32<T>;
+      using E = detail::operand_t<T>;
       int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const kh = k[b][h], vh = v[b][h];
       int const n_k = static_cast<int>(kh.size(0));
@@ -103,8 +140,8 @@ inline constexpr auto flash_attention_fwd =
       // transposed once here rather than K^T in every step, and P V = (P^T)^T V reads P^T in
       // place. The softmax statistics then reduce along axis 0. Rows of q past the end read
       // zeros; their results are not stored.
-      tile<F, D, BQ> const qt =
-          trans(to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))) * scale;
+      tile<E, D, BQ> const qt = detail::prescaled<E>(
+          trans(to<E>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))), scale);
       auto m = full<F, BQ>(F(detail::neg_inf)); // running maximum of each query's scores
       auto l = zeros<F, BQ>();                  // running sum of exp(score - m)
       auto acc = zeros<F, BQ, D>();
@@ -112,9 +149,11 @@ inline constexpr auto flash_attention_fwd =
       // tile (the tape of one key tile is rebuilt in the sweep), not every tile's records.
       loop(0, detail::key_end<BQ, Causal>(q0, n_k), BK, m, l, acc,
            [=](int k0, auto& m, auto& l, auto& acc) {
-             tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
-             tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
+             tile<E, BK, D> const kj = to<E>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
+             tile<E, BK, D> const vj = to<E>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
              tile<F, BK, BQ> st = dot(kj, qt);
+             if constexpr (std::is_same_v<E, bf16>)
+               st = st * scale;
              if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
                st = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), st,
                           detail::neg_inf);
@@ -123,7 +162,8 @@ inline constexpr auto flash_attention_fwd =
              tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
              l = l * alpha + sum<0>(pt);
              acc *= col(alpha);
-             acc = dot(trans(pt), vj, std::move(acc));
+             auto const& pe = detail::as_operand<E>(pt);
+             acc = dot(trans(pe), vj, std::move(acc));
              m = m_new;
            });
       store(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), acc / col(l), bounds<0>);
@@ -155,31 +195,34 @@ inline constexpr auto flash_attention_bwd_keys = []<class T>(program const& p, t
                                                              tensor<fp32<T>> dq, tensor<T> dk,
                                                              tensor<T> dv, double scale) {
   using F = fp32<T>;
+  using E = operand_t<T>;
   int const k0 = p.program_id(0) * BK, h = p.program_id(1), b = p.program_id(2);
   auto const qh = q[b][h], doh = d_o[b][h];
   auto const lh = lse[b][h], dh = delta[b][h];
   int const n_q = static_cast<int>(qh.size(0)), n_k = static_cast<int>(k.size(2));
   // K and V stay for the whole walk: their transposes are taken once, and every product
   // of the walk reads its operands in place (dot(trans(x), y) reads x transposed).
-  tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(k[b][h], {k0, 0}), bounds<0>));
-  tile<F, D, BK> const kt = trans(kj) * scale;
-  tile<F, D, BK> const vt = trans(to<F>(load(make_block_ptr<BK, D>(v[b][h], {k0, 0}), bounds<0>)));
+  tile<E, BK, D> const kj = to<E>(load(make_block_ptr<BK, D>(k[b][h], {k0, 0}), bounds<0>));
+  tile<E, D, BK> const kt = prescaled<E>(trans(kj), scale);
+  tile<E, D, BK> const vt = trans(to<E>(load(make_block_ptr<BK, D>(v[b][h], {k0, 0}), bounds<0>)));
   auto dk_acc = zeros<F, BK, D>();
   auto dv_acc = zeros<F, BK, D>();
   for (int q0 = query_begin<BQ, Causal>(k0); q0 < n_q; q0 += BQ) {
-    tile<F, BQ, D> const qi = to<F>(load(make_block_ptr<BQ, D>(qh, {q0, 0}), bounds<0>));
-    tile<F, BQ, D> const doi = to<F>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
+    tile<E, BQ, D> const qi = to<E>(load(make_block_ptr<BQ, D>(qh, {q0, 0}), bounds<0>));
+    tile<E, BQ, D> const doi = to<E>(load(make_block_ptr<BQ, D>(doh, {q0, 0}), bounds<0>));
     auto const li = load(make_block_ptr<BQ>(lh, {q0}), bounds<0>);
     auto const di = load(make_block_ptr<BQ>(dh, {q0}), bounds<0>);
     auto const [pt, ds] =
         probabilities_and_ds<BQ, BK, Causal>(qi, kt, vt, doi, li, di, scale, q0, k0, n_k);
-    dv_acc = dot(trans(pt), doi, std::move(dv_acc));
-    dk_acc = dot(trans(ds), qi, std::move(dk_acc));
+    auto const& pe = as_operand<E>(pt);
+    auto const& dse = as_operand<E>(ds);
+    dv_acc = dot(trans(pe), doi, std::move(dv_acc));
+    dk_acc = dot(trans(dse), qi, std::move(dk_acc));
     if constexpr (AtomicDq) {
       auto const rows = q0 + arange<0, BQ>();
       auto const dqh = dq[b][h];
       atomic_add(dqh + (col(rows) * dqh.stride(0) + row(arange<0, D>()) * dqh.stride(1)),
-                 dot(ds, kj), col(rows) < n_q);
+                 dot(dse, kj), col(rows) < n_q);
     }
   }
   store(make_block_ptr<BK, D>(dk[b][h], {k0, 0}), dk_acc, bounds<0>);
@@ -209,26 +252,33 @@ inline constexpr auto flash_attention_bwd_dq =
                 tensor<T const> d_o, tensor<fp32<T> const> lse, tensor<fp32<T> const> delta,
                 tensor<T> dq, double scale) {
       using F = fp32<T>;
+      using E = detail::operand_t<T>;
       int const q0 = p.program_id(0) * BQ, h = p.program_id(1), b = p.program_id(2);
       auto const kh = k[b][h], vh = v[b][h];
       int const n_k = static_cast<int>(kh.size(0));
       // Transposed, keys down the rows, as in the forward: Q^T and dO^T are taken once, and
       // dS K = (dS^T)^T K reads dS^T in place.
-      tile<F, D, BQ> const qt =
-          trans(to<F>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))) * scale;
-      tile<F, D, BQ> const do_t =
-          trans(to<F>(load(make_block_ptr<BQ, D>(d_o[b][h], {q0, 0}), bounds<0>)));
+      tile<E, D, BQ> const qt = detail::prescaled<E>(
+          trans(to<E>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))), scale);
+      tile<E, D, BQ> const do_t =
+          trans(to<E>(load(make_block_ptr<BQ, D>(d_o[b][h], {q0, 0}), bounds<0>)));
       auto const li = load(make_block_ptr<BQ>(lse[b][h], {q0}), bounds<0>);
       auto const di = load(make_block_ptr<BQ>(delta[b][h], {q0}), bounds<0>);
       auto acc = zeros<F, BQ, D>();
       for (int k0 = 0; k0 < detail::key_end<BQ, Causal>(q0, n_k); k0 += BK) {
-        tile<F, BK, D> const kj = to<F>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
-        tile<F, BK, D> const vj = to<F>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
-        tile<F, BK, BQ> pt = exp(dot(kj, qt) - row(li));
+        tile<E, BK, D> const kj = to<E>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
+        tile<E, BK, D> const vj = to<E>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
+        tile<F, BK, BQ> pt = [&] {
+          if constexpr (std::is_same_v<E, bf16>)
+            return tile<F, BK, BQ>(exp(dot(kj, qt) * scale - row(li)));
+          else
+            return tile<F, BK, BQ>(exp(dot(kj, qt) - row(li)));
+        }();
         if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
           pt = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), pt, 0.0f);
         tile<F, BK, BQ> const dst = pt * (dot(vj, do_t) - row(di));
-        acc = dot(trans(dst), kj, std::move(acc));
+        auto const& dse = detail::as_operand<E>(dst);
+        acc = dot(trans(dse), kj, std::move(acc));
       }
       store(make_block_ptr<BQ, D>(dq[b][h], {q0, 0}), acc * scale, bounds<0>);
     };

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <source_location>
 #include <stdexcept>
@@ -250,8 +251,15 @@ TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, paddin
     if (sc == 1) {
       T const* src = base + mem;
       int c = lo;
-      if constexpr (W > 1)
+      if constexpr (W > 1) {
         for (; c + W <= hi; c += W) simd::store<V, W>(d + c, simd::load<V, W>(src + c));
+      } else if constexpr (std::is_same_v<V, bf16> &&
+                           std::is_same_v<std::remove_const_t<T>, bf16>) {
+        // bf16 has no vector type: a row is copied as bytes, not element by element.
+        if (hi > lo)
+          std::memcpy(static_cast<void*>(d + lo), src + lo, sizeof(bf16) * std::size_t(hi - lo));
+        c = hi;
+      }
       for (; c < hi; ++c) d[c] = src[c];
     } else {
       for (int c = lo; c < hi; ++c) d[c] = base[mem + c * sc];

@@ -2,12 +2,14 @@
 // fp32 (fp64 for double). Float and double run a register-blocked micro-kernel: a block of
 // MR rows x NB vectors of C lives in registers while k runs, each step broadcasting one
 // element of A and loading NB vectors of one row of B (B is row-major: no packing needed).
+// Two bf16 operands run the bf16 dot-product kernel of dot_bf16.hpp where the target has one.
 #pragma once
 
 #include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/core/types.hpp"
+#include "tilegrad/tile/dot_bf16.hpp"
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/expr.hpp"
 #include "tilegrad/tile/reduce.hpp"
@@ -133,20 +135,20 @@ struct dot_shapes_do_not_match {
 
 } // namespace detail
 
-/// dot(a, b, acc) = a @ b + acc, with a of shape (M, K), b (K, N), acc (M, N); bf16 and
-/// integer operands compute in float, double in double.
-template <tile_expression A, tile_expression B, tile_expression C>
-auto dot(A&& a, B&& b, C&& acc) {
+namespace detail {
+
+/// dot(a, b, acc) on plain numbers. With Bf16Kernel, two bf16 operands run the bf16 kernel of
+/// dot_bf16.hpp; otherwise (and for every other element type) they are converted to the compute
+/// type and run the float (or double) kernel above. dot takes the bf16 kernel wherever this build
+/// has it (bf16_dot_native); dot_impl<false> is the other path, for comparing the two.
+template <bool Bf16Kernel, tile_expression A, tile_expression B, tile_expression C>
+auto dot_impl(A&& a, B&& b, C&& acc) {
   using SA = shape_of_t<A>;
   using SB = shape_of_t<B>;
-  static_assert(detail::dot_shapes_do_not_match<SA, SB>::value);
+  static_assert(dot_shapes_do_not_match<SA, SB>::value);
   constexpr int M = SA::dim(0), K = SA::dim(1), N = SB::dim(1);
   static_assert(std::is_same_v<shape_of_t<C>, shape<M, N>>,
                 "tilegrad: dot(a, b, acc): acc must have shape (M, N) of a @ b");
-  if constexpr (adjoint_scalar<value_of_t<A>> || adjoint_scalar<value_of_t<B>> ||
-                adjoint_scalar<value_of_t<C>>) {
-    return ad::dot(std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
-  } else {
   using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
   // An accumulator passed as a temporary (acc = dot(a, b, std::move(acc))) is reused in place.
   tile<T, M, N> out = [&]() -> tile<T, M, N> {
@@ -156,15 +158,48 @@ auto dot(A&& a, B&& b, C&& acc) {
     else
       return tile<T, M, N>(acc);
   }();
-  auto&& tb = detail::materialize<T>(std::forward<B>(b));
-  if constexpr (detail::stored_transpose<T, std::remove_cvref_t<A>>::value) {
-    detail::gemm<T, M, N, K, true>(
-        out.data(), detail::stored_transpose<T, std::remove_cvref_t<A>>::data(a), tb.data());
-  } else {
-    auto&& ta = detail::materialize<T>(std::forward<A>(a));
-    detail::gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
+#if TILEGRAD_HAVE_BF16_DOT
+  if constexpr (Bf16Kernel && std::is_same_v<value_of_t<A>, bf16> &&
+                std::is_same_v<value_of_t<B>, bf16>) {
+    auto&& tb = materialize<bf16>(std::forward<B>(b));
+    if constexpr (stored_transpose<bf16, std::remove_cvref_t<A>>::value) {
+      gemm_bf16<M, N, K, true>(out.data(), stored_transpose<bf16, std::remove_cvref_t<A>>::data(a),
+                               tb.data());
+    } else {
+      auto&& ta = materialize<bf16>(std::forward<A>(a));
+      gemm_bf16<M, N, K>(out.data(), ta.data(), tb.data());
+    }
+  } else
+#endif
+  {
+    auto&& tb = materialize<T>(std::forward<B>(b));
+    if constexpr (stored_transpose<T, std::remove_cvref_t<A>>::value) {
+      gemm<T, M, N, K, true>(out.data(), stored_transpose<T, std::remove_cvref_t<A>>::data(a),
+                             tb.data());
+    } else {
+      auto&& ta = materialize<T>(std::forward<A>(a));
+      gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
+    }
   }
   return out;
+}
+
+} // namespace detail
+
+/// dot(a, b, acc) = a @ b + acc, with a of shape (M, K), b (K, N), acc (M, N); bf16 and
+/// integer operands compute in float, double in double. Two bf16 operands run the CPU's bf16
+/// dot-product instruction where the build targets one (dot_bf16.hpp says what it computes).
+template <tile_expression A, tile_expression B, tile_expression C>
+auto dot(A&& a, B&& b, C&& acc) {
+  using SA = shape_of_t<A>;
+  using SB = shape_of_t<B>;
+  static_assert(detail::dot_shapes_do_not_match<SA, SB>::value);
+  if constexpr (adjoint_scalar<value_of_t<A>> || adjoint_scalar<value_of_t<B>> ||
+                adjoint_scalar<value_of_t<C>>) {
+    return ad::dot(std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
+  } else {
+    return detail::dot_impl<detail::bf16_dot_native>(std::forward<A>(a), std::forward<B>(b),
+                                                     std::forward<C>(acc));
   }
 }
 

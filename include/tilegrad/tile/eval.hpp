@@ -22,10 +22,31 @@ inline constexpr int width_for = (eval_width<T> > 1 && E::template vectorizes<ev
                                      ? eval_width<T>
                                      : 1;
 
+/// Whether E is a float expression converted to bf16 that can run on W float lanes, rounded
+/// to bf16 by simd::store_bf16.
+template <class E, int W>
+inline constexpr bool bf16_of_float_lanes = false;
+template <class X, int W>
+inline constexpr bool bf16_of_float_lanes<convert_node<bf16, X>, W> =
+    std::is_same_v<value_of_t<X>, float> && W > 1 && X::template vectorizes<W> &&
+    simd::has_bf16_store<W>;
+
 /// dst[row, col] = e[row, col] over shape S, in one pass. E::value_type must be T.
 template <class S, class T, class E>
 TILEGRAD_INLINE void assign(T* dst, E const& e) {
   static_assert(std::is_same_v<value_of_t<E>, T>);
+  if constexpr (bf16_of_float_lanes<E, simd::native_width<float>>) {
+    // to<bf16>(float expression): the expression on float lanes, rounded 16 lanes at once.
+    constexpr int W = simd::native_width<float>;
+    constexpr int N = S::inner;
+    constexpr int vec_end = N / W * W;
+    for (int r = 0; r < S::rows; ++r) {
+      T* d = dst + r * N;
+      for (int c = 0; c < vec_end; c += W) simd::store_bf16<W>(d + c, e.e.template load<W>(r, c));
+      for (int c = vec_end; c < N; ++c) d[c] = e.template load<1>(r, c);
+    }
+    return;
+  }
   constexpr int W = width_for<T, E>;
   constexpr int N = S::inner;
   // Where the vector part ends is a constant: the tail loop then has constant bounds (none at
