@@ -16,6 +16,9 @@
 #include <cstdint>
 #include <utility>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_layer_norm_backward {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -247,3 +250,5 @@ TEST(CheckLayerNorm, DroppedLastGroupBreaksDwAndDbOnly) {
     EXPECT_TRUE(test_support::mismatches_in(g, 0, 0, 0, 99)) << name;
   }
 }
+
+} // namespace test_layer_norm_backward

@@ -22,6 +22,9 @@
 #include <tbb/task_group.h>
 #endif
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_launch {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -529,3 +532,5 @@ TEST(LaunchTbb, CancellationOfAnEnclosingTaskGroupIsNotSilent) {
 #endif
 
 } // namespace
+
+} // namespace test_launch

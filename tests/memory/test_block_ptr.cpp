@@ -22,6 +22,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_block_ptr {
+
 namespace {
 
 using namespace tilegrad;
@@ -420,3 +423,5 @@ TEST(BlockPtrCast, StoreConvertsToTheTensorType) {
 }
 
 } // namespace
+
+} // namespace test_block_ptr

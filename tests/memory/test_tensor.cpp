@@ -15,6 +15,9 @@
 #include <utility>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_tensor {
+
 namespace {
 
 using namespace tilegrad;
@@ -372,3 +375,5 @@ TEST(Tensor, IndexingTheFirstAxisGivesTheSubViewOneRankLower) {
   EXPECT_THROW((void)t[-1], std::out_of_range);
   EXPECT_THROW((void)t[0][0][0][0], std::invalid_argument); // rank 1 has no sub-view
 }
+
+} // namespace test_tensor
