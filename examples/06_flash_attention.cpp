@@ -63,21 +63,31 @@ tg::grid key_tiles(tg::tensor<float const> k) {
   return {tg::cdiv(k.size(2), BK), k.size(1), k.size(0)};
 }
 
+// The backward: D = rowsum(dO * O), the key-tile pass for dK and dV (the library's kernel), the
+// query-tile pass for dQ (written above), each launch with the tiles of the forward.
+template <bool KeyOffByOne>
+void run_backward(tg::launch_options const& opts, tg::tensor<float const> q,
+                  tg::tensor<float const> k, tg::tensor<float const> v, tg::tensor<float const> o,
+                  tg::tensor<float const> d_o, tg::tensor<float const> lse, tg::tensor<float> dq,
+                  tg::tensor<float> dk, tg::tensor<float> dv) {
+  tg::owned_tensor<float> delta({q.size(0), q.size(1), q.size(2)}, "delta");
+  tg::launch(opts, query_tiles(q), tk::flash_attention_bwd_delta<D, BQ>, o, d_o, delta.view());
+  tg::launch(opts, key_tiles(k), tk::flash_attention_bwd_dkdv<D, BQ, BK, Causal>, q, k, v, d_o, lse,
+             delta.cview(), delta.view(), dk, dv, scale());
+  tg::launch(opts, query_tiles(q), attention_bwd_dq<KeyOffByOne>, q, k, v, d_o, lse, delta.cview(),
+             dq, scale());
+}
+
 // The backward as check_backward calls it: inputs, output and its cotangent by name; the
 // logsumexp the forward saved is captured.
 template <bool KeyOffByOne>
 auto backward(tg::tensor<float const> lse) {
   return [lse](tg::backward_context<float>& ctx) {
     auto const q = ctx.input("q"), k = ctx.input("k"), v = ctx.input("v");
-    auto const o = ctx.output("o"), d_o = ctx.cotangent("o");
     tg::owned_tensor<float> dq(q.shape().data(), 4), dk(k.shape().data(), 4),
-        dv(v.shape().data(), 4), delta({q.size(0), q.size(1), q.size(2)});
-    tg::launch(ctx.options(), query_tiles(q), tk::flash_attention_bwd_delta<D, BQ>, o, d_o,
-               delta.view());
-    tg::launch(ctx.options(), key_tiles(k), tk::flash_attention_bwd_dkdv<D, BQ, BK, Causal>, q, k,
-               v, d_o, lse, delta.cview(), delta.view(), dk.view(), dv.view(), scale());
-    tg::launch(ctx.options(), query_tiles(q), attention_bwd_dq<KeyOffByOne>, q, k, v, d_o, lse,
-               delta.cview(), dq.view(), scale());
+        dv(v.shape().data(), 4);
+    run_backward<KeyOffByOne>(ctx.options(), q, k, v, ctx.output("o"), ctx.cotangent("o"), lse,
+                              dq.view(), dk.view(), dv.view());
     ctx.set_gradient("q", dq);
     ctx.set_gradient("k", dk);
     ctx.set_gradient("v", dv);
@@ -107,12 +117,15 @@ int main() {
   examples::fill_uniform(tk_, 2);
   examples::fill_uniform(tv, 3);
   examples::fill_uniform(tdo, 4);
-  tk::attention_options const opt{.causal = Causal};
-  double const t_fwd = examples::best_seconds(
-      [&] { tk::flash_attention_forward<float>(tq, tk_, tv, to.view(), tl.view(), opt); });
+  // The kernels and tiles flash_attention_forward and flash_attention_backward (two_pass) pick
+  // for this head dim, launched directly: the entry points would compile every head dim's.
+  double const t_fwd = examples::best_seconds([&] {
+    tg::launch(query_tiles(tq.cview()), tk::flash_attention_fwd<D, BQ, BK, Causal>, tq.cview(),
+               tk_.cview(), tv.cview(), to.view(), tl.view(), scale());
+  });
   double const t_bwd = examples::best_seconds([&] {
-    tk::flash_attention_backward<float>(tq, tk_, tv, to, tdo, tl, tdq.view(), tdk.view(),
-                                        tdv.view(), opt, tk::attention_backward::two_pass);
+    run_backward<false>(tg::default_options(), tq, tk_, tv, to, tdo, tl, tdq.view(), tdk.view(),
+                        tdv.view());
   });
   double const t_ref = examples::best_seconds(
       [&] {

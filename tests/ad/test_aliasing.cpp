@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_aliasing {
+
 namespace {
 
 namespace tg = tilegrad;
@@ -584,3 +587,5 @@ TEST(Aliasing, CheckBackwardTakesStridedViewsAndRefusesSharedElements) {
 }
 
 } // namespace
+
+} // namespace test_aliasing

@@ -16,6 +16,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_dual {
+
 namespace {
 
 namespace tg = tilegrad;
@@ -396,3 +399,5 @@ TEST(DualTile, CastsBetweenFloatAndDouble) {
 }
 
 } // namespace
+
+} // namespace test_dual

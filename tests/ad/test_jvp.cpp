@@ -19,6 +19,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_jvp {
+
 namespace {
 
 namespace tg = tilegrad;
@@ -464,3 +467,5 @@ TEST(JvpErrors, TangentShapeNameTwiceAndUnknownResults) {
 }
 
 } // namespace
+
+} // namespace test_jvp

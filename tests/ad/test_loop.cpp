@@ -18,6 +18,9 @@
 #include <stdexcept>
 #include <string>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_loop {
+
 namespace {
 
 namespace tg = tilegrad;
@@ -398,3 +401,5 @@ TEST(Loop, LoadsOfOwnEarlierStoresReplayAndALaterStoreIsRefused) {
 }
 
 } // namespace
+
+} // namespace test_loop

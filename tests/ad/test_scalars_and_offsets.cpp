@@ -25,6 +25,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_scalars_and_offsets {
+
 namespace tg = tilegrad;
 namespace tk = tilegrad::kernels;
 
@@ -398,3 +401,5 @@ TEST(OneRuleInEveryMode, DoubleTilesWidenAndFullTakesNumbers) {
 }
 
 } // namespace
+
+} // namespace test_scalars_and_offsets

@@ -17,6 +17,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_user_kernels {
+
 namespace {
 
 namespace tg = tilegrad;
@@ -336,3 +339,5 @@ TEST(UserKernels, VjpAsDoubleOfAFloatLaunchIsTheDoubleLaunchsVjp) {
   }
   EXPECT_TRUE(differs) << "the double reference should not be the float one widened";
 }
+
+} // namespace test_user_kernels

@@ -16,6 +16,9 @@
 #include <random>
 #include <stdexcept>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_vjp {
+
 namespace tg = tilegrad;
 using test_support::fill;
 using test_support::tol;
@@ -568,3 +571,5 @@ TEST(VjpMemory, ViewsIntoATensorAddressItsOwnElements) {
       EXPECT_NEAR(g["x"](b, j), 4 * x(b, j) * dy(b, j), 1e-5) << b << ", " << j;
     }
 }
+
+} // namespace test_vjp

@@ -11,6 +11,9 @@
 #include <stdexcept>
 #include <string>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_vjp_semantics {
+
 namespace tg = tilegrad;
 using test_support::fill;
 
@@ -394,3 +397,5 @@ TEST(VjpOwnStores, ALoadSeesTheLastStoreOfEachElementAcrossTensors) {
 }
 
 } // namespace
+
+} // namespace test_vjp_semantics

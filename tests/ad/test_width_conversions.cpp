@@ -11,6 +11,9 @@
 
 #include <cmath>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_width_conversions {
+
 namespace tg = tilegrad;
 using test_support::fill;
 
@@ -130,3 +133,5 @@ TYPED_TEST(WidthConversions, TangentsThroughEveryConversion) {
 }
 
 } // namespace
+
+} // namespace test_width_conversions

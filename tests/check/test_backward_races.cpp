@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_backward_races {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -404,3 +407,5 @@ TEST(BadInput, ThrowingOrNanBackwardStillGetsAFullReport) {
   EXPECT_TRUE(rn.gradient("k")->ok) << rn;
   EXPECT_TRUE(rn.gradient("v")->ok) << rn;
 }
+
+} // namespace test_backward_races

@@ -18,6 +18,9 @@
 #include <string>
 #include <type_traits>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_bf16_backward {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -338,3 +341,5 @@ TEST(VjpBf16, RunsOnFloatCopiesAndReturnsFloatGradients) {
       ASSERT_EQ(y(i, j).bits, tg::bf16(yf(i, j)).bits) << i << ", " << j;
     }
 }
+
+} // namespace test_bf16_backward

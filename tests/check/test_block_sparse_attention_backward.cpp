@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_block_sparse_attention_backward {
+
 namespace tg = tilegrad;
 namespace tk = tilegrad::kernels;
 
@@ -315,3 +318,5 @@ TEST(CheckBlockSparseAttention, BackwardChecksTheTableBeforeAnyProgramRuns) {
   }
   EXPECT_EQ(dq(0, 0, 0, 0), 42);
 }
+
+} // namespace test_block_sparse_attention_backward

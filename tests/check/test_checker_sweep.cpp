@@ -36,6 +36,9 @@
 #include <utility>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_checker_sweep {
+
 namespace tg = tilegrad;
 namespace tk = tilegrad::kernels;
 
@@ -647,3 +650,5 @@ TEST(CheckerSweep, BugsOnlyAtD128OnlyWhenNkDiffersOnlyPastTheFirstHeadAreCaught)
   EXPECT_FALSE(rh.gradient("k")->ok);
   EXPECT_TRUE(rh.gradient("q")->ok);
 }
+
+} // namespace test_checker_sweep

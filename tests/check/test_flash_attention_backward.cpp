@@ -12,6 +12,9 @@
 #include <cmath>
 #include <cstdint>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_flash_attention_backward {
+
 namespace tg = tilegrad;
 namespace tk = tilegrad::kernels;
 
@@ -167,3 +170,5 @@ TEST(CheckFlashAttention, SkippedTailQueryTileShowsInItsRowsOfDq) {
   EXPECT_TRUE(test_support::mismatches_in(r.gradient("q"), 64, 99, 0, D - 1));
   EXPECT_FALSE(r.gradient("k")->ok); // keys 0-99 are all seen by queries 64-99
 }
+
+} // namespace test_flash_attention_backward

@@ -17,6 +17,9 @@
 #include <string>
 #include <utility>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_layer_norm_backward {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -275,3 +278,5 @@ TEST(CheckLayerNorm, DroppedLastGroupBreaksDwAndDbOnly) {
     EXPECT_TRUE(test_support::mismatches_in(g, 0, 0, 0, 99)) << name;
   }
 }
+
+} // namespace test_layer_norm_backward

@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <utility>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_matmul_backward {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -179,3 +182,5 @@ TEST(CheckMatmul, MissingAccumulationAcrossTilesFails) {
   EXPECT_FALSE(db->ok);
   EXPECT_EQ(db->mismatches, 20 * 37);
 }
+
+} // namespace test_matmul_backward

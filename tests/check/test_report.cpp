@@ -16,6 +16,9 @@
 #include <stdexcept>
 #include <string>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_report {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -477,3 +480,5 @@ TEST(CheckReport, SavedStatisticDocExample) {
   EXPECT_BACKWARD_OK(report);
   EXPECT_TRUE(report.hints.empty()) << report;
 }
+
+} // namespace test_report

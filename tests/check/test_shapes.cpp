@@ -12,6 +12,9 @@
 #include <stdexcept>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_shapes {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -214,3 +217,5 @@ TEST(EdgePairs, FindLoopBoundsTakenFromTheOtherSide) {
     EXPECT_TRUE(pair_finds(b, pairs)) << int(b);
   }
 }
+
+} // namespace test_shapes

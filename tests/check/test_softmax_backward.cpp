@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <string>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_softmax_backward {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -120,3 +123,5 @@ TEST(CheckSoftmax, SkippedLastRowShowsInTheLastRowOnly) {
   EXPECT_EQ(g->mismatches, 100);
   EXPECT_TRUE(test_support::mismatches_in(g, 32, 32, 0, 99));
 }
+
+} // namespace test_softmax_backward

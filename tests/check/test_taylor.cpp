@@ -12,6 +12,9 @@
 #include <random>
 #include <type_traits>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_taylor {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -85,3 +88,5 @@ TEST(TaylorTest, OptionsChooseSeedAndSteps) {
       tg::taylor_test(o, 3, tg::kernels::softmax_fwd<16>, tg::in("x", x), tg::out("y", y));
   EXPECT_NE(a.directional, c.directional);
 }
+
+} // namespace test_taylor

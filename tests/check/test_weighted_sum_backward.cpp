@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_weighted_sum_backward {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -200,3 +203,5 @@ TEST(CheckWeightedSum, GivenInputsAndCotangentsAreCheckedAndTheRestDrawn) {
   EXPECT_FALSE(wrong_shape);
   EXPECT_TRUE(wrong_shape.mentions("the cotangent given for 'y' has shape (36)")) << wrong_shape;
 }
+
+} // namespace test_weighted_sum_backward

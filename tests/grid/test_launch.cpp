@@ -23,6 +23,9 @@
 #include <tbb/task_group.h>
 #endif
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_launch {
+
 namespace tg = tilegrad;
 
 namespace {
@@ -554,3 +557,5 @@ TEST(Grid, TakesSizesAsTheyComeAndRefusesWhatAnIntCannotHold) {
   }
   EXPECT_THROW(tg::grid(-too_many - 1), std::invalid_argument);
 }
+
+} // namespace test_launch

@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_block_sparse_attention {
+
 namespace tg = tilegrad;
 using test_support::error_of;
 namespace tk = tilegrad::kernels;
@@ -263,3 +266,5 @@ TEST(BlockSparseAttentionForward, BadBlockTablesAreReportedBeforeAnyProgramRuns)
 }
 
 } // namespace
+
+} // namespace test_block_sparse_attention

@@ -17,6 +17,9 @@
 #include <tuple>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_flash_attention {
+
 namespace tg = tilegrad;
 using test_support::as_double;
 using test_support::error_of;
@@ -190,3 +193,5 @@ TEST(FlashAttentionForward, EntryPointLaunchesThePublicTileSizes) {
              v.cview(), o_other.view(), lse_other.view(), scale);
   EXPECT_FALSE(std::equal(o.begin(), o.end(), o_other.begin()));
 }
+
+} // namespace test_flash_attention

@@ -13,6 +13,9 @@
 #include <random>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_forward_kernels {
+
 namespace tg = tilegrad;
 using test_support::fill;
 using test_support::tol;
@@ -124,3 +127,5 @@ TEST(ForwardKernels, OutOfBoundsInKernelNamesProgramTensorAndLine) {
     EXPECT_EQ(e.where().line(), static_cast<unsigned>(line));
   }
 }
+
+} // namespace test_forward_kernels

@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_layer_norm {
+
 namespace tg = tilegrad;
 using test_support::fill;
 using test_support::tol;
@@ -130,3 +133,5 @@ TYPED_TEST(LayerNorm, BackwardMatchesLoop) {
     }
   }
 }
+
+} // namespace test_layer_norm

@@ -19,6 +19,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_atomic {
+
 namespace {
 
 using namespace tilegrad;
@@ -260,3 +263,5 @@ TYPED_TEST(Atomic, CompareAndSwapLoopsFromManyThreads) {
 }
 
 } // namespace
+
+} // namespace test_atomic

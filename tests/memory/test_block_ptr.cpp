@@ -22,6 +22,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_block_ptr {
+
 namespace {
 
 using namespace tilegrad;
@@ -451,3 +454,5 @@ TEST(BlockPtrBf16, LoadCopiesTheInsideElementsAndPads) {
 }
 
 } // namespace
+
+} // namespace test_block_ptr

@@ -22,6 +22,9 @@
 #include <string>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_checked {
+
 namespace {
 
 using namespace tilegrad;
@@ -320,3 +323,5 @@ TYPED_TEST(CheckedAccess, OffChangesNothingInBounds) {
 }
 
 } // namespace
+
+} // namespace test_checked

@@ -22,6 +22,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_pointer {
+
 namespace {
 
 using namespace tilegrad;
@@ -410,3 +413,5 @@ TYPED_TEST(PointerFloat, PointersBroadcastToTheMaskShapeStayVectorised) {
 }
 
 } // namespace
+
+} // namespace test_pointer

@@ -23,6 +23,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_pointer_store {
+
 namespace {
 
 using namespace tilegrad;
@@ -233,3 +236,5 @@ TEST(PointerCast, FloatIntoBf16RoundsToNearestEven) {
 }
 
 } // namespace
+
+} // namespace test_pointer_store

@@ -15,6 +15,9 @@
 #include <utility>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_tensor {
+
 namespace {
 
 using namespace tilegrad;
@@ -391,3 +394,5 @@ TEST(Tensor, ExpectShapeNamesTheTensorBothShapesAndTheLine) {
   }
   EXPECT_THROW(expect_shape(w, {20, 37, 1}), std::invalid_argument);
 }
+
+} // namespace test_tensor

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <stdexcept>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_views_and_snapshots {
+
 namespace tg = tilegrad;
 
 TEST(PointerSnapshot, OffsetTileChangedAfterwardsDoesNotMoveThePointers) {
@@ -29,3 +32,5 @@ TEST(TensorLayouts, NegativeStridesAndExtentsAreRejected) {
   EXPECT_THROW((tg::owned_tensor<float>({-3}, "neg")), std::invalid_argument);
   EXPECT_NO_THROW((tg::tensor<float>(buf, {2, 4}, {1, 2}, "t")));
 }
+
+} // namespace test_views_and_snapshots

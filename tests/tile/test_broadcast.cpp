@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <type_traits>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_broadcast {
+
 namespace {
 
 using namespace tilegrad;
@@ -330,3 +333,5 @@ TEST(Promotion, WhereAndFmaOperandsPromoteLikeBinaryOps) {
 }
 
 } // namespace
+
+} // namespace test_broadcast

@@ -14,6 +14,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_cast {
+
 namespace {
 
 using namespace tilegrad;
@@ -364,3 +367,5 @@ TEST(Cast, OfExpressionsAndImplicitWidening) {
 }
 
 } // namespace
+
+} // namespace test_cast

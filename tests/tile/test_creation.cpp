@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <type_traits>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_creation {
+
 namespace {
 
 using namespace tilegrad;
@@ -125,3 +128,5 @@ TEST(Creation, ArangeInBroadcastExpressions) {
 }
 
 } // namespace
+
+} // namespace test_creation

@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <type_traits>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_custom_scalar {
+
 namespace custom {
 
 /// A double behind a struct: arithmetic, comparisons, and math functions found by ADL. Every
@@ -196,3 +199,5 @@ TEST(CustomScalar, DotMatchesTheDoublePath) {
 }
 
 } // namespace
+
+} // namespace test_custom_scalar

@@ -14,6 +14,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_dot {
+
 namespace {
 
 using namespace tilegrad;
@@ -287,3 +290,5 @@ TEST(DotMixed, IntegerAndMixedPrecisionOperands) {
 }
 
 } // namespace
+
+} // namespace test_dot

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdint>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_elementwise {
+
 namespace {
 
 using namespace tilegrad;
@@ -313,3 +316,5 @@ TYPED_TEST(Where, BroadcastMaskAndOperands) {
 }
 
 } // namespace
+
+} // namespace test_elementwise

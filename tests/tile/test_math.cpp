@@ -7,6 +7,9 @@
 #include <cmath>
 #include <limits>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_math {
+
 namespace {
 
 using namespace tilegrad;
@@ -174,3 +177,5 @@ TYPED_TEST(Math, SpecialValues) {
 }
 
 } // namespace
+
+} // namespace test_math

@@ -11,6 +11,9 @@
 #include <cmath>
 #include <random>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_op_grads {
+
 namespace {
 
 using namespace tilegrad;
@@ -300,3 +303,5 @@ TEST(OpGrads, BatchRulesMatchScalarRules) {
 #endif
 
 } // namespace
+
+} // namespace test_op_grads

@@ -10,6 +10,9 @@
 #include <type_traits>
 #include <vector>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_reduce {
+
 namespace {
 
 using namespace tilegrad;
@@ -331,3 +334,5 @@ TEST(ReduceInteger, Int32AndInt64) {
 }
 
 } // namespace
+
+} // namespace test_reduce

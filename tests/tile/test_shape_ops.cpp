@@ -6,6 +6,9 @@
 
 #include <type_traits>
 
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_shape_ops {
+
 namespace {
 
 using namespace tilegrad;
@@ -189,3 +192,5 @@ TEST(ShapeOpsShapes, ColRowExpandDimsAndPermuteShapes) {
 }
 
 } // namespace
+
+} // namespace test_shape_ops

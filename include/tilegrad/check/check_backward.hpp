@@ -153,6 +153,25 @@ ignored_cotangent_hint(gradient_set const& got,
   return std::nullopt;
 }
 
+/// The user's backward behind one signature, so that check_backward's body is compiled once per
+/// forward launch, not once per backward passed with it (a test passes several).
+template <class T>
+class backward_ref {
+public:
+  template <class F>
+  explicit backward_ref(F& f)
+      : obj_(&f), fn_([](void* o, backward_context<T>& ctx) { (*static_cast<F*>(o))(ctx); }) {}
+  void operator()(backward_context<T>& ctx) const { fn_(obj_, ctx); }
+
+private:
+  void* obj_;
+  void (*fn_)(void*, backward_context<T>&);
+};
+
+template <class Kernel, class... Args, class T>
+check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
+                                 backward_ref<T> backward, check_options const& o);
+
 } // namespace detail
 
 /// Checks `backward` against the reference gradients of the forward launch `fwd` (see
@@ -184,6 +203,22 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
   static_assert(std::is_void_v<result_t> || std::is_convertible_v<result_t, gradient_set>,
                 "tilegrad::check_backward: the backward returns a tilegrad::gradient_set or "
                 "nothing (and fills ctx.set_gradient)");
+  auto call = [&](backward_context<T>& ctx) {
+    if constexpr (std::is_void_v<result_t>) {
+      backward(ctx);
+    } else {
+      gradient_set g = backward(ctx);
+      ctx.gradients().merge(g);
+    }
+  };
+  return detail::check_backward_impl(fwd, detail::backward_ref<T>(call), o);
+}
+
+namespace detail {
+
+template <class Kernel, class... Args, class T>
+check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
+                                 backward_ref<T> backward, check_options const& o) {
   constexpr dtype_rules dtype = rules_for<T>();
   constexpr bool storage = std::is_same_v<T, bf16>; // the references compute in wider types
   using W = fp32<T>;                                // the working precision of the compute
@@ -497,12 +532,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
       {
         detail::observer_scope const tracked(&r.launches);
         try {
-          if constexpr (std::is_void_v<result_t>) {
-            backward(ctx);
-          } else {
-            gradient_set g = backward(ctx);
-            ctx.gradients().merge(g);
-          }
+          backward(ctx);
         } catch (std::exception const& e) {
           r.error = e.what();
         } catch (...) {
@@ -845,5 +875,7 @@ check_report check_backward(forward_launch<Kernel, Args...> const& fwd, Backward
     }
   return rep;
 }
+
+} // namespace detail
 
 } // namespace tilegrad
