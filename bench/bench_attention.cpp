@@ -644,6 +644,35 @@ void bm_vjp_scaling(benchmark::State& state, std::int64_t h, std::int64_t n, int
   set_threads_counters(state, threads, n);
 }
 
+/// vjp of the forward kernel, B = 1, H = 1, one thread (sequential executor), with tg::loop's
+/// record budget set to `kib` KiB (0: every iteration replayed in the sweep; a large budget
+/// records the loop whole): what the checkpointed scan costs against recording everything.
+/// Counters: vjp_vs_fwd (against the forward alone, best of three) and tape_bytes.
+void bm_vjp_budget(benchmark::State& state, std::int64_t n, std::size_t kib) {
+  problem pr(1, 1, n);
+  auto const g = tg::grid(tg::cdiv(n, BQ), 1, 1);
+  tg::launch_options const opts{tg::executor::sequential, 1};
+  std::size_t const saved = tg::set_loop_record_budget(kib << 10);
+  double tape = 0;
+  for (auto _ : state) {
+    auto const grads = tg::vjp(opts, g, fwd_kernel, tg::in("q", pr.q), tg::in("k", pr.k),
+                               tg::in("v", pr.v), tg::out("o", pr.o, pr.d_o), pr.lse.view(), scale);
+    tape = double(grads.peak_tape_bytes());
+    benchmark::ClobberMemory();
+  }
+  tg::set_loop_record_budget(saved);
+  double fwd = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    double const t0 = clock_seconds(1);
+    tg::launch(opts, g, fwd_kernel, pr.q.cview(), pr.k.cview(), pr.v.cview(), pr.o.view(),
+               pr.lse.view(), scale);
+    fwd = std::min(fwd, clock_seconds(1) - t0);
+  }
+  state.counters["vjp_vs_fwd"] = benchmark::Counter(
+      double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["tape_bytes"] = tape;
+}
+
 // ----- registration ------------------------------------------------------------------------------
 
 benchmark::internal::Benchmark* with_clock(benchmark::internal::Benchmark* b, int threads) {
@@ -688,6 +717,13 @@ void register_all() {
                  2)
           ->Iterations(1)
           ->Unit(benchmark::kSecond);
+  for (std::int64_t n : {1024, 4096, 16384})
+    for (std::size_t kib : {std::size_t{0}, std::size_t{2048}, std::size_t{8192}, std::size_t{1} << 20})
+      benchmark::RegisterBenchmark(("vjp_budget/tilegrad/N:" + std::to_string(n) +
+                                    "/budget_kib:" + std::to_string(kib))
+                                       .c_str(),
+                                   bm_vjp_budget, n, kib)
+          ->Unit(benchmark::kMillisecond);
   for (int t : {1, 2}) {
     for (std::int64_t n : {1024, 4096}) {
       std::string const s = suffix(n, t);
