@@ -321,35 +321,27 @@ void bm_dot(benchmark::State& st) {
   double const seconds = thread_cpu_seconds() - t0;
   st.counters["FLOPS"] =
       benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate);
-  if constexpr (I == gemm_impl::tilegrad_bf16) {
-    // The float dot on the same values, the same number of calls right after: above 1, the
-    // bf16 dot is the faster.
-    tg::tile<float, M, N> cf = c;
+  // Another implementation, the same number of calls on the same operands right after, on the
+  // same clock, so that both run under the same machine conditions: its time over ours.
+  [[maybe_unused]] auto time_over_ours = [&](auto&& call) {
+    tg::tile<float, M, N> other = c;
     double const t1 = thread_cpu_seconds();
     for (benchmark::IterationCount i = 0; i < st.iterations(); ++i) {
       benchmark::DoNotOptimize(a);
       benchmark::DoNotOptimize(b);
-      dot_tilegrad(a, b, cf);
-      benchmark::DoNotOptimize(cf);
+      call(other);
+      benchmark::DoNotOptimize(other);
     }
-    st.counters["vs_fp32"] = (thread_cpu_seconds() - t1) / seconds;
-  }
+    return (thread_cpu_seconds() - t1) / seconds;
+  };
+  // Above 1, the bf16 dot is faster than the float dot on the same values.
+  if constexpr (I == gemm_impl::tilegrad_bf16)
+    st.counters["vs_fp32"] = time_over_ours([&](auto& out) { dot_tilegrad(a, b, out); });
 #if TILEGRAD_HAVE_CBLAS
-  if constexpr (I == gemm_impl::tilegrad) {
-    // The same number of OpenBLAS calls on the same operands, timed right after on the same
-    // clock, so that both run under the same machine conditions: the ratio of the two times
-    // is tilegrad's FLOP/s over OpenBLAS's (above 1: tilegrad is faster).
-    tg::tile<float, M, N> cb = c;
-    double const t1 = thread_cpu_seconds();
-    for (benchmark::IterationCount i = 0; i < st.iterations(); ++i) {
-      benchmark::DoNotOptimize(a);
-      benchmark::DoNotOptimize(b);
-      gemm_openblas(M, N, K, a.data(), b.data(), cb.data());
-      benchmark::DoNotOptimize(cb);
-    }
-    double const blas_seconds = thread_cpu_seconds() - t1;
-    st.counters["vs_openblas"] = blas_seconds / seconds;
-  }
+  // Above 1, tilegrad's FLOP/s beat OpenBLAS's.
+  if constexpr (I == gemm_impl::tilegrad)
+    st.counters["vs_openblas"] = time_over_ours(
+        [&](auto& out) { gemm_openblas(M, N, K, a.data(), b.data(), out.data()); });
 #endif
 }
 
