@@ -657,6 +657,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
 
     if (rule == pass_rule::error_bound && o.k_saved > 0 && !first.error)
       pd.saved = second_look(first.got, pd, keep64);
+    keep64.clear(); // not held through the structural checks
 
     if (si != 0 || first.error)
       continue;
