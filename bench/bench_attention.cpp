@@ -673,6 +673,47 @@ void bm_vjp_budget(benchmark::State& state, std::int64_t n, std::size_t kib) {
   state.counters["tape_bytes"] = tape;
 }
 
+// ----- beside PyTorch's scaled_dot_product_attention ------------------------------------------
+
+/// The library's attention on the problems bench/torch_sdpa.py runs PyTorch SDPA on: B = 1, `h`
+/// heads of n rows, causal, d = 64, fp32 or bf16 storage (T), forward or forward + backward
+/// (`variant`: the backward the entry point runs by default, atomic dQ, or the two-pass one),
+/// wall-clock time on every thread count as the script takes it. Named
+/// sdpa/<library>/<dtype>/<pass>/H:h/N:n/threads:t, the script's names with `torch`. Not checked
+/// here (the naive attention's N x N buffers do not fit the large cases): fwd/... and
+/// fwd_bwd/tilegrad check the same entry points at H = 4, N <= 4096.
+template <class T>
+void bm_sdpa(benchmark::State& state, pass ps, tk::attention_backward variant, std::int64_t h,
+             std::int64_t n, int threads) {
+  problem pr(1, h, n);
+  auto as = [](tg::owned_tensor<float> const& t) {
+    if constexpr (std::is_same_v<T, float>) {
+      return t;
+    } else {
+      tg::owned_tensor<T> r({t.size(0), t.size(1), t.size(2), t.size(3)}, t.name());
+      tg::copy(t.cview(), r.view());
+      return r;
+    }
+  };
+  auto const q = as(pr.q), k = as(pr.k), v = as(pr.v), d_o = as(pr.d_o);
+  auto o = as(pr.o), dq = as(pr.dq), dk = as(pr.dk), dv = as(pr.dv);
+  auto const opts = options(threads);
+  auto const run = [&] {
+    tk::flash_attention_forward<T>(q.cview(), k.cview(), v.cview(), o.view(), pr.lse.view(), opts);
+    if (ps == pass::fwd_bwd)
+      tk::flash_attention_backward<T>(q.cview(), k.cview(), v.cview(), o.cview(), d_o.cview(),
+                                      pr.lse.cview(), dq.view(), dk.view(), dv.view(), opts,
+                                      variant);
+    benchmark::ClobberMemory();
+  };
+  run();
+  for (auto _ : state)
+    run();
+  state.counters["GFLOP/s"] = rate(flops_of(ps, h, n), state);
+  state.counters["H"] = double(h);
+  set_threads_counters(state, threads, n);
+}
+
 // ----- registration ------------------------------------------------------------------------------
 
 benchmark::internal::Benchmark* with_clock(benchmark::internal::Benchmark* b, int threads) {
@@ -724,6 +765,32 @@ void register_all() {
                                        .c_str(),
                                    bm_vjp_budget, n, kib)
           ->Unit(benchmark::kMillisecond);
+  // Beside bench/torch_sdpa.py: one thread on H = 4 (N = 1024, 4096), 16 threads on H = 16
+  // (N = 1024, 4096, 16384), and 2, 4, 8 threads on H = 16, N = 4096 for the scaling.
+  {
+    std::vector<std::tuple<int, std::int64_t, std::int64_t>> cases{{1, 4, 1024},    {1, 4, 4096},
+                                                                   {16, 16, 1024},  {16, 16, 4096},
+                                                                   {16, 16, 16384}, {1, 16, 4096},
+                                                                   {2, 16, 4096},   {4, 16, 4096},
+                                                                   {8, 16, 4096}};
+    constexpr auto atomic = tk::attention_backward::atomic_dq;
+    constexpr auto two_pass = tk::attention_backward::two_pass;
+    for (auto [t, h, n] : cases) {
+      std::string const s = "/H:" + std::to_string(h) + suffix(n, t);
+      auto reg = [&](std::string const& name, auto f, auto... a) {
+        benchmark::RegisterBenchmark((name + s).c_str(), f, a...)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      };
+      reg("sdpa/tilegrad/fp32/fwd", bm_sdpa<float>, pass::fwd, atomic, h, n, t);
+      reg("sdpa/tilegrad/bf16/fwd", bm_sdpa<tg::bf16>, pass::fwd, atomic, h, n, t);
+      reg("sdpa/tilegrad/fp32/fwd_bwd", bm_sdpa<float>, pass::fwd_bwd, atomic, h, n, t);
+      reg("sdpa/tilegrad/bf16/fwd_bwd", bm_sdpa<tg::bf16>, pass::fwd_bwd, atomic, h, n, t);
+      reg("sdpa/tilegrad_two_pass/fp32/fwd_bwd", bm_sdpa<float>, pass::fwd_bwd, two_pass, h, n, t);
+      reg("sdpa/tilegrad_two_pass/bf16/fwd_bwd", bm_sdpa<tg::bf16>, pass::fwd_bwd, two_pass, h, n,
+          t);
+    }
+  }
   for (int t : {1, 2}) {
     for (std::int64_t n : {1024, 4096}) {
       std::string const s = suffix(n, t);
