@@ -26,6 +26,7 @@ extern "C" char* openblas_get_config(void);
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -677,7 +678,7 @@ void bm_vjp_budget(benchmark::State& state, std::int64_t n, std::size_t kib) {
 
 /// The library's attention on the problems bench/torch_sdpa.py runs PyTorch SDPA on: B = 1, `h`
 /// heads of n rows, causal, d = 64, fp32 or bf16 storage (T), forward or forward + backward
-/// (`variant`: the backward the entry point runs by default, atomic dQ, or the two-pass one),
+/// (`variant`: the backward's, two-pass as the entry point's default or atomic dQ),
 /// wall-clock time on every thread count as the script takes it. Named
 /// sdpa/<library>/<dtype>/<pass>/H:h/N:n/threads:t, the script's names with `torch`. Not checked
 /// here (the naive attention's N x N buffers do not fit the large cases): fwd/... and
@@ -782,13 +783,15 @@ void register_all() {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       };
-      reg("sdpa/tilegrad/fp32/fwd", bm_sdpa<float>, pass::fwd, atomic, h, n, t);
-      reg("sdpa/tilegrad/bf16/fwd", bm_sdpa<tg::bf16>, pass::fwd, atomic, h, n, t);
-      reg("sdpa/tilegrad/fp32/fwd_bwd", bm_sdpa<float>, pass::fwd_bwd, atomic, h, n, t);
-      reg("sdpa/tilegrad/bf16/fwd_bwd", bm_sdpa<tg::bf16>, pass::fwd_bwd, atomic, h, n, t);
-      reg("sdpa/tilegrad_two_pass/fp32/fwd_bwd", bm_sdpa<float>, pass::fwd_bwd, two_pass, h, n, t);
-      reg("sdpa/tilegrad_two_pass/bf16/fwd_bwd", bm_sdpa<tg::bf16>, pass::fwd_bwd, two_pass, h, n,
-          t);
+      reg("sdpa/tilegrad/fp32/fwd", bm_sdpa<float>, pass::fwd, two_pass, h, n, t);
+      reg("sdpa/tilegrad/bf16/fwd", bm_sdpa<tg::bf16>, pass::fwd, two_pass, h, n, t);
+      reg("sdpa/tilegrad/fp32/fwd_bwd", bm_sdpa<float>, pass::fwd_bwd, two_pass, h, n, t);
+      reg("sdpa/tilegrad/bf16/fwd_bwd", bm_sdpa<tg::bf16>, pass::fwd_bwd, two_pass, h, n, t);
+      if (n == 4096 && (t == 1 || t == 16)) { // the other backward, for the choice of default
+        reg("sdpa/tilegrad_atomic_dq/fp32/fwd_bwd", bm_sdpa<float>, pass::fwd_bwd, atomic, h, n, t);
+        reg("sdpa/tilegrad_atomic_dq/bf16/fwd_bwd", bm_sdpa<tg::bf16>, pass::fwd_bwd, atomic, h, n,
+            t);
+      }
     }
   }
   for (int t : {1, 2}) {
@@ -827,6 +830,16 @@ void register_all() {
 } // namespace
 
 int main(int argc, char** argv) {
+  // Experiments with vjp's memory settings (reverse_mode.md): tg::loop's record budget and the
+  // bytes of contributions held per batch, in KiB and MiB.
+  if (char const* kib = std::getenv("TILEGRAD_BENCH_LOOP_RECORD_KIB")) {
+    tg::set_loop_record_budget(std::size_t(std::stoull(kib)) << 10);
+    benchmark::AddCustomContext("loop_record_budget_kib", kib);
+  }
+  if (char const* mib = std::getenv("TILEGRAD_BENCH_CONTRIBUTION_MIB")) {
+    tg::ad::contribution_budget() = std::size_t(std::stoull(mib)) << 20;
+    benchmark::AddCustomContext("contribution_budget_mib", mib);
+  }
   register_all();
   benchmark::AddCustomContext("openblas_config", openblas_get_config());
   benchmark::AddCustomContext("tilegrad_float_lanes",
