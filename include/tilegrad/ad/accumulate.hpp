@@ -18,16 +18,58 @@ namespace tilegrad::ad {
 
 using detail::run;
 
-/// Fixed-size chunks of memory for held contributions, shared by the programs of one vjp
-/// launch; a chunk given back is reused. It owns every chunk it handed out.
-class contribution_pool {
+/// Chunks given back by the contribution pools of finished vjp calls, kept for the next call
+/// up to `keep_bytes`: a call then finds its memory already mapped (a fresh mapping costs a
+/// page fault per 4 KiB on first touch, each call, serialised in the kernel across threads).
+class chunk_cache {
 public:
   static constexpr std::size_t chunk_bytes = std::size_t{1} << 16; // 64 KiB
+  static constexpr std::size_t keep_bytes = std::size_t{256} << 20;
+
+  static chunk_cache& get() {
+    static chunk_cache c;
+    return c;
+  }
+  std::unique_ptr<std::byte[]> take() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (!free_.empty()) {
+        std::unique_ptr<std::byte[]> c = std::move(free_.back());
+        free_.pop_back();
+        return c;
+      }
+    }
+    return std::make_unique<std::byte[]>(chunk_bytes);
+  }
+  void give(std::vector<std::unique_ptr<std::byte[]>>& chunks) {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto& c : chunks)
+      if (free_.size() * chunk_bytes < keep_bytes)
+        free_.push_back(std::move(c));
+    chunks.clear(); // (those not kept are freed here)
+  }
+
+private:
+  std::mutex m_;
+  std::vector<std::unique_ptr<std::byte[]>> free_;
+};
+
+/// Fixed-size chunks of memory for held contributions, shared by the programs of one vjp
+/// launch; a chunk given back is reused. It owns every chunk it handed out, and gives them to
+/// the chunk_cache when the launch is over.
+class contribution_pool {
+public:
+  static constexpr std::size_t chunk_bytes = chunk_cache::chunk_bytes;
+
+  contribution_pool() = default;
+  contribution_pool(contribution_pool const&) = delete;
+  contribution_pool& operator=(contribution_pool const&) = delete;
+  ~contribution_pool() { chunk_cache::get().give(all_); }
 
   std::byte* take() {
     std::lock_guard<std::mutex> lock(m_);
     if (free_.empty()) {
-      all_.push_back(std::make_unique<std::byte[]>(chunk_bytes));
+      all_.push_back(chunk_cache::get().take());
       free_.push_back(all_.back().get());
     }
     std::byte* const c = free_.back();
