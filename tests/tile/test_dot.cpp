@@ -258,7 +258,8 @@ TEST(DotBf16, TheBuildsKernelRuns) {
   EXPECT_EQ(generic(1, 16), 0x1p-120f);
   EXPECT_EQ(native(1, 16), detail::bf16_dot_native ? 0.0f : 0x1p-120f)
       << "bf16_dot_native = " << detail::bf16_dot_native;
-#if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && !defined(TILEGRAD_NO_BF16_DOT)
+#if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && !defined(TILEGRAD_NO_BF16_DOT) && \
+    (!defined(__AMX_BF16__) || defined(TILEGRAD_BF16_DOT))
   EXPECT_TRUE(detail::bf16_dot_native) << "the target has AVX512-BF16: dot should use it";
 #endif
 }

@@ -29,8 +29,12 @@
 namespace tilegrad::detail {
 
 /// Whether dot of two bf16 operands runs the kernel below: it is built, and TILEGRAD_NO_BF16_DOT
-/// (defined before the first tilegrad header) does not ask for the float path instead.
-#if TILEGRAD_HAVE_BF16_DOT && !defined(TILEGRAD_NO_BF16_DOT)
+/// (defined before the first tilegrad header) does not ask for the float path instead. Targets
+/// with AMX (Intel Sapphire Rapids and later) take the float path unless TILEGRAD_BF16_DOT is
+/// defined: there `vdpbf16ps` issues on one port where FMAs issue on two, and the kernel ran at
+/// 0.56-0.65 of the float one (docs/performance.md); on AMD Zen 4 it runs at 1.9 times.
+#if TILEGRAD_HAVE_BF16_DOT && !defined(TILEGRAD_NO_BF16_DOT) &&                                  \
+    (!defined(__AMX_BF16__) || defined(TILEGRAD_BF16_DOT))
 inline constexpr bool bf16_dot_native = true;
 #else
 inline constexpr bool bf16_dot_native = false;
