@@ -1,7 +1,8 @@
 // What check_backward costs: the check of FlashAttention-2's library backwards (atomic dQ and
-// two-pass, causal and full) at B = 1, H = 2, N = 512, d = 64, 3 seeds and default options,
-// against the backward alone (the baseline, `BM_backward`, and timed again right after each check
-// loop on the same threads: the counter `vs_backward` is one check's time over one backward's).
+// two-pass, causal and full) at B = 1, H = 2, N = 512, d = 64, and of the default (two-pass,
+// causal) at H = 16, N = 4096 on every thread, 3 seeds and default options, against the backward
+// alone (the baseline, `BM_backward`, and timed again right after each check loop on the same
+// threads: the counter `vs_backward` is one check's time over one backward's).
 //
 // A check runs, per seed, the float forward, three reference vjps of the forward (float64,
 // float32 and the float64 magnitude sweep) and the backward; on the first seed also the backward
@@ -25,7 +26,7 @@ namespace {
 
 constexpr int D = 64;
 constexpr int BQ = tk::detail::block_q<D>, BK = tk::detail::block_k<D>;
-constexpr std::int64_t B = 1, H = 2, N = 512;
+constexpr std::int64_t B = 1;
 
 tg::launch_options launch(int threads) {
   return tg::launch_options{tg::executor::tbb, threads};
@@ -38,10 +39,11 @@ tk::attention_backward variant_of(std::int64_t v) {
 /// The forward's tensors and the backward's gradients, inputs uniform in [-2, 2) as the checker
 /// draws them.
 struct problem {
-  tg::owned_tensor<float> q{{B, H, N, D}, "q"}, k{{B, H, N, D}, "k"}, v{{B, H, N, D}, "v"},
-      o{{B, H, N, D}, "o"}, lse{{B, H, N}, "lse"}, d_o{{B, H, N, D}, "d_o"}, dq{{B, H, N, D}, "dq"},
-      dk{{B, H, N, D}, "dk"}, dv{{B, H, N, D}, "dv"};
-  problem(bool causal, int threads) {
+  tg::owned_tensor<float> q, k, v, o, lse, d_o, dq, dk, dv;
+  problem(std::int64_t H, std::int64_t N, bool causal, int threads)
+      : q({B, H, N, D}, "q"), k({B, H, N, D}, "k"), v({B, H, N, D}, "v"), o({B, H, N, D}, "o"),
+        lse({B, H, N}, "lse"), d_o({B, H, N, D}, "d_o"), dq({B, H, N, D}, "dq"),
+        dk({B, H, N, D}, "dk"), dv({B, H, N, D}, "dv") {
     bench::fill(q, 1);
     bench::fill(k, 2);
     bench::fill(v, 3);
@@ -76,7 +78,8 @@ double backward_seconds(problem& p, bool causal, int threads, tk::attention_back
 }
 
 template <bool Causal>
-tg::check_report check(tk::attention_backward variant, int threads) {
+tg::check_report check(tk::attention_backward variant, int threads, std::int64_t H,
+                       std::int64_t N) {
   tg::owned_tensor<float> q({B, H, N, D}), k({B, H, N, D}), v({B, H, N, D}), o({B, H, N, D}),
       lse({B, H, N}, "lse");
   auto const g = tg::grid(tg::cdiv<int>(int(N), BQ), int(H), int(B));
@@ -98,12 +101,13 @@ tg::check_report check(tk::attention_backward variant, int threads) {
       {.inputs = tg::uniform(-2, 2), .launch = launch(threads)});
 }
 
-// Args: variant (0 atomic dQ, 1 two-pass), causal (0, 1), threads.
+// Args: variant (0 atomic dQ, 1 two-pass), causal (0, 1), threads, H, N.
 void BM_backward(benchmark::State& state) {
   auto const variant = variant_of(state.range(0));
   bool const causal = state.range(1) != 0;
   int const threads = int(state.range(2));
-  problem p(causal, threads);
+  std::int64_t const H = state.range(3), N = state.range(4);
+  problem p(H, N, causal, threads);
   for (auto _ : state) {
     p.backward(causal, threads, variant);
     benchmark::ClobberMemory();
@@ -115,32 +119,43 @@ void BM_check_backward(benchmark::State& state) {
   auto const variant = variant_of(state.range(0));
   bool const causal = state.range(1) != 0;
   int const threads = int(state.range(2));
+  std::int64_t const H = state.range(3), N = state.range(4);
   double const t0 = now();
   for (auto _ : state) {
-    auto const r = causal ? check<true>(variant, threads) : check<false>(variant, threads);
+    auto const r =
+        causal ? check<true>(variant, threads, H, N) : check<false>(variant, threads, H, N);
     if (!r) {
       state.SkipWithError("check_backward failed on a library backward");
       return;
     }
   }
   double const per_check = (now() - t0) / double(state.iterations());
-  problem p(causal, threads);
+  problem p(H, N, causal, threads);
   state.counters["threads"] = threads;
   state.counters["vs_backward"] = per_check / backward_seconds(p, causal, threads, variant);
 }
 
 void args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"two_pass", "causal", "threads"});
+  b->ArgNames({"two_pass", "causal", "threads", "H", "N"});
   for (std::int64_t threads : bench::thread_counts())
     for (std::int64_t causal : {1, 0})
       for (std::int64_t variant : {0, 1})
-        b->Args({variant, causal, threads});
+        b->Args({variant, causal, threads, 2, 512});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+/// The larger case: causal, the default (two-pass) backward, on every thread.
+void large_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"two_pass", "causal", "threads", "H", "N"});
+  b->Args({1, 1, bench::thread_counts().back(), 16, 4096});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
 } // namespace
 
 BENCHMARK(BM_backward)->Apply(args);
+BENCHMARK(BM_backward)->Apply(large_args);
 BENCHMARK(BM_check_backward)->Apply(args)->Iterations(3);
+BENCHMARK(BM_check_backward)->Apply(large_args)->Iterations(1);
 
 BENCHMARK_MAIN();

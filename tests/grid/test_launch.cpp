@@ -258,6 +258,62 @@ TEST_P(Launch, NumThreadsIsRespected) {
   }
 }
 
+// ----- run_ordered: programs in parallel, their `done` in order -----------------------------
+
+TEST_P(Launch, RunOrderedCallsDoneInOrderEachAfterItsProgramWithinTheWindow) {
+  // Programs of uneven length (later ones often shorter, as causal attention's are not), so that
+  // programs finish out of order; done must still see 0, 1, 2, ... each after its own program,
+  // and never more than `window` programs begun and not done.
+  constexpr std::int64_t n = 300;
+  for (int window : {1, 3, 8}) {
+    std::vector<std::atomic<int>> finished(n);
+    std::vector<std::int64_t> order;
+    std::atomic<int> open{0}, most_open{0};
+    std::mutex m;
+    std::set<std::thread::id> threads;
+    auto run = [&](std::int64_t i) {
+      int const now = open.fetch_add(1) + 1;
+      int seen = most_open.load();
+      while (now > seen && !most_open.compare_exchange_weak(seen, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(i % 7 == 0 ? 300 : 20));
+      finished[static_cast<std::size_t>(i)].store(1);
+      std::lock_guard lock(m);
+      threads.insert(std::this_thread::get_id());
+    };
+    auto done = [&](std::int64_t i) {
+      EXPECT_EQ(finished[static_cast<std::size_t>(i)].load(), 1) << "done(" << i << ") first";
+      order.push_back(i); // one at a time: no lock
+      open.fetch_sub(1);
+    };
+    tg::detail::run_ordered(options(), n, window, tg::detail::program_runner(run),
+                            tg::detail::program_runner(done));
+    ASSERT_EQ(order.size(), static_cast<std::size_t>(n)) << "window " << window;
+    for (std::int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(order[static_cast<std::size_t>(i)], i) << "window " << window;
+    EXPECT_LE(most_open.load(), window);
+    if (GetParam().threads > 0)
+      EXPECT_LE(threads.size(), static_cast<std::size_t>(GetParam().threads));
+  }
+}
+
+TEST_P(Launch, RunOrderedPassesAProgramsExceptionToTheCaller) {
+  std::atomic<int> dones{0};
+  auto run = [](std::int64_t i) {
+    if (i == 37)
+      throw std::runtime_error("program 37 failed");
+  };
+  auto done = [&](std::int64_t) { dones.fetch_add(1); };
+  try {
+    tg::detail::run_ordered(options(), 100, 4, tg::detail::program_runner(run),
+                            tg::detail::program_runner(done));
+    ADD_FAILURE() << "no exception";
+  } catch (std::runtime_error const& e) {
+    EXPECT_STREQ(e.what(), "program 37 failed");
+  }
+  EXPECT_LE(dones.load(), 37); // nothing after the failed program is done
+}
+
 // ----- nested launches ----------------------------------------------------------------------
 
 TEST_P(Launch, NestedLaunchFinishes) {

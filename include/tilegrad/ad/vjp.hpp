@@ -1,10 +1,10 @@
 // vjp: reference gradients of a whole launch. The same kernel runs with adjoint<T> tensors;
 // each program records its tape, seeds the adjoints of what it stored from the output
 // cotangents, sweeps its tape backwards and drops it. Programs run in waves, after which their
-// accesses are checked for races, and a wave in batches bounded by the memory their gradient
-// contributions (runs of elements) hold; after a batch, the contributions are added block by
-// block on every thread, each element's in program order, so gradients are bitwise identical
-// for any thread count, executor and batch size.
+// accesses are checked for races. Within a wave they stream: a bounded number are begun and not
+// added at a time, and finished ones are added in groups, in program order, block by block on
+// every thread while other programs run, each element's contributions in program order, so
+// gradients are bitwise identical for any thread count, executor and group size.
 #pragma once
 
 #include "tilegrad/ad/aliasing.hpp"
@@ -350,11 +350,11 @@ void add_held(launch_options const& opts, program_result* res, std::int64_t n, b
 /// contribution_budget()'s value until it is set: max(64 MiB, 8 MiB x the launch's threads).
 inline constexpr std::size_t automatic_budget = static_cast<std::size_t>(-1);
 
-/// Bytes of gradient contributions that the programs of one batch may hold before they are
-/// added, for the vjp calls this thread makes (see vjp). By default 64 MiB, and 8 MiB per
-/// thread from 8 threads on: a batch ends with its slowest program, so batches of only a few
-/// programs per thread leave threads idle (16 threads, causal attention H = 16, N = 4096: vjp
-/// 0.37 s with 64 MiB, 0.29 s with batches of a whole wave; docs/performance.md).
+/// Bytes of gradient contributions that the programs of a vjp may hold before they are added,
+/// for the vjp calls this thread makes (see vjp). By default 64 MiB, and 8 MiB per thread from
+/// 8 threads on. It bounds the programs begun and not added (at least two per thread, so that a
+/// thread finds a program to run while earlier ones finish), and the finished programs waiting
+/// to be added together (a quarter of it).
 inline std::size_t& contribution_budget() {
   thread_local std::size_t b = automatic_budget;
   return b;
@@ -419,7 +419,8 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
   std::int64_t const total = g.size();
   int const threads = opts.num_threads > 0 ? opts.num_threads : 64;
-  std::int64_t const wave = std::max<std::int64_t>(64, 4 * threads);
+  // Waves of 16 programs per thread: the end of a wave waits for its slowest program.
+  std::int64_t const wave = std::max<std::int64_t>(64, 16 * threads);
   // Per-program results live as long as the calling thread, so their buffers are reused.
   thread_local std::vector<ad::program_result> pool;
   if (pool.size() < static_cast<std::size_t>(std::min(wave, total)))
@@ -434,10 +435,11 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   detail::access_hooks bounds_only;
 
   // Contributions: a program whose predecessors are all added adds its own as its sweep makes
-  // them; the others hold theirs (chunks of `chunks`) until their batch is done, when they are
-  // added block by block in parallel (ad::add_held). A wave runs in batches of at least as many
-  // programs as threads, fewer than the budget over the largest contribution of a program so
-  // far: the memory held stays near the budget, whatever the grid or the sizes of the gradients.
+  // them; the others hold theirs (chunks of `chunks`) until they are added, in program order, with
+  // the finished programs before them (ad::add_held, block by block in parallel, while the next
+  // programs run: detail::run_ordered). The programs begun and not added are at most the budget
+  // over the largest contribution of a program so far (and at least two per thread): the memory
+  // held stays near the budget, whatever the grid or the sizes of the gradients.
   int const workers = opts.exec == executor::sequential ? 1
                       : opts.num_threads > 0
                           ? opts.num_threads
@@ -453,70 +455,92 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
 
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
     std::int64_t const n = std::min(wave, total - w0);
-    for (std::int64_t b0 = 0, k = 0; b0 < n; b0 += k) {
-      k = n - b0;
-      if (workers > 1) {
-        std::int64_t const fit = largest > 0    ? static_cast<std::int64_t>(std::min<std::size_t>(
-                                                   budget / largest, static_cast<std::size_t>(k)))
-                                 : w0 + b0 == 0 ? workers // nothing known yet
-                                                : k;
-        k = std::min(k, std::max<std::int64_t>(workers, fit));
-      }
-      std::int64_t next = b0; // the first program of the batch whose contributions are not added
-      detail::launch_untracked(opts, grid(static_cast<int>(k)), [&](program const& local) {
-        std::int64_t const me = b0 + local.program_id(0);
-        std::int64_t const lin = w0 + me;
-        int const x = static_cast<int>(lin % g.dims[0]);
-        int const y = static_cast<int>((lin / g.dims[0]) % g.dims[1]);
-        int const z = static_cast<int>(lin / (std::int64_t{g.dims[0]} * g.dims[1]));
-        program const p({x, y, z}, g.dims);
-        detail::program_scope scope(p, &bounds_only);
-        thread_local ad::program_state state;
-        ad::program_result& res = results[static_cast<std::size_t>(me)];
-        res.clear();
-        res.pool = &chunks;
-        state.reset();
-        state.tensors = &entries;
-        state.out = &res;
-        state.id = static_cast<std::uint32_t>(lin + 1);
-        state.earlier_waves = static_cast<std::uint32_t>(w0);
-        state.grads = sinks.data();
-        state.direct = false;
-        ad::program_state* saved = ad::current_state();
-        ad::current_state() = &state;
-        try {
-          if constexpr (callable)
-            std::apply([&](auto&... a) { kernel(p, a...); }, converted);
-          ad::seed_outputs<T>(state, entries);
-          {
-            std::lock_guard<std::mutex> lock(merge);
-            state.direct = next == me; // every earlier program's contributions are added
-          }
-          {
-            ad::magnitude_scope const sweeping(magnitudes); // the caller's choice, on this thread
-            state.t.sweep();
-          }
-          if (any_stream && state.direct)
-            simd::stream_fence();
-        } catch (...) {
-          ad::current_state() = saved;
-          throw;
-        }
-        ad::current_state() = saved;
-        if (!state.direct)
-          ad::split_by_block<T>(res.held.segments(), blocks, res.pieces);
-        std::lock_guard<std::mutex> lock(merge);
-        peak = std::max(peak, state.t.peak());
-        largest = std::max(largest, res.contributed);
-        if (state.direct)
-          next = me + 1;
-      });
-      ad::add_held<T>(opts, results.data() + b0, k, plan, sinks, any_stream);
-      for (std::int64_t i = b0; i < b0 + k; ++i) {
-        results[static_cast<std::size_t>(i)].held.release(chunks);
-        results[static_cast<std::size_t>(i)].pieces.clear();
-      }
+    // At most `window` programs begun and not done (three quarters of the budget, or two per
+    // thread), and the group of done ones waiting to be added (a quarter): what is held.
+    std::int64_t window = n;
+    if (workers > 1) {
+      std::size_t const room = budget / 4 * 3;
+      auto const most = static_cast<std::size_t>(n);
+      std::int64_t const fit =
+          largest > 0 ? static_cast<std::int64_t>(std::min<std::size_t>(room / largest, most))
+          : w0 == 0   ? workers // nothing known yet
+                      : n;
+      window = std::min(n, std::max<std::int64_t>(2 * workers, fit));
+    } else {
+      window = 1; // each program then adds its contributions itself, as its sweep makes them
     }
+    std::int64_t next = 0; // the first program of the wave whose contributions are not added
+    std::int64_t group = 0; // the first program of the finished ones not added yet
+    std::size_t group_bytes = 0;
+    auto run = [&](std::int64_t me) {
+      std::int64_t const lin = w0 + me;
+      int const x = static_cast<int>(lin % g.dims[0]);
+      int const y = static_cast<int>((lin / g.dims[0]) % g.dims[1]);
+      int const z = static_cast<int>(lin / (std::int64_t{g.dims[0]} * g.dims[1]));
+      program const p({x, y, z}, g.dims);
+      detail::program_scope scope(p, &bounds_only);
+      thread_local ad::program_state state;
+      ad::program_result& res = results[static_cast<std::size_t>(me)];
+      res.clear();
+      res.pool = &chunks;
+      state.reset();
+      state.tensors = &entries;
+      state.out = &res;
+      state.id = static_cast<std::uint32_t>(lin + 1);
+      state.earlier_waves = static_cast<std::uint32_t>(w0);
+      state.grads = sinks.data();
+      state.direct = false;
+      ad::program_state* saved = ad::current_state();
+      ad::current_state() = &state;
+      try {
+        if constexpr (callable)
+          std::apply([&](auto&... a) { kernel(p, a...); }, converted);
+        ad::seed_outputs<T>(state, entries);
+        {
+          std::lock_guard<std::mutex> lock(merge);
+          state.direct = next == me; // every earlier program's contributions are added
+        }
+        {
+          ad::magnitude_scope const sweeping(magnitudes); // the caller's choice, on this thread
+          state.t.sweep();
+        }
+        if (any_stream && state.direct)
+          simd::stream_fence();
+      } catch (...) {
+        ad::current_state() = saved;
+        throw;
+      }
+      ad::current_state() = saved;
+      if (!state.direct)
+        ad::split_by_block<T>(res.held.segments(), blocks, res.pieces);
+      std::lock_guard<std::mutex> lock(merge);
+      peak = std::max(peak, state.t.peak());
+      largest = std::max(largest, res.contributed);
+      if (state.direct)
+        next = me + 1;
+    };
+    // In program order: a finished program joins the group; the group is added (block by block,
+    // in parallel) once it holds a quarter of the budget, and at the end of the wave.
+    auto done = [&](std::int64_t i) {
+      ad::program_result const& r = results[static_cast<std::size_t>(i)];
+      if (!r.held.segments().empty())
+        group_bytes += r.contributed;
+      if (group_bytes < budget / 4 && i + 1 < n)
+        return;
+      if (group_bytes > 0) {
+        ad::add_held<T>(opts, results.data() + group, i + 1 - group, plan, sinks, any_stream);
+        for (std::int64_t j = group; j <= i; ++j) {
+          results[static_cast<std::size_t>(j)].held.release(chunks);
+          results[static_cast<std::size_t>(j)].pieces.clear();
+        }
+        std::lock_guard<std::mutex> lock(merge);
+        next = i + 1;
+      }
+      group = i + 1;
+      group_bytes = 0;
+    };
+    detail::run_ordered(opts, n, static_cast<int>(std::min<std::int64_t>(window, 1 << 20)),
+                        detail::program_runner(run), detail::program_runner(done));
     // Races: each program's accesses against the wave's final stamps, in program order.
     for (std::int64_t i = 0; i < n; ++i) {
       auto const& res = results[static_cast<std::size_t>(i)];

@@ -8,6 +8,7 @@
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/tracking.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #if TILEGRAD_USE_TBB
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/parallel_pipeline.h>
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 #include <tbb/task_group.h>
@@ -356,6 +358,61 @@ inline void run_programs(launch_options const& opts, std::int64_t n, program_run
   case executor::sequential:
     run_sequential(n, run);
     return;
+  }
+}
+
+/// Runs run(i) for every i in [0, n), in parallel, at most `window` of them begun and not yet
+/// done at a time, and done(i) for every i in order (0 first), one at a time, each after run(i)
+/// returned; done may launch in parallel itself. A stream, not batches: programs keep starting
+/// while done works through the finished ones, so no thread waits for the slowest program of a
+/// batch. (OpenMP and the sequential executor run batches of `window`, then their done calls.)
+inline void run_ordered(launch_options const& opts, std::int64_t n, int window, program_runner run,
+                        program_runner done) {
+  window = std::max(window, 1);
+#if TILEGRAD_USE_TBB
+  if (opts.exec == executor::tbb) {
+    auto pipeline = [&] {
+      tbb::task_group_context ctx;
+      std::int64_t next = 0;
+      tbb::this_task_arena::isolate([&] {
+        tbb::parallel_pipeline(
+            static_cast<std::size_t>(window),
+            tbb::make_filter<void, std::int64_t>(tbb::filter_mode::serial_in_order,
+                                                 [&](tbb::flow_control& fc) -> std::int64_t {
+                                                   if (next == n) {
+                                                     fc.stop();
+                                                     return 0;
+                                                   }
+                                                   return next++;
+                                                 }) &
+                tbb::make_filter<std::int64_t, std::int64_t>(tbb::filter_mode::parallel,
+                                                             [&](std::int64_t i) {
+                                                               run(i);
+                                                               return i;
+                                                             }) &
+                tbb::make_filter<std::int64_t, void>(tbb::filter_mode::serial_in_order,
+                                                     [&](std::int64_t i) { done(i); }),
+            ctx);
+      });
+      if (ctx.is_group_execution_cancelled())
+        throw std::runtime_error("tilegrad::launch: cancelled by an enclosing TBB task group; "
+                                 "some programs did not run");
+    };
+    if (opts.num_threads > 0 && opts.num_threads < tbb::this_task_arena::max_concurrency()) {
+      tbb::task_arena arena(opts.num_threads); // (as run_tbb: done's launches run in it too)
+      arena.execute(pipeline);
+    } else {
+      pipeline();
+    }
+    return;
+  }
+#endif
+  for (std::int64_t b0 = 0; b0 < n; b0 += window) {
+    std::int64_t const k = std::min<std::int64_t>(window, n - b0);
+    auto batch = [&](std::int64_t i) { run(b0 + i); };
+    run_programs(opts, k, program_runner(batch));
+    for (std::int64_t i = b0; i < b0 + k; ++i)
+      done(i);
   }
 }
 
