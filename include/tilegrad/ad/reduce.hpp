@@ -209,10 +209,68 @@ struct dot_record final : record {
   }
 };
 
+/// dot(trans(x), b, acc) with x (K x M) an adjoint tile, read in place as the fast path reads a
+/// stored transpose: C = x^T B + acc. Its backward: dx += B dC^T, dB += x dC.
+template <class T, int M, int N, int K>
+struct dot_transposed_record final : record {
+  T const *xv, *bv;
+  T *xa, *ba, *acca, *ca;
+  dot_transposed_record(T const* xv_, T* xa_, T const* bv_, T* ba_, T* acca_, T* ca_)
+      : xv(xv_), bv(bv_), xa(xa_), ba(ba_), acca(acca_), ca(ca_) {}
+  void backward() override {
+    tape& tp = current_tape();
+    T const* xv = this->xv;
+    T const* bv = this->bv;
+    if (magnitude_sweep()) { // as dot_record: the operands' absolute values
+      T* x = tp.alloc<T>(K * M);
+      T* b = tp.alloc<T>(K * N);
+      for (int i = 0; i < K * M; ++i) x[i] = std::abs(xv[i]);
+      for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);
+      xv = x;
+      bv = b;
+    }
+    if (xa) { // dx += B @ dC^T
+      T* ct = tp.alloc<T>(N * M);
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) ct[j * M + i] = ca[i * N + j];
+      detail::gemm<T, K, M, N>(xa, bv, ct);
+    }
+    if (ba) // dB += x @ dC
+      detail::gemm<T, K, N, M>(ba, xv, ca);
+    if (acca)
+      for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
+  }
+};
+
+template <class E>
+inline constexpr bool is_adjoint_transpose_v = false;
+template <class T, class S>
+inline constexpr bool is_adjoint_transpose_v<permute_node<adjoint_leaf<T, S>, 1, 0>> = true;
+
 template <class A, class B, class C>
 auto dot(A&& a, B&& b, C&& acc) {
   using T = primal_of_t<promote_t<value_of_t<A>, value_of_t<B>>>;
   constexpr int M = shape_of_t<A>::dim(0), K = shape_of_t<A>::dim(1), N = shape_of_t<B>::dim(1);
+  if constexpr (is_adjoint_transpose_v<std::remove_cvref_t<A>> &&
+                std::is_same_v<value_of_t<A>, adjoint<T>>) {
+    // trans(x) of a tile on the tape: no copy of the transpose, and no record of one (whose sweep
+    // would run lane by lane).
+    T const* xv = a.e.values;
+    T* xa = a.e.adj;
+    tile<adjoint<T>, K, N> const tb(b);
+    tile<adjoint<T>, M, N> const tc(acc);
+    tape& tp = current_tape();
+    T* cv = tp.alloc<T>(M * N);
+    std::memcpy(cv, tc.values(), sizeof(T) * M * N);
+    detail::gemm<T, M, N, K, true>(cv, xv, tb.values());
+    T* ca = nullptr;
+    if ((xa || tb.active() || tc.active()) && tp.recording()) {
+      ca = tp.alloc_zero<T>(M * N);
+      tp.push<dot_transposed_record<T, M, N, K>>(xv, xa, tb.values(), tb.adjoints(),
+                                                 tc.adjoints(), ca);
+    }
+    return tile<adjoint<T>, M, N>::from_buffers(cv, ca);
+  }
   tile<adjoint<T>, M, K> const ta(a);
   tile<adjoint<T>, K, N> const tb(b);
   tile<adjoint<T>, M, N> const tc(acc);
