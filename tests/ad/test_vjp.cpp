@@ -421,55 +421,68 @@ TEST(VjpReduce, SumsOfExpressionsOverEachAxisOfARank3Tile) {
       EXPECT_NEAR(y0(j, c), x(0, j, c) * (w(j, c) + 1) + x(1, j, c) * (w(j, c) + 1), 1e-12);
 }
 
-/// y = tanh(dot(trans(x), b, c)) for x (17, 33), b (17, 19), c (33, 19): the transpose read in
-/// place (Materialised false, as attention's dot(trans(p), v)), or made a tile first.
-template <bool Materialised>
+/// y = tanh(dot(trans(x), trans(w), c)) for x (17, 33), w (19, 17), c (33, 19), each transpose
+/// read in place (InPlaceX, InPlaceW: as attention's dot(trans(p), v) and dot(q, trans(k))) or
+/// made a tile first.
+template <bool InPlaceX, bool InPlaceW>
 constexpr auto transposed_dot = []<class T>(tg::program const&, tg::tensor<T const> x,
-                                            tg::tensor<T const> b, tg::tensor<T const> c,
+                                            tg::tensor<T const> w, tg::tensor<T const> c,
                                             tg::tensor<T> y) {
+  using F = tg::fp32<T>;
   auto const xv = tg::load(tg::make_block_ptr<17, 33>(x, {0, 0}));
-  auto const bv = tg::load(tg::make_block_ptr<17, 19>(b, {0, 0}));
+  auto const wv = tg::load(tg::make_block_ptr<19, 17>(w, {0, 0}));
   auto const cv = tg::load(tg::make_block_ptr<33, 19>(c, {0, 0}));
-  if constexpr (Materialised) {
-    tg::tile<tg::fp32<T>, 33, 17> const xt = tg::trans(xv);
-    tg::store(tg::make_block_ptr<33, 19>(y, {0, 0}), tg::tanh(tg::dot(xt, bv, cv)));
-  } else {
-    tg::store(tg::make_block_ptr<33, 19>(y, {0, 0}), tg::tanh(tg::dot(tg::trans(xv), bv, cv)));
-  }
+  auto const a = [&] {
+    if constexpr (InPlaceX)
+      return tg::trans(xv);
+    else
+      return tg::tile<F, 33, 17>(tg::trans(xv));
+  }();
+  auto const b = [&] {
+    if constexpr (InPlaceW)
+      return tg::trans(wv);
+    else
+      return tg::tile<F, 17, 19>(tg::trans(wv));
+  }();
+  tg::store(tg::make_block_ptr<33, 19>(y, {0, 0}), tg::tanh(tg::dot(a, b, cv)));
 };
 
-TYPED_TEST(Vjp, DotOfATransposeReadInPlace) {
-  // The gradients of dot(trans(x), b, c) with the transpose read in place must be those of the
-  // same product with the transpose made a tile first (another record), and of central
+TYPED_TEST(Vjp, DotOfTransposesReadInPlace) {
+  // The gradients of dot(trans(x), trans(w), c) with either transpose read in place must be those
+  // of the same product with the transposes made tiles first (other records), and of central
   // differences of the double forward.
   using T = TypeParam;
-  tg::owned_tensor<T> x({17, 33}, "x"), b({17, 19}, "b"), c({33, 19}, "c"), y({33, 19}, "y"),
+  tg::owned_tensor<T> x({17, 33}, "x"), w({19, 17}, "w"), c({33, 19}, "c"), y({33, 19}, "y"),
       dy({33, 19}, "dy");
   fill(x, 21);
-  fill(b, 22);
+  fill(w, 22);
   fill(c, 23);
   fill(dy, 24);
   auto grads = [&](auto kernel) {
-    return tg::vjp(1, kernel, tg::in("x", x), tg::in("b", b), tg::in("c", c), tg::out("y", y, dy));
+    return tg::vjp(1, kernel, tg::in("x", x), tg::in("w", w), tg::in("c", c), tg::out("y", y, dy));
   };
-  auto const got = grads(transposed_dot<false>);
-  auto const want = grads(transposed_dot<true>);
-  for (char const* name : {"x", "b", "c"})
-    for (std::int64_t i = 0; i < got[name].numel(); ++i)
-      ASSERT_NEAR(got[name].data()[i], want[name].data()[i], tol<T>() * 17)
-          << "d" << name << " element " << i;
+  auto const want = grads(transposed_dot<false, false>);
+  auto const both = grads(transposed_dot<true, true>);
+  auto const only_x = grads(transposed_dot<true, false>);
+  auto const only_w = grads(transposed_dot<false, true>);
+  for (auto [got, variant] : {std::pair{&both, "both in place"}, std::pair{&only_x, "x in place"},
+                              std::pair{&only_w, "w in place"}})
+    for (char const* name : {"x", "w", "c"})
+      for (std::int64_t i = 0; i < want[name].numel(); ++i)
+        ASSERT_NEAR((*got)[name].data()[i], want[name].data()[i], tol<T>() * 17)
+            << "d" << name << " element " << i << ", " << variant;
   // Central differences in double, on a few elements of each input.
-  tg::owned_tensor<double> xd({17, 33}), bd({17, 19}), cd({33, 19}), yd({33, 19});
+  tg::owned_tensor<double> xd({17, 33}), wd({19, 17}), cd({33, 19}), yd({33, 19});
   std::copy(x.begin(), x.end(), xd.begin());
-  std::copy(b.begin(), b.end(), bd.begin());
+  std::copy(w.begin(), w.end(), wd.begin());
   std::copy(c.begin(), c.end(), cd.begin());
   auto loss = [&] {
-    tg::launch(1, transposed_dot<false>, xd.cview(), bd.cview(), cd.cview(), yd.view());
+    tg::launch(1, transposed_dot<true, true>, xd.cview(), wd.cview(), cd.cview(), yd.view());
     double l = 0;
     for (std::int64_t i = 0; i < yd.numel(); ++i) l += yd.data()[i] * double(dy.data()[i]);
     return l;
   };
-  for (auto [t, name] : {std::pair{&xd, "x"}, std::pair{&bd, "b"}, std::pair{&cd, "c"}})
+  for (auto [t, name] : {std::pair{&xd, "x"}, std::pair{&wd, "w"}, std::pair{&cd, "c"}})
     for (std::int64_t i : {std::int64_t{0}, t->numel() / 2 + 3, t->numel() - 1}) {
       double const keep = t->data()[i], h = 1e-6;
       t->data()[i] = keep + h;
@@ -477,7 +490,7 @@ TYPED_TEST(Vjp, DotOfATransposeReadInPlace) {
       t->data()[i] = keep - h;
       double const down = loss();
       t->data()[i] = keep;
-      EXPECT_NEAR(got[name].data()[i], (up - down) / (2 * h), tol<T>() * 17 + 1e-7)
+      EXPECT_NEAR(both[name].data()[i], (up - down) / (2 * h), tol<T>() * 17 + 1e-7)
           << "d" << name << " element " << i;
     }
 }

@@ -178,7 +178,18 @@ auto cumsum(E&& e) {
   return detail::tile_t<adjoint<T>, C>::from_buffers(yv, ya);
 }
 
-template <class T, int M, int N, int K>
+/// dst (C x R) = src (R x C) transposed.
+template <class T, int R, int C>
+void transpose_into(T* dst, T const* src) {
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) dst[j * R + i] = src[i * C + j];
+}
+
+/// C = op(A) op(B) + acc, each operand as stored: A (M x K), or with TA its transpose x (K x M)
+/// (dot(trans(x), b) reads x in place, as the fast path does); B (K x N), or with TB its
+/// transpose y (N x K). The backward is four products at most, each on operands as stored or one
+/// transposed copy: dA = dC op(B)^T, dB = op(A)^T dC (dx and dy their transposes).
+template <class T, int M, int N, int K, bool TA, bool TB>
 struct dot_record final : record {
   T const *av, *bv;
   T *aa, *ba, *acca, *ca;
@@ -196,93 +207,93 @@ struct dot_record final : record {
       av = a;
       bv = b;
     }
-    if (aa) { // dA += dC @ B^T
-      T* bt = tp.alloc<T>(N * K);
-      for (int k = 0; k < K; ++k)
-        for (int j = 0; j < N; ++j) bt[j * K + k] = bv[k * N + j];
-      detail::gemm<T, M, K, N>(aa, ca, bt);
+    if (aa) {
+      if constexpr (!TA) { // dA (M x K) += dC op(B)^T
+        if constexpr (TB) {
+          detail::gemm<T, M, K, N>(aa, ca, bv); // op(B)^T = y, as stored
+        } else {
+          T* bt = tp.alloc<T>(N * K);
+          transpose_into<T, K, N>(bt, bv);
+          detail::gemm<T, M, K, N>(aa, ca, bt);
+        }
+      } else { // dx (K x M) += op(B) dC^T
+        T* ct = tp.alloc<T>(N * M);
+        transpose_into<T, M, N>(ct, ca);
+        detail::gemm<T, K, M, N, TB>(aa, bv, ct);
+      }
     }
-    if (ba) // dB += A^T @ dC, reading A in place
-      detail::gemm<T, K, N, M, true>(ba, av, ca);
+    if (ba) {
+      if constexpr (!TB) { // dB (K x N) += op(A)^T dC
+        if constexpr (TA)
+          detail::gemm<T, K, N, M>(ba, av, ca); // op(A)^T = x, as stored
+        else
+          detail::gemm<T, K, N, M, true>(ba, av, ca); // A read transposed in place
+      } else { // dy (N x K) += dC^T op(A)
+        if constexpr (TA) {
+          T* at = tp.alloc<T>(M * K);
+          transpose_into<T, K, M>(at, av);
+          detail::gemm<T, N, K, M, true>(ba, ca, at);
+        } else {
+          detail::gemm<T, N, K, M, true>(ba, ca, av);
+        }
+      }
+    }
     if (acca)
       for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
   }
 };
 
-/// dot(trans(x), b, acc) with x (K x M) an adjoint tile, read in place as the fast path reads a
-/// stored transpose: C = x^T B + acc. Its backward: dx += B dC^T, dB += x dC.
-template <class T, int M, int N, int K>
-struct dot_transposed_record final : record {
-  T const *xv, *bv;
-  T *xa, *ba, *acca, *ca;
-  dot_transposed_record(T const* xv_, T* xa_, T const* bv_, T* ba_, T* acca_, T* ca_)
-      : xv(xv_), bv(bv_), xa(xa_), ba(ba_), acca(acca_), ca(ca_) {}
-  void backward() override {
-    tape& tp = current_tape();
-    T const* xv = this->xv;
-    T const* bv = this->bv;
-    if (magnitude_sweep()) { // as dot_record: the operands' absolute values
-      T* x = tp.alloc<T>(K * M);
-      T* b = tp.alloc<T>(K * N);
-      for (int i = 0; i < K * M; ++i) x[i] = std::abs(xv[i]);
-      for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);
-      xv = x;
-      bv = b;
-    }
-    if (xa) { // dx += B @ dC^T
-      T* ct = tp.alloc<T>(N * M);
-      for (int i = 0; i < M; ++i)
-        for (int j = 0; j < N; ++j) ct[j * M + i] = ca[i * N + j];
-      detail::gemm<T, K, M, N>(xa, bv, ct);
-    }
-    if (ba) // dB += x @ dC
-      detail::gemm<T, K, N, M>(ba, xv, ca);
-    if (acca)
-      for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
-  }
-};
-
+/// trans(x) of a tile on the tape, as an operand of dot: read as stored, not copied into a tile
+/// of its own (whose record's sweep would walk the transpose one lane at a time).
 template <class E>
 inline constexpr bool is_adjoint_transpose_v = false;
 template <class T, class S>
 inline constexpr bool is_adjoint_transpose_v<permute_node<adjoint_leaf<T, S>, 1, 0>> = true;
 
+/// An operand of dot as values and adjoints on the tape: x itself for trans(x) of an adjoint tile
+/// (Transposed), else the operand made an adjoint tile of shape (R x C) (a tile is not copied).
+template <class T, int R, int C, class X>
+struct dot_operand {
+  static constexpr bool transposed = is_adjoint_transpose_v<std::remove_cvref_t<X>> &&
+                                     std::is_same_v<value_of_t<X>, adjoint<T>>;
+  T const* values;
+  T* adj;
+  explicit dot_operand(X const& x) {
+    if constexpr (transposed) {
+      values = x.e.values;
+      adj = x.e.adj;
+    } else {
+      tile<adjoint<T>, R, C> const t(x);
+      values = t.values();
+      adj = t.adjoints();
+    }
+  }
+};
+
 template <class A, class B, class C>
 auto dot(A&& a, B&& b, C&& acc) {
   using T = primal_of_t<promote_t<value_of_t<A>, value_of_t<B>>>;
   constexpr int M = shape_of_t<A>::dim(0), K = shape_of_t<A>::dim(1), N = shape_of_t<B>::dim(1);
-  if constexpr (is_adjoint_transpose_v<std::remove_cvref_t<A>> &&
-                std::is_same_v<value_of_t<A>, adjoint<T>>) {
-    // trans(x) of a tile on the tape: no copy of the transpose, and no record of one (whose sweep
-    // would run lane by lane).
-    T const* xv = a.e.values;
-    T* xa = a.e.adj;
-    tile<adjoint<T>, K, N> const tb(b);
-    tile<adjoint<T>, M, N> const tc(acc);
-    tape& tp = current_tape();
-    T* cv = tp.alloc<T>(M * N);
-    std::memcpy(cv, tc.values(), sizeof(T) * M * N);
-    detail::gemm<T, M, N, K, true>(cv, xv, tb.values());
-    T* ca = nullptr;
-    if ((xa || tb.active() || tc.active()) && tp.recording()) {
-      ca = tp.alloc_zero<T>(M * N);
-      tp.push<dot_transposed_record<T, M, N, K>>(xv, xa, tb.values(), tb.adjoints(),
-                                                 tc.adjoints(), ca);
-    }
-    return tile<adjoint<T>, M, N>::from_buffers(cv, ca);
-  }
-  tile<adjoint<T>, M, K> const ta(a);
-  tile<adjoint<T>, K, N> const tb(b);
+  dot_operand<T, M, K, A> const ta(a);
+  dot_operand<T, K, N, B> const tb(b);
+  constexpr bool TA = dot_operand<T, M, K, A>::transposed;
+  constexpr bool TB = dot_operand<T, K, N, B>::transposed;
   tile<adjoint<T>, M, N> const tc(acc);
   tape& tp = current_tape();
   T* cv = tp.alloc<T>(M * N);
   std::memcpy(cv, tc.values(), sizeof(T) * M * N);
-  detail::gemm<T, M, N, K>(cv, ta.values(), tb.values());
+  if constexpr (TB) { // the kernel reads B as (K x N) rows: y transposed once
+    T* bt = tp.alloc<T>(K * N);
+    transpose_into<T, N, K>(bt, tb.values);
+    detail::gemm<T, M, N, K, TA>(cv, ta.values, bt);
+  } else {
+    detail::gemm<T, M, N, K, TA>(cv, ta.values, tb.values);
+  }
   T* ca = nullptr;
-  if ((ta.active() || tb.active() || tc.active()) && tp.recording()) {
+  if ((ta.adj || tb.adj || tc.active()) && tp.recording()) {
     ca = tp.alloc_zero<T>(M * N);
-    tp.push<dot_record<T, M, N, K>>(ta.values(), ta.adjoints(), tb.values(), tb.adjoints(),
-                                    tc.adjoints(), ca);
+    tp.push<dot_record<T, M, N, K, TA, TB>>(ta.values, ta.adj, tb.values, tb.adj, tc.adjoints(),
+                                            ca);
   }
   return tile<adjoint<T>, M, N>::from_buffers(cv, ca);
 }
