@@ -97,6 +97,13 @@ private:
 
   template <class E>
   void assign_from(E const& e) {
+    if constexpr (std::is_same_v<E, adjoint_leaf<T, shape_type>>) {
+      // A tile of this type as it is (tile<F, ...> x = to<F>(load(...)) in fp32): share its
+      // recorded values, as a copy does, rather than copy them and record an identity.
+      values_ = const_cast<T*>(e.values); // (on the tape, never written after they are made)
+      adj_ = e.adj;
+      return;
+    }
     auto p = detail::convert_as<T>(ad::to_primal(detail::as_node(e)));
     ad::tape& tp = ad::current_tape();
     T* v = tp.template alloc<T>(size);
