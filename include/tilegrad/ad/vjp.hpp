@@ -457,7 +457,8 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     std::int64_t const n = std::min(wave, total - w0);
     // At most `window` programs begun and not done (three quarters of the budget, or two per
     // thread), and the group of done ones waiting to be added (a quarter): what is held.
-    std::int64_t window = n;
+    // (One thread: one at a time, so each program adds its contributions as its sweep makes them.)
+    std::int64_t window = 1;
     if (workers > 1) {
       std::size_t const room = budget / 4 * 3;
       auto const most = static_cast<std::size_t>(n);
@@ -466,8 +467,6 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
           : w0 == 0   ? workers // nothing known yet
                       : n;
       window = std::min(n, std::max<std::int64_t>(2 * workers, fit));
-    } else {
-      window = 1; // each program then adds its contributions itself, as its sweep makes them
     }
     std::int64_t next = 0; // the first program of the wave whose contributions are not added
     std::int64_t group = 0; // the first program of the finished ones not added yet
@@ -539,8 +538,8 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       group = i + 1;
       group_bytes = 0;
     };
-    detail::run_ordered(opts, n, static_cast<int>(std::min<std::int64_t>(window, 1 << 20)),
-                        detail::program_runner(run), detail::program_runner(done));
+    detail::run_ordered(opts, n, static_cast<int>(window), detail::program_runner(run),
+                        detail::program_runner(done)); // (window <= n <= wave: an int)
     // Races: each program's accesses against the wave's final stamps, in program order.
     for (std::int64_t i = 0; i < n; ++i) {
       auto const& res = results[static_cast<std::size_t>(i)];

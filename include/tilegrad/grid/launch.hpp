@@ -276,28 +276,20 @@ void run_sequential(std::int64_t n, Run& run) {
 }
 
 #if TILEGRAD_USE_TBB
-template <class Run>
-void run_tbb(std::int64_t n, int num_threads, Run& run) {
-  auto loop = [&] {
+/// Runs body(ctx) capped at num_threads (0: the enclosing arena's), isolated, with a task group
+/// context bound to the caller's: the frame of every TBB executor.
+template <class Body>
+void in_tbb_arena(int num_threads, Body&& body) {
+  auto isolated = [&] {
     // A bound context: cancelling an enclosing TBB task group (such as that of an outer
     // launch in the same arena whose program threw) also stops this launch.
     tbb::task_group_context ctx;
     // isolate(): a thread waiting for this launch runs only this launch's programs, never
     // an outer program (a nested launch's thread would otherwise pick up a sibling of the
     // program that launched it, which breaks per-thread state and can self-deadlock on a lock).
-    tbb::this_task_arena::isolate([&] {
-      // Grain 1 with simple_partitioner: one task per program, so uneven programs (causal
-      // masks, block-sparse rows) balance; ~50-70 ns per program, small beside a tile program.
-      tbb::parallel_for(
-          tbb::blocked_range<std::int64_t>(0, n, 1),
-          [&](tbb::blocked_range<std::int64_t> const& r) {
-            for (std::int64_t i = r.begin(); i != r.end(); ++i)
-              run(i);
-          },
-          tbb::simple_partitioner{}, ctx);
-    });
-    // A program that throws makes parallel_for rethrow; a cancellation from outside returns
-    // normally with programs skipped, which must not pass for success.
+    tbb::this_task_arena::isolate([&] { body(ctx); });
+    // A program that throws makes TBB rethrow; a cancellation from outside returns normally
+    // with programs skipped, which must not pass for success.
     if (ctx.is_group_execution_cancelled())
       throw std::runtime_error("tilegrad::launch: cancelled by an enclosing TBB task group; "
                                "some programs did not run");
@@ -309,10 +301,25 @@ void run_tbb(std::int64_t n, int num_threads, Run& run) {
     // it plus the time for workers to join (~35 us at 8 threads for an empty 1000-program
     // launch on a 16-core machine), small beside a launch of real tile programs.
     tbb::task_arena arena(num_threads);
-    arena.execute(loop);
+    arena.execute(isolated);
   } else {
-    loop(); // the enclosing arena already caps the launch at num_threads or fewer
+    isolated(); // the enclosing arena already caps the launch at num_threads or fewer
   }
+}
+
+template <class Run>
+void run_tbb(std::int64_t n, int num_threads, Run& run) {
+  in_tbb_arena(num_threads, [&](tbb::task_group_context& ctx) {
+    // Grain 1 with simple_partitioner: one task per program, so uneven programs (causal
+    // masks, block-sparse rows) balance; ~50-70 ns per program, small beside a tile program.
+    tbb::parallel_for(
+        tbb::blocked_range<std::int64_t>(0, n, 1),
+        [&](tbb::blocked_range<std::int64_t> const& r) {
+          for (std::int64_t i = r.begin(); i != r.end(); ++i)
+            run(i);
+        },
+        tbb::simple_partitioner{}, ctx);
+  });
 }
 #endif
 
@@ -371,39 +378,28 @@ inline void run_ordered(launch_options const& opts, std::int64_t n, int window, 
   window = std::max(window, 1);
 #if TILEGRAD_USE_TBB
   if (opts.exec == executor::tbb) {
-    auto pipeline = [&] {
-      tbb::task_group_context ctx;
+    // (done's own launches run in the same arena, so they keep to num_threads too.)
+    in_tbb_arena(opts.num_threads, [&](tbb::task_group_context& ctx) {
       std::int64_t next = 0;
-      tbb::this_task_arena::isolate([&] {
-        tbb::parallel_pipeline(
-            static_cast<std::size_t>(window),
-            tbb::make_filter<void, std::int64_t>(tbb::filter_mode::serial_in_order,
-                                                 [&](tbb::flow_control& fc) -> std::int64_t {
-                                                   if (next == n) {
-                                                     fc.stop();
-                                                     return 0;
-                                                   }
-                                                   return next++;
-                                                 }) &
-                tbb::make_filter<std::int64_t, std::int64_t>(tbb::filter_mode::parallel,
-                                                             [&](std::int64_t i) {
-                                                               run(i);
-                                                               return i;
-                                                             }) &
-                tbb::make_filter<std::int64_t, void>(tbb::filter_mode::serial_in_order,
-                                                     [&](std::int64_t i) { done(i); }),
-            ctx);
-      });
-      if (ctx.is_group_execution_cancelled())
-        throw std::runtime_error("tilegrad::launch: cancelled by an enclosing TBB task group; "
-                                 "some programs did not run");
-    };
-    if (opts.num_threads > 0 && opts.num_threads < tbb::this_task_arena::max_concurrency()) {
-      tbb::task_arena arena(opts.num_threads); // (as run_tbb: done's launches run in it too)
-      arena.execute(pipeline);
-    } else {
-      pipeline();
-    }
+      tbb::parallel_pipeline(
+          static_cast<std::size_t>(window),
+          tbb::make_filter<void, std::int64_t>(tbb::filter_mode::serial_in_order,
+                                               [&](tbb::flow_control& fc) -> std::int64_t {
+                                                 if (next == n) {
+                                                   fc.stop();
+                                                   return 0;
+                                                 }
+                                                 return next++;
+                                               }) &
+              tbb::make_filter<std::int64_t, std::int64_t>(tbb::filter_mode::parallel,
+                                                           [&](std::int64_t i) {
+                                                             run(i);
+                                                             return i;
+                                                           }) &
+              tbb::make_filter<std::int64_t, void>(tbb::filter_mode::serial_in_order,
+                                                   [&](std::int64_t i) { done(i); }),
+          ctx);
+    });
     return;
   }
 #endif
