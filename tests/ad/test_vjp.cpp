@@ -421,39 +421,39 @@ TEST(VjpReduce, SumsOfExpressionsOverEachAxisOfARank3Tile) {
       EXPECT_NEAR(y0(j, c), x(0, j, c) * (w(j, c) + 1) + x(1, j, c) * (w(j, c) + 1), 1e-12);
 }
 
-/// y = tanh(dot(trans(x), trans(w), c)) for x (17, 33), w (19, 17), c (33, 19), each transpose
-/// read in place (InPlaceX, InPlaceW: as attention's dot(trans(p), v) and dot(q, trans(k))) or
-/// made a tile first.
-template <bool InPlaceX, bool InPlaceW>
+/// y = tanh(dot(trans(x), trans(w), c)) for x (K, M), w (N, K), c (M, N), each transpose read in
+/// place (InPlaceX, InPlaceW: as attention's dot(trans(p), v) and dot(q, trans(k))) or made a
+/// tile first.
+template <bool InPlaceX, bool InPlaceW, int M = 33, int K = 17, int N = 19>
 constexpr auto transposed_dot = []<class T>(tg::program const&, tg::tensor<T const> x,
                                             tg::tensor<T const> w, tg::tensor<T const> c,
                                             tg::tensor<T> y) {
   using F = tg::fp32<T>;
-  auto const xv = tg::load(tg::make_block_ptr<17, 33>(x, {0, 0}));
-  auto const wv = tg::load(tg::make_block_ptr<19, 17>(w, {0, 0}));
-  auto const cv = tg::load(tg::make_block_ptr<33, 19>(c, {0, 0}));
+  auto const xv = tg::load(tg::make_block_ptr<K, M>(x, {0, 0}));
+  auto const wv = tg::load(tg::make_block_ptr<N, K>(w, {0, 0}));
+  auto const cv = tg::load(tg::make_block_ptr<M, N>(c, {0, 0}));
   auto const a = [&] {
     if constexpr (InPlaceX)
       return tg::trans(xv);
     else
-      return tg::tile<F, 33, 17>(tg::trans(xv));
+      return tg::tile<F, M, K>(tg::trans(xv));
   }();
   auto const b = [&] {
     if constexpr (InPlaceW)
       return tg::trans(wv);
     else
-      return tg::tile<F, 17, 19>(tg::trans(wv));
+      return tg::tile<F, K, N>(tg::trans(wv));
   }();
-  tg::store(tg::make_block_ptr<33, 19>(y, {0, 0}), tg::tanh(tg::dot(a, b, cv)));
+  tg::store(tg::make_block_ptr<M, N>(y, {0, 0}), tg::tanh(tg::dot(a, b, cv)));
 };
 
-TYPED_TEST(Vjp, DotOfTransposesReadInPlace) {
-  // The gradients of dot(trans(x), trans(w), c) with either transpose read in place must be those
-  // of the same product with the transposes made tiles first (other records), and of central
-  // differences of the double forward.
-  using T = TypeParam;
-  tg::owned_tensor<T> x({17, 33}, "x"), w({19, 17}, "w"), c({33, 19}, "c"), y({33, 19}, "y"),
-      dy({33, 19}, "dy");
+/// The gradients of dot(trans(x), trans(w), c) with either transpose read in place must be those
+/// of the same product with the transposes made tiles first (other records), and of central
+/// differences of the double forward.
+template <class T, int M, int K, int N>
+void check_transposed_dot() {
+  tg::owned_tensor<T> x({K, M}, "x"), w({N, K}, "w"), c({M, N}, "c"), y({M, N}, "y"),
+      dy({M, N}, "dy");
   fill(x, 21);
   fill(w, 22);
   fill(c, 23);
@@ -461,23 +461,24 @@ TYPED_TEST(Vjp, DotOfTransposesReadInPlace) {
   auto grads = [&](auto kernel) {
     return tg::vjp(1, kernel, tg::in("x", x), tg::in("w", w), tg::in("c", c), tg::out("y", y, dy));
   };
-  auto const want = grads(transposed_dot<false, false>);
-  auto const both = grads(transposed_dot<true, true>);
-  auto const only_x = grads(transposed_dot<true, false>);
-  auto const only_w = grads(transposed_dot<false, true>);
+  auto const want = grads(transposed_dot<false, false, M, K, N>);
+  auto const both = grads(transposed_dot<true, true, M, K, N>);
+  auto const only_x = grads(transposed_dot<true, false, M, K, N>);
+  auto const only_w = grads(transposed_dot<false, true, M, K, N>);
   for (auto [got, variant] : {std::pair{&both, "both in place"}, std::pair{&only_x, "x in place"},
                               std::pair{&only_w, "w in place"}})
     for (char const* name : {"x", "w", "c"})
       for (std::int64_t i = 0; i < want[name].numel(); ++i)
-        ASSERT_NEAR((*got)[name].data()[i], want[name].data()[i], tol<T>() * 17)
+        ASSERT_NEAR((*got)[name].data()[i], want[name].data()[i], tol<T>() * K)
             << "d" << name << " element " << i << ", " << variant;
   // Central differences in double, on a few elements of each input.
-  tg::owned_tensor<double> xd({17, 33}), wd({19, 17}), cd({33, 19}), yd({33, 19});
+  tg::owned_tensor<double> xd({K, M}), wd({N, K}), cd({M, N}), yd({M, N});
   std::copy(x.begin(), x.end(), xd.begin());
   std::copy(w.begin(), w.end(), wd.begin());
   std::copy(c.begin(), c.end(), cd.begin());
   auto loss = [&] {
-    tg::launch(1, transposed_dot<true, true>, xd.cview(), wd.cview(), cd.cview(), yd.view());
+    tg::launch(1, transposed_dot<true, true, M, K, N>, xd.cview(), wd.cview(), cd.cview(),
+               yd.view());
     double l = 0;
     for (std::int64_t i = 0; i < yd.numel(); ++i) l += yd.data()[i] * double(dy.data()[i]);
     return l;
@@ -490,9 +491,73 @@ TYPED_TEST(Vjp, DotOfTransposesReadInPlace) {
       t->data()[i] = keep - h;
       double const down = loss();
       t->data()[i] = keep;
-      EXPECT_NEAR(both[name].data()[i], (up - down) / (2 * h), tol<T>() * 17 + 1e-7)
+      EXPECT_NEAR(both[name].data()[i], (up - down) / (2 * h), tol<T>() * K + 1e-7)
           << "d" << name << " element " << i;
     }
+}
+
+TYPED_TEST(Vjp, DotOfTransposesReadInPlace) {
+  // Extents that are not multiples of 16, and ones that are (the transposed copies of the
+  // backward then go by 16 x 16 blocks on vector registers, where the target has them).
+  check_transposed_dot<TypeParam, 33, 17, 19>();
+  check_transposed_dot<TypeParam, 48, 32, 64>();
+}
+
+template <class T, int R, int C>
+void check_transpose_into() {
+  std::vector<T> src(R * C), dst(R * C, T(-1));
+  for (int i = 0; i < R * C; ++i) src[i] = T(i) * T(0.5) - T(7);
+  tg::ad::transpose_into<T, R, C>(dst.data(), src.data());
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j)
+      ASSERT_EQ(dst[j * R + i], src[i * C + j]) << R << "x" << C << " at (" << i << ", " << j << ")";
+}
+
+TYPED_TEST(Vjp, TransposeIntoMatchesAPlainLoop) {
+  // Multiples of 16 (blocks on vector registers where the target has them) and not.
+  check_transpose_into<TypeParam, 64, 64>();
+  check_transpose_into<TypeParam, 16, 48>();
+  check_transpose_into<TypeParam, 48, 32>();
+  check_transpose_into<TypeParam, 17, 33>();
+  check_transpose_into<TypeParam, 1, 16>();
+}
+
+/// y = x_block * x_block + 3 * x_block over row blocks of 16 x 32 of x (40 x 32): blocks 0 and 1
+/// lie inside x, block 2 crosses its end (bounds<0>, padding).
+constexpr auto square_rows = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T> y) {
+  int const r0 = p.program_id(0) * 16;
+  auto const v = tg::load(tg::make_block_ptr<16, 32>(x, {r0, 0}), tg::bounds<0>);
+  tg::store(tg::make_block_ptr<16, 32>(y, {r0, 0}), v * v + v * 3.0f, tg::bounds<0>);
+};
+
+TYPED_TEST(Vjp, BlockLoadsOfInputsReadInPlaceOrCopied) {
+  // A block load of an input that lies inside a dense tensor is read in place (its values are not
+  // copied to the tape); one of a padded layout (rows 33 apart), or crossing the end, is copied.
+  // Both must give the same gradients, 2x + 3, and the tape of the dense one must be smaller.
+  using T = TypeParam;
+  tg::owned_tensor<T> x({40, 32}, "x"), y({40, 32}, "y"), dy({40, 32}, "dy");
+  fill(x, 31);
+  fill(dy, 32);
+  std::vector<T> padded(40 * 33, T(99));
+  for (int i = 0; i < 40; ++i)
+    for (int j = 0; j < 32; ++j) padded[i * 33 + j] = x(i, j);
+  tg::tensor<T> const xp(padded.data(), {40, 32}, {33, 1}, "x");
+  auto const dense = tg::vjp(3, square_rows, tg::in("x", x), tg::out("y", y, dy));
+  auto const strided = tg::vjp(3, square_rows, tg::in("x", xp), tg::out("y", y, dy));
+  for (int i = 0; i < 40; ++i)
+    for (int j = 0; j < 32; ++j) {
+      double const want = double(dy(i, j)) * (2.0 * double(x(i, j)) + 3.0);
+      ASSERT_NEAR(dense["x"](i, j), want, tol<T>() * 4) << "dense, (" << i << ", " << j << ")";
+      ASSERT_EQ(strided["x"](i, j), dense["x"](i, j)) << "padded, (" << i << ", " << j << ")";
+    }
+  // The tapes of blocks 0 and 1 (block 2 is copied in both).
+  auto tape = [&](tg::tensor<T> const& in) {
+    return tg::vjp({tg::executor::sequential, 1}, 2, square_rows, tg::in("x", in),
+                   tg::out("y", y, dy))
+        .peak_tape_bytes();
+  };
+  EXPECT_LE(tape(x) + sizeof(T) * 16 * 32, tape(xp));
 }
 
 // --- memory semantics, each with a kernel written for it ----------------------------------

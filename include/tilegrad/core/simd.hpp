@@ -249,6 +249,57 @@ inline void stream_copy(void* dst, void const* src, std::size_t bytes) {
 #endif
 }
 
+/// Whether transpose16 runs on vector registers for T on this target (else it is a plain loop).
+template <class T>
+inline constexpr bool has_transpose16_v =
+#if defined(__AVX512F__)
+    std::is_same_v<T, float>;
+#else
+    false;
+#endif
+
+/// dst (16 x 16, row stride ld_dst) = src (16 x 16, row stride ld_src) transposed: three rounds
+/// of shuffles on 16 registers instead of 256 scalar moves.
+template <class T>
+inline void transpose16(T* dst, std::int64_t ld_dst, T const* src, std::int64_t ld_src) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    __m512 r[16], a[16], b[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = _mm512_loadu_ps(src + i * ld_src);
+    // a[2i], a[2i+1]: rows 2i and 2i+1 interleaved, by 128-bit lane (columns 4L..4L+3).
+    for (int i = 0; i < 8; ++i) {
+      a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // b[4j+c], lane L: column 4L+c of rows 4j..4j+3.
+    for (int j = 0; j < 4; ++j) {
+      __m512d const a0 = _mm512_castps_pd(a[4 * j]), a1 = _mm512_castps_pd(a[4 * j + 1]);
+      __m512d const a2 = _mm512_castps_pd(a[4 * j + 2]), a3 = _mm512_castps_pd(a[4 * j + 3]);
+      b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+      b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+      b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+      b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    // Row 4L+c of the transpose: lane L of b[c], b[4+c], b[8+c], b[12+c].
+    for (int c = 0; c < 4; ++c) {
+      __m512 const u0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44);
+      __m512 const u1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xEE);
+      __m512 const v0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44);
+      __m512 const v1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xEE);
+      _mm512_storeu_ps(dst + (0 + c) * ld_dst, _mm512_shuffle_f32x4(u0, v0, 0x88));
+      _mm512_storeu_ps(dst + (4 + c) * ld_dst, _mm512_shuffle_f32x4(u0, v0, 0xDD));
+      _mm512_storeu_ps(dst + (8 + c) * ld_dst, _mm512_shuffle_f32x4(u1, v1, 0x88));
+      _mm512_storeu_ps(dst + (12 + c) * ld_dst, _mm512_shuffle_f32x4(u1, v1, 0xDD));
+    }
+    return;
+  }
+#endif
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j)
+      dst[j * ld_dst + i] = src[i * ld_src + j];
+}
+
 /// Orders this thread's stream_copy stores before its later stores (a lock release, say).
 inline void stream_fence() {
 #if defined(__SSE2__)
