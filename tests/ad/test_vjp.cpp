@@ -383,6 +383,77 @@ TEST(VjpAccumulate, PiecesSplitAtBlocksAddEachElementsContributionsInTheirOrder)
             0);
 }
 
+/// sum, max and min of exp(x) (a tile on the tape, not an expression) over each axis of a
+/// (3, 5, 20) block: the reductions over axes 0 and 1 walk the tile row by row, the last axis
+/// along each row. x holds ties along every axis.
+constexpr auto reduce_each_axis = []<class T>(tg::program const&, tg::tensor<T const> x,
+                                              tg::tensor<T> s0, tg::tensor<T> s1, tg::tensor<T> s2,
+                                              tg::tensor<T> m0, tg::tensor<T> m1, tg::tensor<T> m2) {
+  using F = tg::fp32<T>;
+  tg::tile<F, 3, 5, 20> const e = tg::exp(tg::load(tg::make_block_ptr<3, 5, 20>(x, {0, 0, 0})));
+  tg::store(tg::make_block_ptr<5, 20>(s0, {0, 0}), tg::sum<0>(e));
+  tg::store(tg::make_block_ptr<3, 20>(s1, {0, 0}), tg::sum<1>(e));
+  tg::store(tg::make_block_ptr<3, 5>(s2, {0, 0}), tg::sum<2>(e));
+  tg::store(tg::make_block_ptr<5, 20>(m0, {0, 0}), tg::max<0>(e));
+  tg::store(tg::make_block_ptr<3, 20>(m1, {0, 0}), tg::min<1>(e));
+  tg::store(tg::make_block_ptr<3, 5>(m2, {0, 0}), tg::max<2>(e));
+};
+
+TYPED_TEST(Vjp, ReductionsOfTilesOverEachAxisWithTies) {
+  // Closed form: each sum sends its cotangent to every element it summed, each max and min to
+  // the first element (along its axis) equal to it; all times exp(x).
+  using T = TypeParam;
+  tg::owned_tensor<T> x({3, 5, 20}, "x"), s0({5, 20}), s1({3, 20}), s2({3, 5}), m0({5, 20}),
+      m1({3, 20}), m2({3, 5}), d_s0({5, 20}), d_s1({3, 20}), d_s2({3, 5}), d_m0({5, 20}),
+      d_m1({3, 20}), d_m2({3, 5});
+  // Values from a set of 4, so that every axis has ties (and lanes where all are equal).
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 5; ++b)
+      for (int c = 0; c < 20; ++c) x(a, b, c) = T((a * 7 + b * 3 + c * (c % 3)) % 4) * T(0.25);
+  for (int b = 0; b < 5; ++b) x(1, b, 7) = x(0, b, 7) = x(2, b, 7); // a lane equal down axis 0
+  fill(d_s0, 41);
+  fill(d_s1, 42);
+  fill(d_s2, 43);
+  fill(d_m0, 44);
+  fill(d_m1, 45);
+  fill(d_m2, 46);
+  auto const g = tg::vjp(1, reduce_each_axis, tg::in("x", x), tg::out("s0", s0, d_s0),
+                         tg::out("s1", s1, d_s1), tg::out("s2", s2, d_s2),
+                         tg::out("m0", m0, d_m0), tg::out("m1", m1, d_m1), tg::out("m2", m2, d_m2));
+  std::vector<double> want(3 * 5 * 20, 0.0);
+  auto at = [](int a, int b, int c) { return (a * 5 + b) * 20 + c; };
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 5; ++b)
+      for (int c = 0; c < 20; ++c)
+        want[at(a, b, c)] += double(d_s0(b, c)) + double(d_s1(a, c)) + double(d_s2(a, b));
+  for (int b = 0; b < 5; ++b)
+    for (int c = 0; c < 20; ++c) { // max over a
+      int best = 0;
+      for (int a = 1; a < 3; ++a)
+        if (x(a, b, c) > x(best, b, c)) best = a;
+      want[at(best, b, c)] += double(d_m0(b, c));
+    }
+  for (int a = 0; a < 3; ++a)
+    for (int c = 0; c < 20; ++c) { // min over b
+      int best = 0;
+      for (int b = 1; b < 5; ++b)
+        if (x(a, b, c) < x(a, best, c)) best = b;
+      want[at(a, best, c)] += double(d_m1(a, c));
+    }
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 5; ++b) { // max over c
+      int best = 0;
+      for (int c = 1; c < 20; ++c)
+        if (x(a, b, c) > x(a, b, best)) best = c;
+      want[at(a, b, best)] += double(d_m2(a, b));
+    }
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 5; ++b)
+      for (int c = 0; c < 20; ++c)
+        ASSERT_NEAR(g["x"](a, b, c), want[at(a, b, c)] * std::exp(double(x(a, b, c))), tol<T>() * 8)
+            << "dx(" << a << ", " << b << ", " << c << ")";
+}
+
 TEST(VjpReduce, SumsOfExpressionsOverEachAxisOfARank3Tile) {
   // y0 = sum over axis 0, y1 over axis 1 (keeping it), y2 over axis 2 of x * w + x, with w a
   // broadcast (4, 8) tile: the sums of a cheap expression go through it without materialising it.
