@@ -23,8 +23,17 @@ struct reduce_record final : record {
   reduce_record(T const* xv_, T* xa_, T const* yv_, T* ya_) : xv(xv_), yv(yv_), xa(xa_), ya(ya_) {}
   void backward() override {
     using split = detail::axis_split<C, A>;
-    if constexpr (split::inner > 1) { // not the last axis: walk the tile row by row
-      row_major();
+    if constexpr (std::is_same_v<Op, ops::add_op> && split::inner > 1) {
+      // A sum over an axis other than the last (sum<0> of a (64, 64) tile, say): its adjoints
+      // are a row of lanes, added along the tile's rows as stored rather than down each column
+      // one element per cache line. (max and min stay a scan down each column, which stops at
+      // the first element equal to the result.)
+      for (int o = 0; o < split::outer; ++o) {
+        T const* g = ya + o * split::inner;
+        T* x = xa + o * split::extent * split::inner;
+        for (int k = 0; k < split::extent; ++k)
+          for (int i = 0; i < split::inner; ++i) x[k * split::inner + i] += g[i];
+      }
       return;
     }
     for (int o = 0; o < split::outer; ++o)
@@ -50,36 +59,6 @@ struct reduce_record final : record {
             }
         }
       }
-  }
-
-private:
-  // A reduction over an axis other than the last (sum<0> of a (64, 64) tile, say): the sums are
-  // a row of lanes, and the tile is walked along its rows, the way it is stored, rather than
-  // down each column one element per cache line.
-  void row_major() {
-    using split = detail::axis_split<C, A>;
-    constexpr int n = split::inner;
-    for (int o = 0; o < split::outer; ++o) {
-      T const* g = ya + o * n;
-      T* x = xa + o * split::extent * n;
-      if constexpr (std::is_same_v<Op, ops::add_op>) {
-        for (int k = 0; k < split::extent; ++k)
-          for (int i = 0; i < n; ++i) x[k * n + i] += g[i];
-      } else { // max / min: per lane, the first element (down the axis) equal to the result
-        T const* y = yv + o * n;
-        T const* v = xv + o * split::extent * n;
-        bool taken[n];
-        int left = n;
-        for (int i = 0; i < n; ++i) taken[i] = false;
-        for (int k = 0; k < split::extent && left > 0; ++k)
-          for (int i = 0; i < n; ++i)
-            if (!taken[i] && v[k * n + i] == y[i]) {
-              taken[i] = true;
-              --left;
-              x[k * n + i] += g[i];
-            }
-      }
-    }
   }
 };
 
