@@ -602,10 +602,9 @@ constexpr auto square_rows = []<class T>(tg::program const& p, tg::tensor<T cons
   tg::store(tg::make_block_ptr<16, 32>(y, {r0, 0}), v * v + v * 3.0f, tg::bounds<0>);
 };
 
-TYPED_TEST(Vjp, BlockLoadsOfInputsReadInPlaceOrCopied) {
-  // A block load of an input that lies inside a dense tensor is read in place (its values are not
-  // copied to the tape); one of a padded layout (rows 33 apart), or crossing the end, is copied.
-  // Both must give the same gradients, 2x + 3, and the tape of the dense one must be smaller.
+TYPED_TEST(Vjp, BlockLoadsOfDenseAndPaddedLayoutsAgree) {
+  // The same values in a dense tensor and in a padded layout (rows 33 apart), blocks inside it
+  // and one crossing its end: the same gradients, 2x + 3 times the cotangent.
   using T = TypeParam;
   tg::owned_tensor<T> x({40, 32}, "x"), y({40, 32}, "y"), dy({40, 32}, "dy");
   fill(x, 31);
@@ -622,13 +621,6 @@ TYPED_TEST(Vjp, BlockLoadsOfInputsReadInPlaceOrCopied) {
       ASSERT_NEAR(dense["x"](i, j), want, tol<T>() * 4) << "dense, (" << i << ", " << j << ")";
       ASSERT_EQ(strided["x"](i, j), dense["x"](i, j)) << "padded, (" << i << ", " << j << ")";
     }
-  // The tapes of blocks 0 and 1 (block 2 is copied in both).
-  auto tape = [&](tg::tensor<T> const& in) {
-    return tg::vjp({tg::executor::sequential, 1}, 2, square_rows, tg::in("x", in),
-                   tg::out("y", y, dy))
-        .peak_tape_bytes();
-  };
-  EXPECT_LE(tape(x) + sizeof(T) * 16 * 32, tape(xp));
 }
 
 // --- memory semantics, each with a kernel written for it ----------------------------------

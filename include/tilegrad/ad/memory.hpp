@@ -439,43 +439,6 @@ auto primal_block(block_ptr<A, Bs...> const& bp) {
   return block_ptr<P, Bs...>(t, bp.shape(), bp.strides(), bp.offsets());
 }
 
-/// The values of a block load read where they are, not copied to the tape: when the block lies
-/// whole inside a tensor of the launch that no program writes (so its values cannot change while
-/// the tape refers to them), stored as T, with dense row-major strides (so the block is one run
-/// of memory, laid out as a tile). Walks the rows as a copy would (the same bounds checks, and
-/// `row` sees each); returns null when the block is not such a block.
-template <class T, class P, int... Bs, class Row>
-T const* block_in_place(program_state* st, tensor_entry const* e, block_ptr<P, Bs...> const& bp,
-                        std::source_location const& loc, Row&& row) {
-  using S = shape<Bs...>;
-  if constexpr (!std::is_same_v<std::remove_const_t<P>, T>) {
-    return nullptr;
-  } else {
-    if (!st)
-      return nullptr;
-    if (!e)
-      e = st->find(bp.base().data());
-    if (!e || e->writable)
-      return nullptr;
-    std::int64_t stride = 1;
-    for (int a = S::rank - 1; a >= 0; --a) {
-      if (bp.strides()[a] != stride || bp.offsets()[a] < 0 ||
-          bp.offsets()[a] + S::dim(a) > bp.shape()[a])
-        return nullptr;
-      stride *= S::dim(a);
-    }
-    // Inside the block pointer's shape; the walk checks that it is inside the tensor's memory.
-    std::int64_t first = -1;
-    detail::for_each_block_row<boundary_check<>>(bp, "load", loc, true,
-                                                 [&](int r, std::int64_t mem, int lo, int hi) {
-                                                   if (r == 0)
-                                                     first = mem;
-                                                   row(r, mem, lo, hi);
-                                                 });
-    return bp.base().data() + first;
-  }
-}
-
 template <class A, int... Bs, int... Axes>
 auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding pad,
                 std::source_location const& loc) {
@@ -485,27 +448,22 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
   auto const fbp = primal_block(bp);
   program_state* st = current_state();
   tensor_entry const* e = tracked_load(st, bp.base().data());
+  // The values go straight to the tape; the lanes read are gathered as runs on the way.
+  T* v = current_tape().alloc<T>(S::size);
   std::optional<run_builder> lanes;
   if (e)
     lanes.emplace(st->scratch);
   std::int64_t const sc = fbp.strides()[S::rank - 1];
-  auto gather = [&](int r, std::int64_t mem, int lo, int hi) {
-    if (!lanes || lo >= hi)
-      return;
-    if (sc == 1)
-      lanes->add(r * L + lo, mem + lo, hi - lo);
-    else
-      for (int c = lo; c < hi; ++c)
-        lanes->add(r * L + c, mem + c * sc);
-  };
-  T* v = nullptr;
-  if (T const* in_place = block_in_place<T>(st, e, fbp, loc, gather))
-    v = const_cast<T*>(in_place); // (read only, as every recorded value)
-  if (!v) {
-    // The values go to the tape; the lanes read are gathered as runs on the way.
-    v = current_tape().alloc<T>(S::size);
-    detail::load_block_into<boundary_check<Axes...>>(v, fbp, pad, loc, true, gather);
-  }
+  detail::load_block_into<boundary_check<Axes...>>(v, fbp, pad, loc, true,
+                                                   [&](int r, std::int64_t mem, int lo, int hi) {
+                                                     if (!lanes || lo >= hi)
+                                                       return;
+                                                     if (sc == 1)
+                                                       lanes->add(r * L + lo, mem + lo, hi - lo);
+                                                     else
+                                                       for (int c = lo; c < hi; ++c)
+                                                         lanes->add(r * L + c, mem + c * sc);
+                                                   });
   if (lanes)
     lanes->finish();
   T* a = e ? record_load<T, S>(*st, *e, bp.base().data(), loc) : nullptr;
