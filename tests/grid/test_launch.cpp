@@ -292,8 +292,9 @@ TEST_P(Launch, RunOrderedCallsDoneInOrderEachAfterItsProgramWithinTheWindow) {
     for (std::int64_t i = 0; i < n; ++i)
       ASSERT_EQ(order[static_cast<std::size_t>(i)], i) << "window " << window;
     EXPECT_LE(most_open.load(), window);
-    if (GetParam().threads > 0)
+    if (GetParam().threads > 0) {
       EXPECT_LE(threads.size(), static_cast<std::size_t>(GetParam().threads));
+    }
   }
 }
 

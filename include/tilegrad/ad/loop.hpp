@@ -130,22 +130,36 @@ struct carried_slot<tile<adjoint<T>, Ns...>> {
   }
 };
 
-/// Whether address a lies in the kernel's stack frames (between this call and the frame of the
-/// vjp program that runs the kernel, where its program object lives) or, under AddressSanitizer,
-/// in a live frame of this thread's fake stack (where locals go with
-/// detect_stack_use_after_return).
 [[gnu::noinline]] inline std::uintptr_t stack_here() {
   return reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
 }
-inline bool kernel_stack_address(std::uintptr_t a, std::uintptr_t lo, std::uintptr_t hi) {
-  if (a >= lo && a < hi)
-    return true;
+
+/// The addresses a by-reference capture of the kernel's locals would hold: the kernel's stack
+/// frames, between this call and the frame of the vjp program that runs the kernel (where its
+/// program object lives). Under AddressSanitizer with detect_stack_use_after_return the locals
+/// live in heap-allocated fake frames instead: then the fake frame that holds the body itself
+/// (the body is a temporary of the frame that defines it, beside the locals it could capture).
+/// Any live fake frame would be too wide: a closure's padding bytes hold whatever the stack held
+/// before, and a stale pointer into some caller's frame would fail a correct kernel.
+struct kernel_frames {
+  std::uintptr_t lo = 0, hi = 0;
+  bool holds(std::uintptr_t a) const { return a >= lo && a < hi; }
+};
+inline kernel_frames frames_of(void const* body, program const* p) {
 #ifdef TILEGRAD_LOOP_ASAN
-  if (void* fs = __asan_get_current_fake_stack())
-    if (__asan_addr_is_in_fake_stack(fs, reinterpret_cast<void*>(a), nullptr, nullptr))
-      return true;
+  if (void* fs = __asan_get_current_fake_stack()) {
+    void *beg = nullptr, *end = nullptr;
+    if (__asan_addr_is_in_fake_stack(fs, const_cast<void*>(body), &beg, &end))
+      return {reinterpret_cast<std::uintptr_t>(beg), reinterpret_cast<std::uintptr_t>(end)};
+  }
+#else
+  (void)body;
 #endif
-  return false;
+  std::uintptr_t const lo = stack_here();
+  std::uintptr_t const hi = reinterpret_cast<std::uintptr_t>(p);
+  if (hi <= lo || hi - lo > (std::uintptr_t{1} << 26)) // not on this stack
+    return {};
+  return {lo, hi};
 }
 
 /// Refuses a body that captures a local of the kernel by reference: the sweep runs the body
@@ -155,16 +169,13 @@ inline bool kernel_stack_address(std::uintptr_t a, std::uintptr_t lo, std::uintp
 template <class Body>
 void check_captures(Body const& body, std::source_location const& where) {
   program const* p = tilegrad::detail::current_program();
-  std::uintptr_t const lo = stack_here();
-  std::uintptr_t hi = reinterpret_cast<std::uintptr_t>(p);
-  if (hi <= lo || hi - lo > (std::uintptr_t{1} << 26)) // not on this stack (a fake stack)
-    hi = lo;
+  kernel_frames const frames = frames_of(std::addressof(body), p);
   auto const* bytes = reinterpret_cast<unsigned char const*>(std::addressof(body));
   for (std::size_t off = 0; off + sizeof(std::uintptr_t) <= sizeof(Body);
        off += alignof(std::uintptr_t)) {
     std::uintptr_t w = 0;
     std::memcpy(&w, bytes + off, sizeof w);
-    if (kernel_stack_address(w, lo, hi))
+    if (frames.holds(w))
       throw std::invalid_argument(
           "tilegrad::vjp: the body of tg::loop at " + tilegrad::detail::where_string(where) +
           ", run by " + (p ? p->describe() : std::string("host code")) +
