@@ -1,10 +1,43 @@
-# Builds one compile-fail target and passes when the build fails with output matching REGEX.
-# cmake -DTARGET=<target> -DBUILD_DIR=<dir> -DREGEX=<regex> [-DCONFIG=<config>] -P this file
-set(_cmd "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${TARGET}")
-if(CONFIG)
-  list(APPEND _cmd --config "${CONFIG}")
+# Compiles one compile-fail source and passes when the compile fails with output matching REGEX.
+#   cmake -DTARGET=<target> -DBUILD_DIR=<dir> -DREGEX=<regex> [-DCONFIG=<config>]
+#         [-DSOURCE=<file> -DOBJECT=<file>] -P this file
+# With SOURCE, the compiler runs the source's command from BUILD_DIR/compile_commands.json, its
+# object written to OBJECT: no build tool runs, so these tests run in parallel with each other.
+# Without it (no compile_commands.json), the target is built with `cmake --build`.
+set(_cmd)
+if(SOURCE AND EXISTS "${BUILD_DIR}/compile_commands.json")
+  file(READ "${BUILD_DIR}/compile_commands.json" _db)
+  string(JSON _n LENGTH "${_db}")
+  math(EXPR _last "${_n} - 1")
+  foreach(_i RANGE ${_last})
+    string(JSON _file GET "${_db}" ${_i} file)
+    if(_file STREQUAL SOURCE)
+      string(JSON _dir GET "${_db}" ${_i} directory)
+      string(JSON _line GET "${_db}" ${_i} command)
+      separate_arguments(_args UNIX_COMMAND "${_line}")
+      set(_prev "")
+      foreach(_a IN LISTS _args)
+        if(_prev STREQUAL "-o")
+          set(_a "${OBJECT}")
+        endif()
+        list(APPEND _cmd "${_a}")
+        set(_prev "${_a}")
+      endforeach()
+      break()
+    endif()
+  endforeach()
 endif()
-execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+if(_cmd)
+  execute_process(COMMAND ${_cmd} WORKING_DIRECTORY "${_dir}"
+                  RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  file(REMOVE "${OBJECT}")
+else()
+  set(_cmd "${CMAKE_COMMAND}" --build "${BUILD_DIR}" --target "${TARGET}")
+  if(CONFIG)
+    list(APPEND _cmd --config "${CONFIG}")
+  endif()
+  execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+endif()
 if(_rc EQUAL 0)
   message(FATAL_ERROR "${TARGET} compiled; it must not:\n${_out}")
 endif()

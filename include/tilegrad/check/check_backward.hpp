@@ -168,6 +168,49 @@ private:
   void (*fn_)(void*, backward_context<T>&);
 };
 
+/// A reference to a callable of one signature (the callable outlives it).
+template <class Signature>
+class callable_ref;
+template <class R, class... A>
+class callable_ref<R(A...)> {
+public:
+  template <class F>
+  requires(!std::is_same_v<std::remove_cv_t<F>, callable_ref>)
+      callable_ref(F& f) // NOLINT: implicit, as a function pointer converts
+      : obj_(&f), fn_([](void* o, A... a) -> R { return (*static_cast<F*>(o))(a...); }) {}
+  R operator()(A... a) const { return fn_(obj_, a...); }
+
+private:
+  void* obj_;
+  R (*fn_)(void*, A...);
+};
+
+/// What check_backward needs of a forward launch, with the kernel and argument types erased:
+/// the checker's body (reports, comparisons, structural checks) then depends on the working
+/// dtype only, and is compiled once per dtype, not once per forward kernel.
+template <class T>
+struct forward_parts {
+  std::vector<named_tensor<T>> ins, passives, outs;
+  int others = 0;                       // arguments passed through unmarked
+  std::vector<ad::memory_ref> unmarked; // unmarked float tensors, for the overlap check
+  callable_ref<void()> run_forward;     // the forward, bounds checked
+  /// vjp in float64 on copies of the inputs (kept in `keep`) with the cotangents given, taken by
+  /// their magnitudes if asked
+  callable_ref<gradients<double>(std::vector<owned_tensor<T>> const&,
+                                 std::deque<owned_tensor<double>>&, bool)>
+      reference64;
+  /// vjp at the working precision fp32<T>
+  callable_ref<gradients<fp32<T>>(std::vector<owned_tensor<T>> const&,
+                                  std::deque<owned_tensor<fp32<T>>>&)>
+      reference32;
+  /// the tensors the forward writes that the backward may read, with their float64 values
+  callable_ref<std::vector<saved_values>(std::deque<owned_tensor<double>> const&)> saved_of;
+};
+
+template <class T>
+check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_ref<T> backward,
+                                 check_options const& o);
+
 template <class Kernel, class... Args, class T>
 check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                                  backward_ref<T> backward, check_options const& o);
@@ -219,12 +262,6 @@ namespace detail {
 template <class Kernel, class... Args, class T>
 check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                                  backward_ref<T> backward, check_options const& o) {
-  constexpr dtype_rules dtype = rules_for<T>();
-  constexpr bool storage = std::is_same_v<T, bf16>; // the references compute in wider types
-  using W = fp32<T>;                                // the working precision of the compute
-  pass_rule const rule = o.rule.value_or(dtype.rule);
-
-  check_report rep;
   std::vector<detail::named_tensor<T>> ins, passives, outs;
   int others = 0;
   std::apply(
@@ -246,19 +283,119 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       },
       fwd.args);
 
+  // Unmarked float tensors, for the overlap check (marked ones are added by the core).
+  std::vector<ad::memory_ref> unmarked;
+  std::apply(
+      [&](auto const&... a) {
+        auto add = [&]<class X>(X const& x) {
+          if constexpr (detail::arg_kind<X>::float_tensor) {
+            auto const* lo = reinterpret_cast<std::byte const*>(x.data());
+            unmarked.push_back(
+                {x.name(), "unmarked", lo,
+                 tensor<std::byte const>(lo, x.rank(), x.shape(), x.strides(), x.name()), sizeof(T),
+                 !std::is_const_v<typename X::element_type>, false});
+          }
+        };
+        (add(a), ...);
+      },
+      fwd.args);
+
+  // The forward on the tensors as they are, bounds checked whatever checked() says: an access
+  // outside is a message, not a crash.
+  auto run_forward = [&] {
+    launch_options checked_launch = o.launch;
+    checked_launch.check_bounds = true;
+    std::apply(
+        [&](auto const&... a) {
+          launch(checked_launch, fwd.g, fwd.kernel, detail::launch_arg(a)...);
+        },
+        fwd.args);
+  };
+  // vjp of the forward on copies of the inputs in U, with the cotangents `cots` (taken by their
+  // magnitudes for the |J|^T |w| sweep); `keep` holds the copies.
+  auto reference = [&]<class U>(std::vector<owned_tensor<T>> const& cots,
+                                std::deque<owned_tensor<U>>& keep, bool magnitudes = false) {
+    std::deque<owned_tensor<U>> cot_copies;
+    for (auto const& c : cots) {
+      cot_copies.push_back(detail::copy_as<U>(c.cview()));
+      if (magnitudes)
+        for (U& v : cot_copies.back())
+          v = std::abs(v);
+    }
+    auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
+      for (std::size_t j = 0; j < outs.size(); ++j)
+        if (outs[j].name == name)
+          return cot_copies[j];
+      return cot_copies.front(); // unreachable: every out has a cotangent
+    };
+    auto args = std::apply(
+        // Braces: the copies are made (and `keep` filled) in the order of the arguments.
+        [&](auto const&... a) { return std::tuple{detail::rebind<U>(a, keep, cot)...}; }, fwd.args);
+    std::optional<ad::magnitude_scope> scope;
+    if (magnitudes)
+      scope.emplace();
+    return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
+                      args);
+  };
+  // The tensors the forward writes that the backward may read: its outputs and the unmarked
+  // tensors it writes (a logsumexp, a mean, an rstd), with their float64 forward values, which
+  // the float64 reference left in `keep` (one copy per float tensor argument, in order).
+  auto saved_of = [&](std::deque<owned_tensor<double>> const& keep) {
+    std::vector<detail::saved_values> saved;
+    std::size_t k = 0;
+    std::apply(
+        [&](auto const&... a) {
+          auto visit = [&]<class X>(X const& x) {
+            using K = detail::arg_kind<X>;
+            if constexpr (K::out)
+              saved.push_back(detail::make_saved_values(x.name, x.t, keep[k].data()));
+            else if constexpr (K::float_tensor) {
+              if constexpr (!std::is_const_v<typename X::element_type>)
+                saved.push_back(detail::make_saved_values(x.name(), x, keep[k].data()));
+            }
+            if constexpr (K::in || K::out || K::passive || K::float_tensor)
+              ++k;
+          };
+          (visit(a), ...);
+        },
+        fwd.args);
+    return saved;
+  };
+  auto reference64 = [&](std::vector<owned_tensor<T>> const& cots,
+                         std::deque<owned_tensor<double>>& keep,
+                         bool magnitudes) { return reference(cots, keep, magnitudes); };
+  auto reference32 = [&](std::vector<owned_tensor<T>> const& cots,
+                         std::deque<owned_tensor<fp32<T>>>& keep) { return reference(cots, keep); };
+  // Copies: `reference` reads `outs`.
+  forward_parts<T> parts{ins,         passives,    outs,        others,  std::move(unmarked),
+                         run_forward, reference64, reference32, saved_of};
+  return check_backward_core(fwd.g, parts, backward, o);
+}
+
+template <class T>
+check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_ref<T> backward,
+                                 check_options const& o) {
+  constexpr dtype_rules dtype = rules_for<T>();
+  constexpr bool storage = std::is_same_v<T, bf16>; // the references compute in wider types
+  using W = fp32<T>;                                // the working precision of the compute
+  pass_rule const rule = o.rule.value_or(dtype.rule);
+
+  check_report rep;
+  auto& ins = f.ins;
+  auto& passives = f.passives;
+  auto& outs = f.outs;
+  int const others = f.others;
   {
     std::ostringstream os;
-    os << "grid (" << fwd.g.dims[0];
-    for (int a = 1; a < fwd.g.rank; ++a)
-      os << ", " << fwd.g.dims[a];
+    os << "grid (" << g.dims[0];
+    for (int a = 1; a < g.rank; ++a)
+      os << ", " << g.dims[a];
     os << ")";
     for (auto const* group : {&ins, &passives, &outs})
       for (auto const& n : *group)
-        os << "; " << n.role << " " << n.name << " " << dtype_name<T>() << " "
-           << n.t.shape_string()
-           << (std::count(o.given.begin(), o.given.end(), n.name) || n.cotangent.data()
-                   ? " given"
-                   : "");
+        os << "; " << n.role << " " << n.name << " " << dtype_name<T>() << " " << n.t.shape_string()
+           << (std::count(o.given.begin(), o.given.end(), n.name) || n.cotangent.data() ? " given"
+                                                                                        : "");
     if (others)
       os << "; " << others << " more argument(s) passed through";
     rep.launch = os.str();
@@ -268,9 +405,10 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                                 "kernel; bf16 rounding differentiated as identity)"
                               : "";
     if (rule == pass_rule::error_bound) {
-      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max(" << o.k_bound.value_or(dtype.k_bound) << ", "
-         << o.k << " * the units g_ref32 is off by at worst), u = 2^"
-         << std::ilogb(dtype.eps) - 1 << " (the unit roundoff of " << dtype.name
+      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max("
+         << o.k_bound.value_or(dtype.k_bound) << ", " << o.k
+         << " * the units g_ref32 is off by at worst), u = 2^" << std::ilogb(dtype.eps) - 1
+         << " (the unit roundoff of " << dtype.name
          << "); |J|^T |w|: vjp of the forward in float64 with every partial and cotangent taken "
             "by its magnitude (a running error bound's weights); g_ref64, g_ref32: vjp in "
             "float64 and "
@@ -321,13 +459,13 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         for (auto& n : *group)
           if (n.name == g)
             found = n.given = true;
-      bool const output = std::any_of(outs.begin(), outs.end(),
-                                      [&](auto const& n) { return n.name == g; });
+      bool const output =
+          std::any_of(outs.begin(), outs.end(), [&](auto const& n) { return n.name == g; });
       if (!found)
-        bad = "check_options::given names '" + g + "', which is no tensor marked in or passive" +
-              (output ? " (an output's cotangent is given as out(\"" + g +
-                                         "\", y, dy) in forward())"
-                                   : "");
+        bad =
+            "check_options::given names '" + g + "', which is no tensor marked in or passive" +
+            (output ? " (an output's cotangent is given as out(\"" + g + "\", y, dy) in forward())"
+                    : "");
     }
     for (auto const& n : outs)
       if (n.cotangent.data() && !n.t.same_shape(n.cotangent))
@@ -355,15 +493,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         bool const marked = n.role != "passive";
         ref(n.name.c_str(), n.role.c_str(), n.t, marked, marked);
       }
-    std::apply(
-        [&](auto const&... a) {
-          auto unmarked = [&]<class X>(X const& x) {
-            if constexpr (detail::arg_kind<X>::float_tensor)
-              ref(x.name(), "unmarked", x, !std::is_const_v<typename X::element_type>, false);
-          };
-          (unmarked(a), ...);
-        },
-        fwd.args);
+    refs.insert(refs.end(), f.unmarked.begin(), f.unmarked.end());
     try {
       ad::check_overlaps(refs, "tilegrad::check_backward",
                          "Give the forward an output buffer of its own: the gradients of an "
@@ -404,8 +534,8 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
     std::size_t seed_index = 0;
     gradient_set got;
     std::vector<std::vector<double>> ref64, ref32, mag; // per input marked in
-    std::vector<std::vector<double>> saved; // second look: per input marked in, or empty
-    std::optional<gradient_set> zero, twice;       // first seed: scaled cotangents
+    std::vector<std::vector<double>> saved;  // second look: per input marked in, or empty
+    std::optional<gradient_set> zero, twice; // first seed: scaled cotangents
     std::vector<std::pair<std::string, tolerance>> tols; // per gradient compared
   };
   std::vector<pending> later;
@@ -438,69 +568,6 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
     }
     return cots;
   };
-  // The forward on the tensors as they are, bounds checked whatever checked() says: an access
-  // outside is a message, not a crash.
-  auto run_forward = [&] {
-    launch_options checked_launch = o.launch;
-    checked_launch.check_bounds = true;
-    std::apply(
-        [&](auto const&... a) {
-          launch(checked_launch, fwd.g, fwd.kernel, detail::launch_arg(a)...);
-        },
-        fwd.args);
-  };
-  // vjp of the forward on copies of the inputs in U, with the cotangents `cots` (taken by their
-  // magnitudes for the |J|^T |w| sweep); `keep` holds the copies.
-  auto reference = [&]<class U>(std::vector<owned_tensor<T>> const& cots,
-                                std::deque<owned_tensor<U>>& keep, bool magnitudes = false) {
-    std::deque<owned_tensor<U>> cot_copies;
-    for (auto const& c : cots) {
-      cot_copies.push_back(detail::copy_as<U>(c.cview()));
-      if (magnitudes)
-        for (U& v : cot_copies.back())
-          v = std::abs(v);
-    }
-    auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
-      for (std::size_t j = 0; j < outs.size(); ++j)
-        if (outs[j].name == name)
-          return cot_copies[j];
-      return cot_copies.front(); // unreachable: every out has a cotangent
-    };
-    auto args = std::apply(
-        // Braces: the copies are made (and `keep` filled) in the order of the arguments.
-        [&](auto const&... a) { return std::tuple{detail::rebind<U>(a, keep, cot)...}; },
-        fwd.args);
-    std::optional<ad::magnitude_scope> scope;
-    if (magnitudes)
-      scope.emplace();
-    return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
-                      args);
-  };
-
-  // The tensors the forward writes that the backward may read: its outputs and the unmarked
-  // tensors it writes (a logsumexp, a mean, an rstd), with their float64 forward values, which
-  // the float64 reference left in `keep` (one copy per float tensor argument, in order).
-  auto saved_of = [&](std::deque<owned_tensor<double>> const& keep) {
-    std::vector<detail::saved_values> saved;
-    std::size_t k = 0;
-    std::apply(
-        [&](auto const&... a) {
-          auto visit = [&]<class X>(X const& x) {
-            using K = detail::arg_kind<X>;
-            if constexpr (K::out)
-              saved.push_back(detail::make_saved_values(x.name, x.t, keep[k].data()));
-            else if constexpr (K::float_tensor) {
-              if constexpr (!std::is_const_v<typename X::element_type>)
-                saved.push_back(detail::make_saved_values(x.name(), x, keep[k].data()));
-            }
-            if constexpr (K::in || K::out || K::passive || K::float_tensor)
-              ++k;
-          };
-          (visit(a), ...);
-        },
-        fwd.args);
-    return saved;
-  };
 
   for (int si = 0; si < o.seeds; ++si) {
     unsigned const seed = o.first_seed + static_cast<unsigned>(si);
@@ -509,7 +576,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
 
     std::vector<owned_tensor<T>> const cots = draw(seed);
     try {
-      run_forward();
+      f.run_forward();
     } catch (std::exception const& e) {
       sr.problems.push_back(std::string("the forward threw: ") + e.what());
       continue;
@@ -561,7 +628,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       }
       if (!over)
         return moved;
-      auto saved = saved_of(keep);
+      auto saved = f.saved_of(keep);
       if (saved.empty())
         return moved;
       moved.assign(ins.size(), {});
@@ -621,17 +688,17 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
 
     // The references, on copies, with the same cotangents.
     std::optional<gradients<double>> g64, gmag;
-    std::optional<gradients<W>> g32; // only the baseline rule reads it
+    std::optional<gradients<W>> g32;         // only the baseline rule reads it
     std::deque<owned_tensor<double>> keep64; // the float64 forward's values, for the second look
     try {
-      g64.emplace(reference(cots, keep64));
+      g64.emplace(f.reference64(cots, keep64, false));
       if (rule == pass_rule::error_bound) {
         std::deque<owned_tensor<double>> keepm;
-        gmag.emplace(reference(cots, keepm, true));
+        gmag.emplace(f.reference64(cots, keepm, true));
       }
       if (rule == pass_rule::baseline || rule == pass_rule::error_bound) {
         std::deque<owned_tensor<W>> keep32;
-        g32.emplace(reference(cots, keep32));
+        g32.emplace(f.reference32(cots, keep32));
       }
     } catch (std::exception const& e) {
       sr.problems.push_back(std::string("the reference (vjp of the forward) threw: ") + e.what());
@@ -711,9 +778,8 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       if (double const scale = detail::max_abs(pd.ref64[q]); scale > 0)
         pooled[q] = std::max(pooled[q], detail::max_abs_diff(pd.ref32[q], pd.ref64[q]) / scale);
       if (!pd.mag[q].empty())
-        pooled_units[q] =
-            std::max(pooled_units[q], detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q],
-                                                          dtype.eps / 2));
+        pooled_units[q] = std::max(pooled_units[q], detail::error_units(pd.ref32[q], pd.ref64[q],
+                                                                        pd.mag[q], dtype.eps / 2));
     }
 
   for (auto& pd : later) {
@@ -839,7 +905,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       // put back afterwards.
       try {
         auto const cots = draw(sr.seed);
-        run_forward();
+        f.run_forward();
         std::vector<std::vector<std::vector<double>>> part; // [output][input marked in]
         for (std::size_t j = 0; j < outs.size(); ++j) {
           std::vector<owned_tensor<T>> alone = cots;
@@ -847,7 +913,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
             if (i != j)
               std::fill(alone[i].begin(), alone[i].end(), T{});
           std::deque<owned_tensor<double>> keep;
-          auto const g = reference(alone, keep);
+          auto const g = f.reference64(alone, keep, false);
           auto& pj = part.emplace_back();
           for (auto const& n : ins)
             pj.push_back(detail::values_of(g[n.name]));
@@ -868,7 +934,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       if (sr.seed != last) {
         try {
           draw(last);
-          run_forward();
+          f.run_forward();
         } catch (std::exception const&) {
         }
       }

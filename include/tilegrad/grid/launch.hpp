@@ -431,11 +431,25 @@ inline std::vector<program_log>& spare_logs() {
   return logs;
 }
 
+/// A reference to a callable taking a program: launch_tracked is compiled once, not once per
+/// kernel (it runs only with race tracking, where an indirect call per program costs nothing).
+class program_call {
+public:
+  template <class F>
+  explicit program_call(F& f)
+      : obj_(&f), fn_([](void* o, program const& p) { (*static_cast<F*>(o))(p); }) {}
+  void operator()(program const& p) const { fn_(obj_, p); }
+
+private:
+  void* obj_;
+  void (*fn_)(void*, program const&);
+};
+
 /// Runs call(p) for every program p of g with access tracking: in waves, each program recording
 /// into its own log, the logs replayed in program order after each wave. A race throws, or goes
 /// to the thread's launch_observer, which also keeps what the launch wrote.
-template <class Call>
-void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker, Call& call) {
+inline void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
+                           program_call call) {
   launch_observer* const observer = current_observer();
   std::int64_t const total = g.size();
   if (tracker.empty()) { // nothing the kernel may write: bounds only
@@ -517,7 +531,7 @@ void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args)
   if (opts.check_races || detail::current_observer()) [[unlikely]] {
     detail::launch_tracker tracker(g);
     std::apply([&](auto const&... a) { (tracker.add_arg(a), ...); }, held);
-    detail::launch_tracked(opts, g, tracker, call);
+    detail::launch_tracked(opts, g, tracker, detail::program_call(call));
     return;
   }
   detail::access_hooks bounds_only;

@@ -125,30 +125,30 @@ block_ptr<T, Bs...> make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof.
 
 namespace detail {
 
-template <class T, int... Bs>
-[[noreturn]] void block_out_of_bounds(block_ptr<T, Bs...> const& bp,
-                                      std::array<std::int64_t, sizeof...(Bs)> const& coord,
-                                      int axis, char const* what, std::source_location const& loc) {
+// Not a template: the message is compiled once, not once per element type and block shape.
+[[noreturn]] inline void block_out_of_bounds(char const* name, std::int64_t const* shape,
+                                             std::int64_t const* coord, std::size_t rank, int axis,
+                                             char const* what, std::source_location const& loc) {
   program const* p = current_program();
   std::string const prog = p ? p->describe() : std::string("host code");
   std::string elem = "(", shp = "(";
-  for (std::size_t a = 0; a < sizeof...(Bs); ++a) {
+  for (std::size_t a = 0; a < rank; ++a) {
     // Appended piece by piece: `", " + std::to_string(...)` draws GCC 12's false -Wrestrict at -O3.
     if (a) {
       elem += ", ";
       shp += ", ";
     }
     elem += std::to_string(coord[a]);
-    shp += std::to_string(bp.shape()[a]);
+    shp += std::to_string(shape[a]);
   }
   elem += ")";
   shp += ")";
   throw access_error("tilegrad: out-of-bounds block " + std::string(what) + " by " + prog +
-                         ": tensor " + tensor_label(bp.base().name()) + " has shape " + shp +
-                         ", element " + elem + " is outside it on axis " + std::to_string(axis) +
+                         ": tensor " + tensor_label(name) + " has shape " + shp + ", element " +
+                         elem + " is outside it on axis " + std::to_string(axis) +
                          " (add the axis to boundary_check, or keep the block inside), at " +
                          where_string(loc),
-                     prog, bp.base().name(), elem, loc);
+                     prog, name, elem, loc);
 }
 
 // Walks the block's innermost rows. For each row: `row(r, mem_offset_of_col0, lo, hi)` with
@@ -181,7 +181,7 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
           inside = false;
         } else if (chk) {
           coord[R - 1] = off[R - 1];
-          block_out_of_bounds(bp, coord, a, what, loc);
+          block_out_of_bounds(bp.base().name(), shp.data(), coord.data(), R, a, what, loc);
         }
       }
       mem += coord[a] * str[a];
@@ -198,7 +198,7 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
       if (hi < lo) hi = lo;
     } else if (chk && (c0 < 0 || c0 + L > shp[R - 1])) {
       coord[R - 1] = c0 < 0 ? c0 : shp[R - 1];
-      block_out_of_bounds(bp, coord, R - 1, what, loc);
+      block_out_of_bounds(bp.base().name(), shp.data(), coord.data(), R, R - 1, what, loc);
     }
     mem += c0 * str[R - 1];
     if (chk && hi > lo) { // the block's own shape may exceed the base tensor's memory
