@@ -426,27 +426,30 @@ TYPED_TEST(Vjp, ReductionsOfTilesOverEachAxisWithTies) {
     for (int b = 0; b < 5; ++b)
       for (int c = 0; c < 20; ++c)
         want[at(a, b, c)] += double(d_s0(b, c)) + double(d_s1(a, c)) + double(d_s2(a, b));
+  // The index along `axis` of the first largest (smallest) element of the line of x through
+  // (a, b, c) along that axis.
+  auto first_extreme = [&](int axis, int a, int b, int c, bool largest) {
+    int const n = axis == 0 ? 3 : axis == 1 ? 5 : 20;
+    auto along = [&](int k) {
+      int i[3] = {a, b, c};
+      i[axis] = k;
+      return x(i[0], i[1], i[2]);
+    };
+    int best = 0;
+    for (int k = 1; k < n; ++k)
+      if (largest ? along(k) > along(best) : along(k) < along(best))
+        best = k;
+    return best;
+  };
   for (int b = 0; b < 5; ++b)
-    for (int c = 0; c < 20; ++c) { // max over a
-      int best = 0;
-      for (int a = 1; a < 3; ++a)
-        if (x(a, b, c) > x(best, b, c)) best = a;
-      want[at(best, b, c)] += double(d_m0(b, c));
-    }
+    for (int c = 0; c < 20; ++c) // max over a
+      want[at(first_extreme(0, 0, b, c, true), b, c)] += double(d_m0(b, c));
   for (int a = 0; a < 3; ++a)
-    for (int c = 0; c < 20; ++c) { // min over b
-      int best = 0;
-      for (int b = 1; b < 5; ++b)
-        if (x(a, b, c) < x(a, best, c)) best = b;
-      want[at(a, best, c)] += double(d_m1(a, c));
-    }
+    for (int c = 0; c < 20; ++c) // min over b
+      want[at(a, first_extreme(1, a, 0, c, false), c)] += double(d_m1(a, c));
   for (int a = 0; a < 3; ++a)
-    for (int b = 0; b < 5; ++b) { // max over c
-      int best = 0;
-      for (int c = 1; c < 20; ++c)
-        if (x(a, b, c) > x(a, b, best)) best = c;
-      want[at(a, b, best)] += double(d_m2(a, b));
-    }
+    for (int b = 0; b < 5; ++b) // max over c
+      want[at(a, b, first_extreme(2, a, b, 0, true))] += double(d_m2(a, b));
   for (int a = 0; a < 3; ++a)
     for (int b = 0; b < 5; ++b)
       for (int c = 0; c < 20; ++c)
