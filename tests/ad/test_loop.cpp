@@ -346,6 +346,70 @@ TEST(Loop, ABodyCapturingByReferenceIsRefused) {
   EXPECT_NE(m.find("program (0"), std::string::npos) << m;
 }
 
+// Writes `address` into every word of `body` that is padding only, as a stack slot reused for
+// the closure may hold it; returns how many (-1: the compiler cannot tell padding from members).
+template <class Body>
+int poison_padding(Body& body, void const* address) {
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_clear_padding)
+  alignas(Body) unsigned char probe[sizeof(Body)];
+  std::memset(probe, 0xFF, sizeof probe);
+  __builtin_clear_padding(reinterpret_cast<Body*>(probe));
+  auto const a = reinterpret_cast<std::uintptr_t>(address);
+  int words = 0;
+  for (std::size_t off = 0; off + sizeof a <= sizeof(Body); off += sizeof a) {
+    bool padding = true;
+    for (std::size_t b = off; b < off + sizeof a; ++b)
+      padding &= probe[b] == 0;
+    if (padding) {
+      std::memcpy(reinterpret_cast<unsigned char*>(&body) + off, &a, sizeof a);
+      ++words;
+    }
+  }
+  return words;
+#endif
+#endif
+  return -1;
+}
+
+int poisoned_words = 0;
+
+TEST(Loop, AStackAddressLeftInTheBodysPaddingIsNoCapture) {
+  // A plain tile is 64-byte aligned: a body capturing a number and an offset tile has 60 bytes
+  // of padding, which hold whatever the kernel's stack held there; here the address of one of
+  // the kernel's locals. The check reads the members only.
+  checkpoint_every_loop const checkpointed;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    int const n = static_cast<int>(x.size(0));
+    tg::tile<std::int32_t, 8> const i = tg::arange<0, 8>();
+    auto acc = tg::zeros<tg::fp32<T>, 8>();
+    auto body = [n, i, x](int j, auto& acc) {
+      acc = acc + float(j + 1) * tg::load(x + i, i < n, 0.0f);
+    };
+    poisoned_words = poison_padding(body, &acc);
+    tg::loop(0, 3, 1, acc, body);
+    tg::store(y + i, acc, i < y.size(0));
+  };
+  owned<float> x({5}, "x"), y({5}, "y"), dy({5}, "dy");
+  test_support::fill(x, 1);
+  test_support::fill(dy, 2);
+  std::string failure;
+  tg::gradients<float> g;
+  try {
+    g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+  } catch (std::exception const& e) {
+    failure = e.what();
+  }
+  ASSERT_EQ(failure, "");
+  if (poisoned_words < 0)
+    GTEST_SKIP() << "this compiler cannot tell a closure's padding from its members";
+  ASSERT_GT(poisoned_words, 0) << "the closure has no padding word: the test tests nothing";
+  for (int e = 0; e < 5; ++e) {
+    EXPECT_FLOAT_EQ(y(e), 6 * x(e));
+    EXPECT_FLOAT_EQ(g["x"](e), 6 * dy(e));
+  }
+}
+
 TEST(Loop, AStoreInTheBodyIsRefusedInReverseMode) {
   checkpoint_every_loop const checkpointed;
   auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {

@@ -125,7 +125,7 @@ template <class Op, class... Es>
 struct primal_node<map_node<Op, Es...>> {
   using type = map_node<Op, primal_node_t<Es>...>;
   static type get(map_node<Op, Es...> const& n) {
-    return std::apply([](auto const&... e) { return type{{}, {}, {to_primal(e)...}}; }, n.es);
+    return n.es.apply([](auto const&... e) { return type{{}, {}, {to_primal(e)...}}; });
   }
 };
 
@@ -138,7 +138,10 @@ struct primal_node<map_node<Op, Es...>> {
 template <class N>
 void persist(N& n, tape& tp) {
   using D = std::remove_cvref_t<N>;
-  if constexpr (requires { typename D::value_type; n.p; } &&
+  if constexpr (requires {
+                  typename D::value_type;
+                  n.p;
+                } &&
                 std::is_same_v<D, tile_ref<value_of_t<D>, shape_of_t<D>>>) {
     using T = value_of_t<D>;
     constexpr int size = shape_of_t<D>::size;
@@ -146,7 +149,7 @@ void persist(N& n, tape& tp) {
     std::copy_n(n.p, size, copy);
     n.p = copy;
   } else if constexpr (requires { n.es; }) {
-    std::apply([&tp](auto&... e) { (persist(e, tp), ...); }, n.es);
+    n.es.apply([&tp](auto&... e) { (persist(e, tp), ...); });
   } else if constexpr (requires { n.e; }) {
     persist(n.e, tp);
   }
@@ -188,7 +191,7 @@ bool any_active(N const& n) {
   } else if constexpr (requires { n.adj; }) {
     return n.adj != nullptr;
   } else if constexpr (requires { n.es; }) {
-    return std::apply([](auto const&... e) { return (any_active(e) || ...); }, n.es);
+    return n.es.apply([](auto const&... e) { return (any_active(e) || ...); });
   } else {
     return any_active(n.e);
   }
@@ -204,7 +207,8 @@ TILEGRAD_INLINE T sum_lanes(simd::vec_t<T, W> const& g) {
     alignas(64) T l[W];
     g.store_unaligned(l);
     T s = l[0];
-    for (int i = 1; i < W; ++i) s += l[i];
+    for (int i = 1; i < W; ++i)
+      s += l[i];
     return s;
   }
 }
@@ -235,14 +239,14 @@ template <int W, class Op, class... Es, std::size_t... I, class V, class Y = no_
 TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V const& g,
                                   std::index_sequence<I...>, Y const& known = {}) {
   using T = typename map_node<Op, Es...>::operand_type;
-  auto const x = std::make_tuple(std::get<I>(n.es).template load<W>(r, c)...);
+  auto const x = std::make_tuple(tilegrad::detail::get<I>(n.es).template load<W>(r, c)...);
   auto const z = [&g](V const& contribution) { return zero_stays_zero<Op>(g, contribution); };
   if constexpr (std::is_same_v<Op, ops::where_op>) {
     auto const m = simd::mask_for<T, W>(std::get<0>(x));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(std::get<1>(n.es), r, c, ops::detail::select(m, g, V(0)));
+      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, ops::detail::select(m, g, V(0)));
     if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
-      backprop<W>(std::get<2>(n.es), r, c, ops::detail::select(m, V(0), g));
+      backprop<W>(tilegrad::detail::get<2>(n.es), r, c, ops::detail::select(m, V(0), g));
   } else if constexpr (sizeof...(Es) == 1) {
     auto const y = [&] {
       if constexpr (std::is_same_v<Y, no_result>)
@@ -250,7 +254,7 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
       else
         return known;
     }();
-    backprop<W>(std::get<0>(n.es), r, c, z(Op::grad(std::get<0>(x), y, g)));
+    backprop<W>(tilegrad::detail::get<0>(n.es), r, c, z(Op::grad(std::get<0>(x), y, g)));
   } else if constexpr (sizeof...(Es) == 2) {
     auto const& a = std::get<0>(x);
     auto const& b = std::get<1>(x);
@@ -261,20 +265,20 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
         return known;
     }();
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
-      backprop<W>(std::get<0>(n.es), r, c, z(Op::grad0(a, b, y, g)));
+      backprop<W>(tilegrad::detail::get<0>(n.es), r, c, z(Op::grad0(a, b, y, g)));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(std::get<1>(n.es), r, c, z(Op::grad1(a, b, y, g)));
+      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, z(Op::grad1(a, b, y, g)));
   } else {
     static_assert(std::is_same_v<Op, ops::fma_op>);
     auto const& a = std::get<0>(x);
     auto const& b = std::get<1>(x);
     auto const& cc = std::get<2>(x);
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
-      backprop<W>(std::get<0>(n.es), r, c, z(Op::grad0(a, b, cc, g)));
+      backprop<W>(tilegrad::detail::get<0>(n.es), r, c, z(Op::grad0(a, b, cc, g)));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(std::get<1>(n.es), r, c, z(Op::grad1(a, b, cc, g)));
+      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, z(Op::grad1(a, b, cc, g)));
     if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
-      backprop<W>(std::get<2>(n.es), r, c, z(Op::grad2(a, b, cc, g)));
+      backprop<W>(tilegrad::detail::get<2>(n.es), r, c, z(Op::grad2(a, b, cc, g)));
   }
   (void)sizeof(T);
 }
@@ -285,7 +289,8 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
   if constexpr (!is_active_v<D>) {
     return;
   } else if constexpr (requires { n.adj; }) { // active_ref
-    if (!n.adj) return;
+    if (!n.adj)
+      return;
     using T = value_of_t<D>;
     T* a = n.adj + r * shape_of_t<D>::inner + c;
     simd::store<T, W>(a, simd::load<T, W>(a) + g);
@@ -293,7 +298,8 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
     using C = shape_of_t<decltype(n.e)>;
     int const flat = r * shape_of_t<D>::inner + c;
     backprop<W>(n.e, flat / C::inner, flat % C::inner, g);
-  } else if constexpr (requires { n.e; } && requires { D::child_row(0); }) { // broadcast
+  } else if constexpr (
+      requires { n.e; } && requires { D::child_row(0); }) { // broadcast
     using C = shape_of_t<decltype(n.e)>;
     using S = shape_of_t<D>;
     if constexpr (C::inner == 1 && S::inner != 1)
@@ -301,7 +307,7 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
     else
       backprop<W>(n.e, D::child_row(r), c, g);
   } else if constexpr (requires { n.es; }) {
-    backprop_map<W>(n, r, c, g, std::make_index_sequence<std::tuple_size_v<decltype(n.es)>>{});
+    backprop_map<W>(n, r, c, g, std::make_index_sequence<decltype(n.es)::size>{});
   } else if constexpr (requires { typename D::from_type; }) { // between float widths
     using F = typename D::from_type;
     backprop<W>(n.e, r, c, simd::convert<F, W, value_of_t<D>>(g));
@@ -318,9 +324,11 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
     }
     int in[3] = {0, 0, 0};
     constexpr int perm[] = {D::perm(0), D::perm(S::rank > 1 ? 1 : 0), D::perm(S::rank > 2 ? 2 : 0)};
-    for (int a = 0; a < S::rank; ++a) in[perm[a]] = out[a];
+    for (int a = 0; a < S::rank; ++a)
+      in[perm[a]] = out[a];
     int in_row = 0;
-    for (int a = 0; a < C::rank - 1; ++a) in_row += in[a] * (C::stride(a) / C::inner);
+    for (int a = 0; a < C::rank - 1; ++a)
+      in_row += in[a] * (C::stride(a) / C::inner);
     backprop<1>(n.e, in_row, in[C::rank - 1], g);
   }
 }
@@ -337,19 +345,32 @@ inline constexpr bool is_map_node_v<map_node<Op, Es...>> = true;
 // differentiated without being materialised.
 template <class Op>
 inline constexpr bool cheap_op = true;
-template <> inline constexpr bool cheap_op<ops::exp_op> = false;
-template <> inline constexpr bool cheap_op<ops::exp2_op> = false;
-template <> inline constexpr bool cheap_op<ops::log_op> = false;
-template <> inline constexpr bool cheap_op<ops::log2_op> = false;
-template <> inline constexpr bool cheap_op<ops::sqrt_op> = false;
-template <> inline constexpr bool cheap_op<ops::rsqrt_op> = false;
-template <> inline constexpr bool cheap_op<ops::sin_op> = false;
-template <> inline constexpr bool cheap_op<ops::cos_op> = false;
-template <> inline constexpr bool cheap_op<ops::sigmoid_op> = false;
-template <> inline constexpr bool cheap_op<ops::tanh_op> = false;
-template <> inline constexpr bool cheap_op<ops::erf_op> = false;
-template <> inline constexpr bool cheap_op<ops::div_op> = false;
-template <> inline constexpr bool cheap_op<ops::mod_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::exp_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::exp2_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::log_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::log2_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::sqrt_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::rsqrt_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::sin_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::cos_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::sigmoid_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::tanh_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::erf_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::div_op> = false;
+template <>
+inline constexpr bool cheap_op<ops::mod_op> = false;
 
 template <class N>
 struct cheap : std::true_type {}; // leaves
@@ -364,7 +385,8 @@ struct cheap<permute_node<E, P...>> : cheap<E> {};
 template <class To, class E>
 struct cheap<convert_node<To, E>> : cheap<E> {};
 template <class Op, class... Es>
-struct cheap<map_node<Op, Es...>> : std::bool_constant<cheap_op<Op> && (cheap<Es>::value && ...)> {};
+struct cheap<map_node<Op, Es...>> : std::bool_constant<cheap_op<Op> && (cheap<Es>::value && ...)> {
+};
 
 template <class N>
 inline constexpr bool keeps_operand_type = false;
@@ -375,7 +397,7 @@ inline constexpr bool keeps_operand_type<map_node<Op, Es...>> =
 template <int W, class N, class V>
 TILEGRAD_INLINE void backprop_root(N const& n, int r, int c, V const& g, V const& y) {
   if constexpr (keeps_operand_type<N>)
-    backprop_map<W>(n, r, c, g, std::make_index_sequence<std::tuple_size_v<decltype(n.es)>>{}, y);
+    backprop_map<W>(n, r, c, g, std::make_index_sequence<decltype(n.es)::size>{}, y);
   else
     backprop<W>(n, r, c, g);
 }
@@ -401,7 +423,8 @@ struct expr_record final : record {
         for (; c + W <= L; c += W)
           backprop_root<W>(primal, r, c, simd::load<T, W>(g + c), simd::load<T, W>(y + c));
       for (; c < L; ++c)
-        if (g[c] != T(0)) backprop_root<1>(primal, r, c, g[c], y[c]);
+        if (g[c] != T(0))
+          backprop_root<1>(primal, r, c, g[c], y[c]);
     }
   }
 };

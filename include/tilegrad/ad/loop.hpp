@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -162,27 +163,46 @@ inline kernel_frames frames_of(void const* body, program const* p) {
   return {lo, hi};
 }
 
+/// Whether the closure's padding can be told from its members (below).
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_clear_padding)
+#define TILEGRAD_LOOP_CLEAR_PADDING 1
+#endif
+#endif
+
 /// Refuses a body that captures a local of the kernel by reference: the sweep runs the body
 /// after the kernel returned. A by-reference capture is the address of the local, so a word of
 /// the closure pointing into the kernel's stack frames is one. (Tiles, tensors and block pointers
-/// captured by value hold addresses of the tape and of tensor data, never of the stack.)
+/// captured by value hold addresses of the tape and of tensor data, never of the stack.) Only the
+/// members are read: the words of a copy whose padding is cleared. A closure's padding holds what
+/// the stack held before, often an address in these very frames (a plain tile is 64-byte
+/// aligned, so a body capturing a number and an offset tile has 60 bytes of it).
 template <class Body>
 void check_captures(Body const& body, std::source_location const& where) {
   program const* p = tilegrad::detail::current_program();
   kernel_frames const frames = frames_of(std::addressof(body), p);
-  auto const* bytes = reinterpret_cast<unsigned char const*>(std::addressof(body));
+  alignas(Body) unsigned char bytes[sizeof(Body)];
+  std::memset(bytes, 0, sizeof bytes);
+  Body* const copy = ::new (static_cast<void*>(bytes)) Body(body);
+#ifdef TILEGRAD_LOOP_CLEAR_PADDING
+  if constexpr (std::is_trivially_copyable_v<Body>) // the builtin takes no other
+    __builtin_clear_padding(copy);
+#endif
+  bool captured = false;
   for (std::size_t off = 0; off + sizeof(std::uintptr_t) <= sizeof(Body);
        off += alignof(std::uintptr_t)) {
     std::uintptr_t w = 0;
     std::memcpy(&w, bytes + off, sizeof w);
-    if (frames.holds(w))
-      throw std::invalid_argument(
-          "tilegrad::vjp: the body of tg::loop at " + tilegrad::detail::where_string(where) +
-          ", run by " + (p ? p->describe() : std::string("host code")) +
-          ", captures a local variable by reference: in reverse mode the body runs again in the "
-          "sweep, after the kernel returned. Capture by value ([=]): tiles, tensors and block "
-          "pointers are small values.");
+    captured |= frames.holds(w);
   }
+  copy->~Body();
+  if (captured)
+    throw std::invalid_argument(
+        "tilegrad::vjp: the body of tg::loop at " + tilegrad::detail::where_string(where) +
+        ", run by " + (p ? p->describe() : std::string("host code")) +
+        ", captures a local variable by reference: in reverse mode the body runs again in the "
+        "sweep, after the kernel returned. Capture by value ([=]): tiles, tensors and block "
+        "pointers are small values.");
 }
 
 /// While it lives, the running program is inside a loop body (stores are refused); replaying,

@@ -102,10 +102,21 @@ TILEGRAD_INLINE void run_loop(loop_begin const& begin, int end, int step, Body c
   }
 }
 
-template <class Refs, std::size_t... I>
-TILEGRAD_INLINE void split_loop(loop_begin const& begin, int end, int step, Refs const& refs,
-                                std::index_sequence<I...>) {
-  run_loop(begin, end, step, std::get<sizeof...(I)>(refs), std::get<I>(refs)...);
+/// The N-th of the arguments. (Not a std::tuple of them: its assignment operators ask whether
+/// the body is assignable, and g++ then no longer takes the closure for trivially copyable,
+/// which the capture check of the reverse mode needs, ad/loop.hpp.)
+template <std::size_t N, class A0, class... A>
+TILEGRAD_INLINE constexpr auto&& nth(A0&& a0, A&&... a) {
+  if constexpr (N == 0)
+    return std::forward<A0>(a0);
+  else
+    return nth<N - 1>(std::forward<A>(a)...);
+}
+
+template <std::size_t... I, class... A>
+TILEGRAD_INLINE void split_loop(loop_begin const& begin, int end, int step,
+                                std::index_sequence<I...>, A&&... args) {
+  run_loop(begin, end, step, nth<sizeof...(I)>(args...), nth<I>(args...)...);
 }
 
 } // namespace detail
@@ -125,8 +136,7 @@ TILEGRAD_INLINE void loop(detail::loop_begin begin, int end, int step, A&&... ar
   static_assert(detail::carried_are_variables<A...>(std::make_index_sequence<sizeof...(A) - 1>{}),
                 "tilegrad::loop: the carried values are variables (non-const lvalues) that the "
                 "loop updates; the body comes last");
-  detail::split_loop(begin, end, step, std::forward_as_tuple(args...),
-                     std::make_index_sequence<sizeof...(A) - 1>{});
+  detail::split_loop(begin, end, step, std::make_index_sequence<sizeof...(A) - 1>{}, args...);
 }
 
 } // namespace tilegrad

@@ -89,8 +89,8 @@ template <class A, class B>
 struct affine<map_node<ops::add_op, A, B>> {
   static constexpr bool value = is_affine_v<A> && is_affine_v<B>;
   static affine_row row(map_node<ops::add_op, A, B> const& n, int r) {
-    auto a = affine_at(std::get<0>(n.es), r);
-    auto b = affine_at(std::get<1>(n.es), r);
+    auto a = affine_at(get<0>(n.es), r);
+    auto b = affine_at(get<1>(n.es), r);
     return {a.base + b.base, a.step + b.step, a.ok && b.ok};
   }
 };
@@ -99,8 +99,8 @@ template <class A, class B>
 struct affine<map_node<ops::sub_op, A, B>> {
   static constexpr bool value = is_affine_v<A> && is_affine_v<B>;
   static affine_row row(map_node<ops::sub_op, A, B> const& n, int r) {
-    auto a = affine_at(std::get<0>(n.es), r);
-    auto b = affine_at(std::get<1>(n.es), r);
+    auto a = affine_at(get<0>(n.es), r);
+    auto b = affine_at(get<1>(n.es), r);
     return {a.base - b.base, a.step - b.step, a.ok && b.ok};
   }
 };
@@ -110,10 +110,12 @@ template <class A, class B>
 struct affine<map_node<ops::mul_op, A, B>> {
   static constexpr bool value = is_affine_v<A> && is_affine_v<B>;
   static affine_row row(map_node<ops::mul_op, A, B> const& n, int r) {
-    auto a = affine_at(std::get<0>(n.es), r);
-    auto b = affine_at(std::get<1>(n.es), r);
-    if (a.step == 0) return {a.base * b.base, a.base * b.step, a.ok && b.ok};
-    if (b.step == 0) return {a.base * b.base, a.step * b.base, a.ok && b.ok};
+    auto a = affine_at(get<0>(n.es), r);
+    auto b = affine_at(get<1>(n.es), r);
+    if (a.step == 0)
+      return {a.base * b.base, a.base * b.step, a.ok && b.ok};
+    if (b.step == 0)
+      return {a.base * b.base, a.step * b.base, a.ok && b.ok};
     return {0, 0, false}; // a product of two ramps: the caller gathers
   }
 };
@@ -125,8 +127,8 @@ struct affine<map_node<ops::mod_op, A, B>> {
   static constexpr bool value = is_affine_v<A> && is_affine_v<B>;
   static affine_row row(map_node<ops::mod_op, A, B> const& n, int r) {
     constexpr int L = shape_of_t<A>::inner;
-    auto a = affine_at(std::get<0>(n.es), r);
-    auto m = affine_at(std::get<1>(n.es), r);
+    auto a = affine_at(get<0>(n.es), r);
+    auto m = affine_at(get<1>(n.es), r);
     std::int64_t const last = a.base + a.step * (L - 1);
     bool const inside = m.step == 0 && a.base >= 0 && last >= 0 && a.base < m.base && last < m.base;
     return {a.base, a.step, a.ok && m.ok && inside};
@@ -137,7 +139,7 @@ template <class A>
 struct affine<map_node<ops::neg_op, A>> {
   static constexpr bool value = is_affine_v<A>;
   static affine_row row(map_node<ops::neg_op, A> const& n, int r) {
-    auto a = affine_at(std::get<0>(n.es), r);
+    auto a = affine_at(get<0>(n.es), r);
     return {-a.base, -a.step, a.ok};
   }
 };

@@ -31,8 +31,9 @@ concept tile_expression = std::derived_from<std::remove_cvref_t<E>, node_base>;
 
 /// A plain number that may meet a tile in an expression (it broadcasts as a rank-0 tile).
 template <class X>
-concept scalar_operand = !tile_expression<X> && (std::is_arithmetic_v<std::remove_cvref_t<X>> ||
-                                                 requires { typename std::remove_cvref_t<X>::scalar_tag; });
+concept scalar_operand =
+    !tile_expression<X> && (std::is_arithmetic_v<std::remove_cvref_t<X>> ||
+                            requires { typename std::remove_cvref_t<X>::scalar_tag; });
 
 template <class E>
 using shape_of_t = typename std::remove_cvref_t<E>::shape_type;
@@ -133,7 +134,8 @@ struct broadcast_node : node_base {
         int const coord = rem % S::dim(a);
         rem /= S::dim(a);
         int const ca = a - lead;
-        if (ca >= 0 && C::dim(ca) != 1) cr += coord * (C::stride(ca) / C::inner);
+        if (ca >= 0 && C::dim(ca) != 1)
+          cr += coord * (C::stride(ca) / C::inner);
       }
     }
     return cr;
@@ -157,7 +159,7 @@ struct convert_node : node_base {
   static constexpr bool may_alias = E::may_alias;
   template <int W>
   static constexpr bool vectorizes =
-      E::template vectorizes<W> && simd::has_vec_v<To, W> && simd::has_vec_v<from_type, W>;
+      E::template vectorizes<W>&& simd::has_vec_v<To, W>&& simd::has_vec_v<from_type, W>;
 
   E e;
 
@@ -192,6 +194,53 @@ TILEGRAD_INLINE auto convert_as(N&& n) {
 // Elementwise maps
 // ---------------------------------------------------------------------------------------------
 
+namespace detail {
+template <std::size_t I, class E>
+struct operand_slot {
+  [[no_unique_address]] E value;
+};
+template <class Seq, class... Es>
+struct operand_slots;
+template <std::size_t... I, class... Es>
+struct operand_slots<std::index_sequence<I...>, Es...> : operand_slot<I, Es>... {
+  template <class... A>
+  requires(
+      sizeof...(A) == sizeof...(Es) &&
+      !(sizeof...(A) == 1 &&
+        (std::is_base_of_v<operand_slots, std::remove_cvref_t<A>> &&
+         ...))) constexpr operand_slots(A&&... a) // NOLINT: implicit, for braced lists of operands
+      : operand_slot<I, Es>{std::forward<A>(a)}... {}
+
+  template <class F>
+  TILEGRAD_INLINE constexpr decltype(auto) apply(F&& f) const {
+    return std::forward<F>(f)(static_cast<operand_slot<I, Es> const&>(*this).value...);
+  }
+  template <class F>
+  TILEGRAD_INLINE constexpr decltype(auto) apply(F&& f) {
+    return std::forward<F>(f)(static_cast<operand_slot<I, Es>&>(*this).value...);
+  }
+};
+
+/// The operands of a map node: a tuple that is trivially copyable when they are (std::tuple's
+/// assignment is not trivial), so a closure capturing an expression by value is too
+/// (tg::loop's capture check clears the padding of such closures, ad/loop.hpp).
+template <class... Es>
+struct operands : operand_slots<std::index_sequence_for<Es...>, Es...> {
+  static constexpr std::size_t size = sizeof...(Es);
+  using operand_slots<std::index_sequence_for<Es...>, Es...>::operand_slots;
+};
+
+/// The I-th operand.
+template <std::size_t I, class E>
+TILEGRAD_INLINE constexpr E const& get(operand_slot<I, E> const& s) {
+  return s.value;
+}
+template <std::size_t I, class E>
+TILEGRAD_INLINE constexpr E& get(operand_slot<I, E>& s) {
+  return s.value;
+}
+} // namespace detail
+
 /// Op applied lane by lane to operands of one shape. The element type the op works in is the
 /// last operand's (for where, the first operand is the mask).
 template <class Op, class... Es>
@@ -202,31 +251,29 @@ struct map_node : node_base {
   static_assert((std::is_same_v<shape_of_t<Es>, shape_type> && ...));
   static constexpr bool may_alias = (Es::may_alias || ...);
   template <int W>
-  static constexpr bool vectorizes = (Es::template vectorizes<W> && ...) &&
-                                     Op::template vectorizes<operand_type> &&
-                                     simd::has_vec_v<value_type, W>;
+  static constexpr bool
+      vectorizes = (Es::template vectorizes<W> && ...) &&
+                   Op::template vectorizes<operand_type>&& simd::has_vec_v<value_type, W>;
 
   [[no_unique_address]] Op op;
-  std::tuple<Es...> es;
+  detail::operands<Es...> es;
 
   template <int W>
   TILEGRAD_INLINE simd::vec_t<value_type, W> load(int row, int col) const {
-    return std::apply(
-        [&](auto const&... e) {
-          auto v = Op::apply(e.template load<W>(row, col)...);
-          if constexpr (std::is_same_v<value_type, bool> && W > 1)
-            return simd::mask_for<bool, W>(v); // masks of any element type -> one mask type
-          else
-            return static_cast<simd::vec_t<value_type, W>>(v);
-        },
-        es);
+    return es.apply([&](auto const&... e) {
+      auto v = Op::apply(e.template load<W>(row, col)...);
+      if constexpr (std::is_same_v<value_type, bool> && W > 1)
+        return simd::mask_for<bool, W>(v); // masks of any element type -> one mask type
+      else
+        return static_cast<simd::vec_t<value_type, W>>(v);
+    });
   }
 };
 
 template <class Op, class... Es>
 TILEGRAD_INLINE auto make_map(Es&&... es) {
   return map_node<Op, std::remove_cvref_t<Es>...>{
-      {}, {}, std::tuple<std::remove_cvref_t<Es>...>(std::forward<Es>(es)...)};
+      {}, {}, detail::operands<std::remove_cvref_t<Es>...>(std::forward<Es>(es)...)};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,9 +331,11 @@ struct permute_node : node_base {
     }
     int in[3] = {0, 0, 0};
     constexpr int perm[] = {P...};
-    for (int a = 0; a < S::rank; ++a) in[perm[a]] = out[a];
+    for (int a = 0; a < S::rank; ++a)
+      in[perm[a]] = out[a];
     int in_row = 0;
-    for (int a = 0; a < C::rank - 1; ++a) in_row += in[a] * (C::stride(a) / C::inner);
+    for (int a = 0; a < C::rank - 1; ++a)
+      in_row += in[a] * (C::stride(a) / C::inner);
     return e.template load<1>(in_row, in[C::rank - 1]);
   }
 };
