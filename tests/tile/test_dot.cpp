@@ -90,7 +90,8 @@ void check_dot() {
                    matmul_ref<M, K, N>(AT, B, [&](int i, int j) { return double(acc(i, j)); }),
                    "dot(trans(tile(at)), b, acc)");
   expect_matrix_eq(tile<T, M, N>(dot(trans(at), trans(bt))),
-                   matmul_ref<M, K, N>(AT, [&](int k, int j) { return double(bt(j, k)); }, zero),
+                   matmul_ref<M, K, N>(
+                       AT, [&](int k, int j) { return double(bt(j, k)); }, zero),
                    "dot(trans(at), trans(bt))");
 
   // The accumulator passed as a temporary, as a K loop writes it.
@@ -228,7 +229,8 @@ void check_bf16_dot_general() {
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       double mag = std::abs(double(acc(i, j)));
-      for (int k = 0; k < K; ++k) mag += 2 * std::abs(A(i, k) * B(k, j));
+      for (int k = 0; k < K; ++k)
+        mag += 2 * std::abs(A(i, k) * B(k, j));
       ASSERT_LE(std::abs(double(run(i, j)) - double(acc(i, j))), 2 * K * 0x1p-24 * mag)
           << "acc = dot(a, b, acc); acc = dot(a, -b, acc) at (" << i << ", " << j << ")";
     }
@@ -242,6 +244,9 @@ TEST(DotBf16, GeneralValuesWithinTheRoundingBoundOnBothPaths) {
   check_bf16_dot_general<64, 65, 3>();
   check_bf16_dot_general<65, 3, 17>();
   check_bf16_dot_general<64, 64, 64>();
+  // Shapes AMX takes where the target has it: blocks of 32 x 32, and of 16 x 16.
+  check_bf16_dot_general<32, 64, 96>();
+  check_bf16_dot_general<48, 32, 16>();
 }
 
 // The bf16 kernel runs where the build has it: it counts a denormal bf16 operand as zero (the
@@ -258,9 +263,30 @@ TEST(DotBf16, TheBuildsKernelRuns) {
   EXPECT_EQ(generic(1, 16), 0x1p-120f);
   EXPECT_EQ(native(1, 16), detail::bf16_dot_native ? 0.0f : 0x1p-120f)
       << "bf16_dot_native = " << detail::bf16_dot_native;
-#if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && !defined(TILEGRAD_NO_BF16_DOT) && \
+#if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && !defined(TILEGRAD_NO_BF16_DOT) &&             \
     (!defined(__AMX_BF16__) || defined(TILEGRAD_BF16_DOT))
   EXPECT_TRUE(detail::bf16_dot_native) << "the target has AVX512-BF16: dot should use it";
+#endif
+}
+
+// On AMX targets, shapes of whole 16 x 16 blocks of C and 32-deep blocks of k run on the tiles,
+// which count a denormal bf16 operand as zero as vdpbf16ps does; other shapes take the float path.
+TEST(DotBf16, AmxRunsWhereTheTargetHasIt) {
+  tile<bf16, 32, 64> a;
+  tile<bf16, 64, 32> b;
+  a(17, 40) = bf16(0x1p-130f);
+  b(40, 31) = bf16(1024.0f);
+  tile<float, 32, 32> const got = dot(a, b);
+  tile<float, 32, 32> const generic = detail::dot_impl<false>(a, b, tile<float, 32, 32>());
+  EXPECT_EQ(generic(17, 31), 0x1p-120f);
+  bool const kernel = detail::bf16_kernel_runs<32, 32, 64>();
+  EXPECT_EQ(got(17, 31), kernel ? 0.0f : 0x1p-120f) << "bf16 kernel runs: " << kernel;
+#if TILEGRAD_HAVE_AMX_BF16
+  if (!detail::amx::permitted())
+    GTEST_SKIP() << "this process may not use AMX tiles";
+  EXPECT_TRUE(kernel);
+  EXPECT_EQ((detail::bf16_kernel_runs<32, 32, 48>()), detail::bf16_dot_native)
+      << "K = 48 is no whole number of AMX blocks";
 #endif
 }
 

@@ -45,30 +45,36 @@ TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q) acc[r][q] = simd::load<T, W>(c + (i0 + r) * N + j0 + q * W);
+    for (int q = 0; q < NB; ++q)
+      acc[r][q] = simd::load<T, W>(c + (i0 + r) * N + j0 + q * W);
   for (int k = 0; k < K; ++k) {
     V bv[NB];
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q) bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
+    for (int q = 0; q < NB; ++q)
+      bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       V const av = simd::splat<T, W>(a_at<T, M, K, TransA>(a, i0 + r, k));
 #pragma GCC unroll 8
-      for (int q = 0; q < NB; ++q) acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
+      for (int q = 0; q < NB; ++q)
+        acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q) simd::store<T, W>(c + (i0 + r) * N + j0 + q * W, acc[r][q]);
+    for (int q = 0; q < NB; ++q)
+      simd::store<T, W>(c + (i0 + r) * N + j0 + q * W, acc[r][q]);
 }
 
 // All row blocks of one column block of NB vectors starting at j0.
 template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA>
 TILEGRAD_INLINE void gemm_columns(T* c, T const* a, T const* b, int j0) {
   constexpr int full = M / MR * MR;
-  for (int i0 = 0; i0 < full; i0 += MR) gemm_block<T, W, MR, NB, M, N, K, TransA>(c, a, b, i0, j0);
-  if constexpr (M % MR != 0) gemm_block<T, W, M % MR, NB, M, N, K, TransA>(c, a, b, full, j0);
+  for (int i0 = 0; i0 < full; i0 += MR)
+    gemm_block<T, W, MR, NB, M, N, K, TransA>(c, a, b, i0, j0);
+  if constexpr (M % MR != 0)
+    gemm_block<T, W, M % MR, NB, M, N, K, TransA>(c, a, b, full, j0);
 }
 
 /// C (M x N) += A (M x K) @ B (K x N), all row-major and contiguous; with TransA, `a` holds
@@ -80,7 +86,8 @@ void gemm(T* c, T const* a, T const* b) {
     for (int i = 0; i < M; ++i)
       for (int k = 0; k < K; ++k) {
         T const aik = a_at<T, M, K, TransA>(a, i, k);
-        for (int j = 0; j < N; ++j) c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
+        for (int j = 0; j < N; ++j)
+          c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
       }
   } else {
     // Register budget: 32 vector registers with AVX-512, 16 otherwise. MR x NB accumulators,
@@ -92,14 +99,16 @@ void gemm(T* c, T const* a, T const* b) {
     constexpr int jfull = NV / NB * NB * W;
     for (int j0 = 0; j0 < jfull; j0 += NB * W)
       gemm_columns<T, W, MR, NB, M, N, K, TransA>(c, a, b, j0);
-    if constexpr (NV % NB != 0) gemm_columns<T, W, MR, NV % NB, M, N, K, TransA>(c, a, b, jfull);
+    if constexpr (NV % NB != 0)
+      gemm_columns<T, W, MR, NV % NB, M, N, K, TransA>(c, a, b, jfull);
     // Columns past the last whole vector.
     if constexpr (N % W != 0) {
       constexpr int j1 = NV * W;
       for (int i = 0; i < M; ++i)
         for (int k = 0; k < K; ++k) {
           T const aik = a_at<T, M, K, TransA>(a, i, k);
-          for (int j = j1; j < N; ++j) c[i * N + j] += aik * b[k * N + j];
+          for (int j = j1; j < N; ++j)
+            c[i * N + j] += aik * b[k * N + j];
         }
     }
   }
@@ -138,9 +147,10 @@ struct dot_shapes_do_not_match {
 namespace detail {
 
 /// dot(a, b, acc) on plain numbers. With Bf16Kernel, two bf16 operands run the bf16 kernel of
-/// dot_bf16.hpp; otherwise (and for every other element type) they are converted to the compute
-/// type and run the float (or double) kernel above. dot takes the bf16 kernel wherever this build
-/// has it (bf16_dot_native); dot_impl<false> is the other path, for comparing the two.
+/// dot_bf16.hpp where it runs for their shape (bf16_kernel_runs); otherwise (and for every other
+/// element type) they are converted to the compute type and run the float (or double) kernel above.
+/// dot takes the bf16 kernel wherever this build has it (bf16_dot_native); dot_impl<false> is the
+/// other path, for comparing the two.
 template <bool Bf16Kernel, tile_expression A, tile_expression B, tile_expression C>
 auto dot_impl(A&& a, B&& b, C&& acc) {
   using SA = shape_of_t<A>;
@@ -161,25 +171,26 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
 #if TILEGRAD_HAVE_BF16_DOT
   if constexpr (Bf16Kernel && std::is_same_v<value_of_t<A>, bf16> &&
                 std::is_same_v<value_of_t<B>, bf16>) {
-    auto&& tb = materialize<bf16>(std::forward<B>(b));
-    if constexpr (stored_transpose<bf16, std::remove_cvref_t<A>>::value) {
-      gemm_bf16<M, N, K, true>(out.data(), stored_transpose<bf16, std::remove_cvref_t<A>>::data(a),
-                               tb.data());
-    } else {
-      auto&& ta = materialize<bf16>(std::forward<A>(a));
-      gemm_bf16<M, N, K>(out.data(), ta.data(), tb.data());
+    if (bf16_kernel_runs<M, N, K>()) {
+      auto&& tb = materialize<bf16>(std::forward<B>(b));
+      if constexpr (stored_transpose<bf16, std::remove_cvref_t<A>>::value) {
+        gemm_bf16<M, N, K, true>(
+            out.data(), stored_transpose<bf16, std::remove_cvref_t<A>>::data(a), tb.data());
+      } else {
+        auto&& ta = materialize<bf16>(std::forward<A>(a));
+        gemm_bf16<M, N, K>(out.data(), ta.data(), tb.data());
+      }
+      return out;
     }
-  } else
+  }
 #endif
-  {
-    auto&& tb = materialize<T>(std::forward<B>(b));
-    if constexpr (stored_transpose<T, std::remove_cvref_t<A>>::value) {
-      gemm<T, M, N, K, true>(out.data(), stored_transpose<T, std::remove_cvref_t<A>>::data(a),
-                             tb.data());
-    } else {
-      auto&& ta = materialize<T>(std::forward<A>(a));
-      gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
-    }
+  auto&& tb = materialize<T>(std::forward<B>(b));
+  if constexpr (stored_transpose<T, std::remove_cvref_t<A>>::value) {
+    gemm<T, M, N, K, true>(out.data(), stored_transpose<T, std::remove_cvref_t<A>>::data(a),
+                           tb.data());
+  } else {
+    auto&& ta = materialize<T>(std::forward<A>(a));
+    gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
   }
   return out;
 }
@@ -198,8 +209,8 @@ auto dot(A&& a, B&& b, C&& acc) {
                 adjoint_scalar<value_of_t<C>>) {
     return ad::dot(std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
   } else {
-    return detail::dot_impl<detail::bf16_dot_native>(std::forward<A>(a), std::forward<B>(b),
-                                                     std::forward<C>(acc));
+    return detail::dot_impl < detail::bf16_dot_native ||
+           detail::bf16_dot_amx > (std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
   }
 }
 

@@ -9,6 +9,12 @@
 // product, then the even one, each product exact in float and each addition rounded to nearest
 // even, so the sum over K has the K roundings of the float kernel's fma chain, in another order.
 // Denormal operands (bf16 or the accumulator) count as zero and denormal results flush to zero.
+//
+// On targets with AMX (Intel Sapphire Rapids and later), products whose M and N are multiples of
+// 16 and K of 32 run on AMX tiles instead (TDPBF16PS: a 16 x 16 block of C takes the pairs of a
+// 16 x 32 block of A and of a 32 x 16 block of B in one instruction), once the process is
+// permitted to use them (Linux asks each process to request the tile state); other shapes, or no
+// permission, take the float path there. Same pair products, same flushing, the same bound.
 #pragma once
 
 #include "tilegrad/core/bf16.hpp"
@@ -18,6 +24,11 @@
 
 #include <cstdint>
 #include <cstring>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 // 1 when this build has the bf16 kernel (the xsimd build on a target with AVX512-BF16).
 #if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -30,15 +41,31 @@ namespace tilegrad::detail {
 
 /// Whether dot of two bf16 operands runs the kernel below: it is built, and TILEGRAD_NO_BF16_DOT
 /// (defined before the first tilegrad header) does not ask for the float path instead. Targets
-/// with AMX (Intel Sapphire Rapids and later) take the float path unless TILEGRAD_BF16_DOT is
-/// defined: there `vdpbf16ps` issues on one port where FMAs issue on two, and the kernel ran at
-/// 0.56-0.65 of the float one (docs/performance.md); on AMD Zen 4 it runs at 1.9 times.
-#if TILEGRAD_HAVE_BF16_DOT && !defined(TILEGRAD_NO_BF16_DOT) &&                                  \
+/// with AMX (Intel Sapphire Rapids and later) run AMX where the shape fits (bf16_dot_amx) and
+/// the float path elsewhere unless TILEGRAD_BF16_DOT is defined: there `vdpbf16ps` issues on one
+/// port where FMAs issue on two, and the kernel ran at 0.56-0.65 of the float one
+/// (docs/performance.md); on AMD Zen 4 it runs at 1.9 times.
+#if TILEGRAD_HAVE_BF16_DOT && defined(__AMX_TILE__) && defined(__AMX_BF16__) &&                    \
+    !defined(TILEGRAD_NO_AMX)
+#define TILEGRAD_HAVE_AMX_BF16 1
+#else
+#define TILEGRAD_HAVE_AMX_BF16 0
+#endif
+
+#if TILEGRAD_HAVE_BF16_DOT && !defined(TILEGRAD_NO_BF16_DOT) &&                                    \
     (!defined(__AMX_BF16__) || defined(TILEGRAD_BF16_DOT))
 inline constexpr bool bf16_dot_native = true;
 #else
 inline constexpr bool bf16_dot_native = false;
 #endif
+
+/// Whether dot of two bf16 operands runs on AMX tiles where the shape fits and the process is
+/// permitted (TILEGRAD_NO_AMX, defined before the first tilegrad header, turns it off).
+inline constexpr bool bf16_dot_amx = TILEGRAD_HAVE_AMX_BF16 != 0;
+
+/// The shapes AMX takes: whole 16 x 16 blocks of C and whole 32-deep blocks of k.
+template <int M, int N, int K>
+inline constexpr bool amx_shape = M % 16 == 0 && N % 16 == 0 && K % 32 == 0;
 
 #if TILEGRAD_HAVE_BF16_DOT
 
@@ -176,6 +203,106 @@ TILEGRAD_INLINE void gemm_packed(float* c, APairs const& a, std::uint32_t const*
 
 } // namespace bf16dot
 
+#if TILEGRAD_HAVE_AMX_BF16
+
+namespace amx {
+
+/// Asks Linux, once per process, for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM for
+/// XFEATURE_XTILEDATA); false where it is refused.
+inline bool permitted() {
+  static bool const ok = [] {
+    constexpr long req_xcomp_perm = 0x1023, xtiledata = 18;
+    return syscall(SYS_arch_prctl, req_xcomp_perm, xtiledata) == 0;
+  }();
+  return ok;
+}
+
+/// Palette 1, the eight tiles of 16 rows x 64 bytes the kernel uses; loaded once per thread (no
+/// other code of the process configures tiles).
+struct alignas(64) tile_config {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+inline void configure() {
+  thread_local bool done = false;
+  if (!done) {
+    tile_config const c;
+    _tile_loadconfig(&c);
+    done = true;
+  }
+}
+
+/// C (M x N, row-major floats) += A @ B: A row-major with K even (lda bf16 between rows), B
+/// packed in pairs of rows (pack_row_pairs: LD = N words). Blocks of 32 x 32 of C in four tiles
+/// (0-3), two tiles of A (4, 5) and two of B (6, 7); 16 x 16 blocks where M or N is not a
+/// multiple of 32.
+template <int M, int N, int K>
+void gemm(float* c, bf16 const* a, int lda, std::uint32_t const* bp) {
+  static_assert(amx_shape<M, N, K>);
+  configure();
+  constexpr int ldc = N * 4, ldb = N * 4;
+  int const ldab = lda * 2;
+  if constexpr (M % 32 == 0 && N % 32 == 0) {
+    for (int i0 = 0; i0 < M; i0 += 32)
+      for (int j0 = 0; j0 < N; j0 += 32) {
+        float* c0 = c + i0 * N + j0;
+        float* c1 = c0 + 16 * N;
+        _tile_loadd(0, c0, ldc);
+        _tile_loadd(1, c0 + 16, ldc);
+        _tile_loadd(2, c1, ldc);
+        _tile_loadd(3, c1 + 16, ldc);
+        for (int k0 = 0; k0 < K; k0 += 32) {
+          _tile_loadd(4, a + i0 * lda + k0, ldab);
+          _tile_loadd(5, a + (i0 + 16) * lda + k0, ldab);
+          _tile_loadd(6, bp + k0 / 2 * N + j0, ldb);
+          _tile_loadd(7, bp + k0 / 2 * N + j0 + 16, ldb);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c0, ldc);
+        _tile_stored(1, c0 + 16, ldc);
+        _tile_stored(2, c1, ldc);
+        _tile_stored(3, c1 + 16, ldc);
+      }
+  } else {
+    for (int i0 = 0; i0 < M; i0 += 16)
+      for (int j0 = 0; j0 < N; j0 += 16) {
+        float* c0 = c + i0 * N + j0;
+        _tile_loadd(0, c0, ldc);
+        for (int k0 = 0; k0 < K; k0 += 32) {
+          _tile_loadd(4, a + i0 * lda + k0, ldab);
+          _tile_loadd(6, bp + k0 / 2 * N + j0, ldb);
+          _tile_dpbf16ps(0, 4, 6);
+        }
+        _tile_stored(0, c0, ldc);
+      }
+  }
+}
+
+/// A (M x K, row-major) from its transpose at (K x M, row-major): rows 2p and 2p + 1 packed into
+/// pairs (pairs x M words), then the words transposed by 16 x 16 blocks (M x pairs words: A's
+/// rows, each pair in place).
+template <int M, int K>
+void transpose_in(bf16* dst, bf16 const* at) {
+  constexpr int KP = K / 2;
+  tile_storage<std::uint32_t, KP * M> pairs;
+  bf16dot::pack_row_pairs<K, M>(pairs.get(), at);
+  auto const* src = reinterpret_cast<float const*>(pairs.get());
+  auto* out = reinterpret_cast<float*>(dst);
+  for (int p0 = 0; p0 < KP; p0 += 16)
+    for (int i0 = 0; i0 < M; i0 += 16)
+      simd::transpose16(out + i0 * KP + p0, KP, src + p0 * M + i0, M);
+}
+
+} // namespace amx
+
+#endif // TILEGRAD_HAVE_AMX_BF16
+
 /// C (M x N) += A (M x K) @ B (K x N) with vdpbf16ps, all row-major and contiguous; with TransA,
 /// `a` holds A's transpose (K x M).
 template <int M, int N, int K, bool TransA = false>
@@ -184,6 +311,20 @@ void gemm_bf16(float* c, bf16 const* a, bf16 const* b) {
   constexpr int KP = pairs<K>;
   pair_buffer<KP * padded<N>> bp;
   pack_row_pairs<K, N>(bp.get(), b);
+#if TILEGRAD_HAVE_AMX_BF16
+  if constexpr (amx_shape<M, N, K>) {
+    if (amx::permitted()) {
+      if constexpr (TransA) {
+        tile_storage<bf16, M * K> ta;
+        amx::transpose_in<M, K>(ta.get(), a);
+        amx::gemm<M, N, K>(c, ta.get(), K, bp.get());
+      } else {
+        amx::gemm<M, N, K>(c, a, K, bp.get());
+      }
+      return;
+    }
+  }
+#endif
   if constexpr (TransA) {
     // A's pairs (i, p) lie in rows 2p and 2p + 1 of its transpose: packed as B is.
     pair_buffer<KP * padded<M>> ap;
@@ -204,5 +345,18 @@ void gemm_bf16(float* c, bf16 const* a, bf16 const* b) {
 }
 
 #endif // TILEGRAD_HAVE_BF16_DOT
+
+/// Whether gemm_bf16 (where the build has it) takes an (M x K) @ (K x N) product in this process:
+/// on AMX where the shape fits and the tiles are permitted, else with vdpbf16ps where the build
+/// uses it for every shape.
+template <int M, int N, int K>
+bool bf16_kernel_runs() {
+#if TILEGRAD_HAVE_AMX_BF16
+  if constexpr (amx_shape<M, N, K>)
+    if (amx::permitted())
+      return true;
+#endif
+  return bf16_dot_native;
+}
 
 } // namespace tilegrad::detail
