@@ -32,17 +32,20 @@ struct reduce_record final : record {
         T const* g = ya + o * split::inner;
         T* x = xa + o * split::extent * split::inner;
         for (int k = 0; k < split::extent; ++k)
-          for (int i = 0; i < split::inner; ++i) x[k * split::inner + i] += g[i];
+          for (int i = 0; i < split::inner; ++i)
+            x[k * split::inner + i] += g[i];
       }
       return;
     }
     for (int o = 0; o < split::outer; ++o)
       for (int i = 0; i < split::inner; ++i) {
         T const g = ya[o * split::inner + i];
-        if (g == T(0)) continue;
+        if (g == T(0))
+          continue;
         int const base = o * split::extent * split::inner + i;
         if constexpr (std::is_same_v<Op, ops::add_op>) {
-          for (int k = 0; k < split::extent; ++k) xa[base + k * split::inner] += g;
+          for (int k = 0; k < split::extent; ++k)
+            xa[base + k * split::inner] += g;
         } else { // max / min: the first element equal to the result takes it all
           T const y = yv[o * split::inner + i];
           int k = 0;
@@ -50,7 +53,8 @@ struct reduce_record final : record {
           constexpr int W = simd::native_width<T>;
           if constexpr (split::inner == 1 && W > 1) // a contiguous row: skip vectors that miss it
             for (auto const yb = simd::vec_t<T, W>(y); k + W <= split::extent; k += W)
-              if (xsimd::any(simd::load<T, W>(xv + base + k) == yb)) break;
+              if (xsimd::any(simd::load<T, W>(xv + base + k) == yb))
+                break;
 #endif
           for (; k < split::extent; ++k)
             if (xv[base + k * split::inner] == y) {
@@ -79,16 +83,20 @@ struct sum_expr_record final : record {
       if constexpr (A == C::rank - 1) { // the row is one sum
         T const g = ya[r];
         if constexpr (W > 1)
-          for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::splat<T, W>(g));
+          for (; c + W <= L; c += W)
+            backprop<W>(primal, r, c, simd::splat<T, W>(g));
         if (g != T(0))
-          for (; c < L; ++c) backprop<1>(primal, r, c, g);
+          for (; c < L; ++c)
+            backprop<1>(primal, r, c, g);
       } else { // the row's lanes go to consecutive sums
         int const f = r * L;
         T const* g = ya + f / (split::extent * split::inner) * split::inner + f % split::inner;
         if constexpr (W > 1)
-          for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::load<T, W>(g + c));
+          for (; c + W <= L; c += W)
+            backprop<W>(primal, r, c, simd::load<T, W>(g + c));
         for (; c < L; ++c)
-          if (g[c] != T(0)) backprop<1>(primal, r, c, g[c]);
+          if (g[c] != T(0))
+            backprop<1>(primal, r, c, g[c]);
       }
     }
   }
@@ -202,7 +210,8 @@ void transpose_into(T* dst, T const* src) {
         simd::transpose16(dst + j * R + i, R, src + i * C + j, C);
   } else {
     for (int i = 0; i < R; ++i)
-      for (int j = 0; j < C; ++j) dst[j * R + i] = src[i * C + j];
+      for (int j = 0; j < C; ++j)
+        dst[j * R + i] = src[i * C + j];
   }
 }
 
@@ -223,8 +232,10 @@ struct dot_record final : record {
     if (magnitude_sweep()) { // |dC| @ |B|^T and |A|^T @ |dC| (dC is already non-negative)
       T* a = tp.alloc<T>(M * K);
       T* b = tp.alloc<T>(K * N);
-      for (int i = 0; i < M * K; ++i) a[i] = std::abs(av[i]);
-      for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);
+      for (int i = 0; i < M * K; ++i)
+        a[i] = std::abs(av[i]);
+      for (int i = 0; i < K * N; ++i)
+        b[i] = std::abs(bv[i]);
       av = a;
       bv = b;
     }
@@ -249,7 +260,7 @@ struct dot_record final : record {
           detail::gemm<T, K, N, M>(ba, av, ca); // op(A)^T = x, as stored
         else
           detail::gemm<T, K, N, M, true>(ba, av, ca); // A read transposed in place
-      } else { // dy (N x K) += dC^T op(A)
+      } else {                                        // dy (N x K) += dC^T op(A)
         if constexpr (TA) {
           T* at = tp.alloc<T>(M * K);
           transpose_into<T, K, M>(at, av);
@@ -260,7 +271,8 @@ struct dot_record final : record {
       }
     }
     if (acca)
-      for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
+      for (int i = 0; i < M * N; ++i)
+        acca[i] += ca[i];
   }
 };
 
@@ -275,8 +287,8 @@ inline constexpr bool is_adjoint_transpose_v<permute_node<adjoint_leaf<T, S>, 1,
 /// (Transposed), else the operand made an adjoint tile of shape (R x C) (a tile is not copied).
 template <class T, int R, int C, class X>
 struct dot_operand {
-  static constexpr bool transposed = is_adjoint_transpose_v<std::remove_cvref_t<X>> &&
-                                     std::is_same_v<value_of_t<X>, adjoint<T>>;
+  static constexpr bool transposed =
+      is_adjoint_transpose_v<std::remove_cvref_t<X>> && std::is_same_v<value_of_t<X>, adjoint<T>>;
   T const* values;
   T* adj;
   explicit dot_operand(X const& x) {
@@ -291,32 +303,46 @@ struct dot_operand {
   }
 };
 
-template <class A, class B, class C>
-auto dot(A&& a, B&& b, C&& acc) {
+/// a @ b + acc recorded as one product; without acc (Zero), a @ b written, not added to zeros.
+template <bool Zero, class A, class B, class C>
+auto dot_of(A&& a, B&& b, C&& acc) {
   using T = primal_of_t<promote_t<value_of_t<A>, value_of_t<B>>>;
   constexpr int M = shape_of_t<A>::dim(0), K = shape_of_t<A>::dim(1), N = shape_of_t<B>::dim(1);
   dot_operand<T, M, K, A> const ta(a);
   dot_operand<T, K, N, B> const tb(b);
   constexpr bool TA = dot_operand<T, M, K, A>::transposed;
   constexpr bool TB = dot_operand<T, K, N, B>::transposed;
-  tile<adjoint<T>, M, N> const tc(acc);
   tape& tp = current_tape();
   T* cv = tp.alloc<T>(M * N);
-  std::memcpy(cv, tc.values(), sizeof(T) * M * N);
+  T* acc_adj = nullptr;
+  if constexpr (!Zero) {
+    tile<adjoint<T>, M, N> const tc(acc);
+    std::memcpy(cv, tc.values(), sizeof(T) * M * N);
+    acc_adj = tc.adjoints();
+  }
   if constexpr (TB) { // the kernel reads B as (K x N) rows: y transposed once
     T* bt = tp.alloc<T>(K * N);
     transpose_into<T, N, K>(bt, tb.values);
-    detail::gemm<T, M, N, K, TA>(cv, ta.values, bt);
+    detail::gemm<T, M, N, K, TA, Zero>(cv, ta.values, bt);
   } else {
-    detail::gemm<T, M, N, K, TA>(cv, ta.values, tb.values);
+    detail::gemm<T, M, N, K, TA, Zero>(cv, ta.values, tb.values);
   }
   T* ca = nullptr;
-  if ((ta.adj || tb.adj || tc.active()) && tp.recording()) {
+  if ((ta.adj || tb.adj || acc_adj) && tp.recording()) {
     ca = tp.alloc_zero<T>(M * N);
-    tp.push<dot_record<T, M, N, K, TA, TB>>(ta.values, ta.adj, tb.values, tb.adj, tc.adjoints(),
-                                            ca);
+    tp.push<dot_record<T, M, N, K, TA, TB>>(ta.values, ta.adj, tb.values, tb.adj, acc_adj, ca);
   }
   return tile<adjoint<T>, M, N>::from_buffers(cv, ca);
+}
+
+template <class A, class B, class C>
+auto dot(A&& a, B&& b, C&& acc) {
+  return dot_of<false>(std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
+}
+
+template <class A, class B>
+auto dot(A&& a, B&& b) {
+  return dot_of<true>(std::forward<A>(a), std::forward<B>(b), 0);
 }
 
 } // namespace tilegrad::ad

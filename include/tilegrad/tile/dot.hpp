@@ -15,6 +15,7 @@
 #include "tilegrad/tile/reduce.hpp"
 #include "tilegrad/tile/tile.hpp"
 
+#include <algorithm>
 #include <type_traits>
 #include <utility>
 
@@ -23,6 +24,8 @@ namespace tilegrad {
 namespace ad { // reverse mode (ad/reduce.hpp) takes over when an operand is an adjoint tile
 template <class A, class B, class C>
 auto dot(A&& a, B&& b, C&& acc);
+template <class A, class B>
+auto dot(A&& a, B&& b);
 } // namespace ad
 
 namespace detail {
@@ -37,8 +40,8 @@ TILEGRAD_INLINE T a_at(T const* a, int i, int k) {
     return a[i * K + k];
 }
 
-// C[i0:i0+MR, j0:j0+NB*W] += A[i0:i0+MR, :] @ B[:, j0:j0+NB*W]
-template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA>
+// C[i0:i0+MR, j0:j0+NB*W] += A[i0:i0+MR, :] @ B[:, j0:j0+NB*W] (with Zero, = instead of +=)
+template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA, bool Zero>
 TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
   using V = simd::vec_t<T, W>;
   V acc[MR][NB];
@@ -46,7 +49,7 @@ TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
     for (int q = 0; q < NB; ++q)
-      acc[r][q] = simd::load<T, W>(c + (i0 + r) * N + j0 + q * W);
+      acc[r][q] = Zero ? simd::splat<T, W>(T(0)) : simd::load<T, W>(c + (i0 + r) * N + j0 + q * W);
   for (int k = 0; k < K; ++k) {
     V bv[NB];
 #pragma GCC unroll 8
@@ -68,21 +71,25 @@ TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
 }
 
 // All row blocks of one column block of NB vectors starting at j0.
-template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA>
+template <class T, int W, int MR, int NB, int M, int N, int K, bool TransA, bool Zero>
 TILEGRAD_INLINE void gemm_columns(T* c, T const* a, T const* b, int j0) {
   constexpr int full = M / MR * MR;
   for (int i0 = 0; i0 < full; i0 += MR)
-    gemm_block<T, W, MR, NB, M, N, K, TransA>(c, a, b, i0, j0);
+    gemm_block<T, W, MR, NB, M, N, K, TransA, Zero>(c, a, b, i0, j0);
   if constexpr (M % MR != 0)
-    gemm_block<T, W, M % MR, NB, M, N, K, TransA>(c, a, b, full, j0);
+    gemm_block<T, W, M % MR, NB, M, N, K, TransA, Zero>(c, a, b, full, j0);
 }
 
 /// C (M x N) += A (M x K) @ B (K x N), all row-major and contiguous; with TransA, `a` holds
-/// A's transpose (K x M).
-template <class T, int M, int N, int K, bool TransA = false>
+/// A's transpose (K x M). With Zero, C = A @ B: C's elements are not read (they may be
+/// uninitialised).
+template <class T, int M, int N, int K, bool TransA = false, bool Zero = false>
 void gemm(T* c, T const* a, T const* b) {
   constexpr int W = simd::native_width<T>;
-  if constexpr (W == 1) {
+  if constexpr (Zero && (W == 1 || N % W != 0)) { // the plain loops below add to C
+    std::fill_n(c, M * N, T(0));
+    gemm<T, M, N, K, TransA, false>(c, a, b);
+  } else if constexpr (W == 1) {
     for (int i = 0; i < M; ++i)
       for (int k = 0; k < K; ++k) {
         T const aik = a_at<T, M, K, TransA>(a, i, k);
@@ -98,9 +105,9 @@ void gemm(T* c, T const* a, T const* b) {
     constexpr int NV = N / W; // whole vectors per row
     constexpr int jfull = NV / NB * NB * W;
     for (int j0 = 0; j0 < jfull; j0 += NB * W)
-      gemm_columns<T, W, MR, NB, M, N, K, TransA>(c, a, b, j0);
+      gemm_columns<T, W, MR, NB, M, N, K, TransA, Zero>(c, a, b, j0);
     if constexpr (NV % NB != 0)
-      gemm_columns<T, W, MR, NV % NB, M, N, K, TransA>(c, a, b, jfull);
+      gemm_columns<T, W, MR, NV % NB, M, N, K, TransA, Zero>(c, a, b, jfull);
     // Columns past the last whole vector.
     if constexpr (N % W != 0) {
       constexpr int j1 = NV * W;
@@ -151,7 +158,8 @@ namespace detail {
 /// element type) they are converted to the compute type and run the float (or double) kernel above.
 /// dot takes the bf16 kernel wherever this build has it (bf16_dot_native); dot_impl<false> is the
 /// other path, for comparing the two.
-template <bool Bf16Kernel, tile_expression A, tile_expression B, tile_expression C>
+template <bool Bf16Kernel, bool Zero = false, tile_expression A, tile_expression B,
+          tile_expression C>
 auto dot_impl(A&& a, B&& b, C&& acc) {
   using SA = shape_of_t<A>;
   using SB = shape_of_t<B>;
@@ -178,7 +186,7 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
             out.data(), stored_transpose<bf16, std::remove_cvref_t<A>>::data(a), tb.data());
       } else {
         auto&& ta = materialize<bf16>(std::forward<A>(a));
-        gemm_bf16<M, N, K>(out.data(), ta.data(), tb.data());
+        gemm_bf16<M, N, K, false, Zero>(out.data(), ta.data(), tb.data());
       }
       return out;
     }
@@ -186,11 +194,11 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
 #endif
   auto&& tb = materialize<T>(std::forward<B>(b));
   if constexpr (stored_transpose<T, std::remove_cvref_t<A>>::value) {
-    gemm<T, M, N, K, true>(out.data(), stored_transpose<T, std::remove_cvref_t<A>>::data(a),
-                           tb.data());
+    gemm<T, M, N, K, true, Zero>(out.data(), stored_transpose<T, std::remove_cvref_t<A>>::data(a),
+                                 tb.data());
   } else {
     auto&& ta = materialize<T>(std::forward<A>(a));
-    gemm<T, M, N, K>(out.data(), ta.data(), tb.data());
+    gemm<T, M, N, K, false, Zero>(out.data(), ta.data(), tb.data());
   }
   return out;
 }
@@ -221,7 +229,13 @@ auto dot(A&& a, B&& b) {
   using SB = shape_of_t<B>;
   static_assert(detail::dot_shapes_do_not_match<SA, SB>::value);
   using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
-  return dot(std::forward<A>(a), std::forward<B>(b), tile<T, SA::dim(0), SB::dim(1)>());
+  if constexpr (adjoint_scalar<value_of_t<A>> || adjoint_scalar<value_of_t<B>>) {
+    return ad::dot(std::forward<A>(a), std::forward<B>(b));
+  } else { // the products written, not added to zeros
+    return detail::dot_impl < detail::bf16_dot_native || detail::bf16_dot_amx,
+           true > (std::forward<A>(a), std::forward<B>(b),
+                   tile<T, SA::dim(0), SB::dim(1)>(uninitialized));
+  }
 }
 
 } // namespace tilegrad

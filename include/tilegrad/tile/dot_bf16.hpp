@@ -134,7 +134,7 @@ struct a_pairs {
 
 /// C[i0:i0+MR, j0:j0+NB*16] += A[i0:i0+MR, :] @ B[:, j0:j0+NB*16] over KP pairs of k; the last
 /// of the NB vectors holds Tail valid columns (16: all).
-template <int MR, int NB, int Tail, int N, int KP, class APairs>
+template <int MR, int NB, int Tail, int N, int KP, bool Zero, class APairs>
 TILEGRAD_INLINE void block(float* c, APairs const& a, std::uint32_t const* bp, int i0, int j0) {
   constexpr int LDB = padded<N>;
   constexpr __mmask16 tail_mask = static_cast<__mmask16>((1u << Tail) - 1);
@@ -144,8 +144,9 @@ TILEGRAD_INLINE void block(float* c, APairs const& a, std::uint32_t const* bp, i
 #pragma GCC unroll 8
     for (int q = 0; q < NB; ++q) {
       float const* p = c + (i0 + r) * N + j0 + q * lanes;
-      acc[r][q] =
-          (q == NB - 1 && Tail != lanes) ? _mm512_maskz_loadu_ps(tail_mask, p) : _mm512_loadu_ps(p);
+      acc[r][q] = Zero                             ? _mm512_setzero_ps()
+                  : (q == NB - 1 && Tail != lanes) ? _mm512_maskz_loadu_ps(tail_mask, p)
+                                                   : _mm512_loadu_ps(p);
     }
   for (int p = 0; p < KP; ++p) {
     __m512i bv[NB];
@@ -173,18 +174,18 @@ TILEGRAD_INLINE void block(float* c, APairs const& a, std::uint32_t const* bp, i
 }
 
 // All row blocks of one column block of NB vectors starting at j0.
-template <int NB, int Tail, int M, int N, int KP, class APairs>
+template <int NB, int Tail, int M, int N, int KP, bool Zero, class APairs>
 TILEGRAD_INLINE void columns(float* c, APairs const& a, std::uint32_t const* bp, int j0) {
   constexpr int MR = 6; // 6 x 4 accumulators, 4 vectors of B and A's broadcast: 29 of 32
   constexpr int full = M / MR * MR;
   for (int i0 = 0; i0 < full; i0 += MR)
-    block<MR, NB, Tail, N, KP>(c, a, bp, i0, j0);
+    block<MR, NB, Tail, N, KP, Zero>(c, a, bp, i0, j0);
   if constexpr (M % MR != 0)
-    block<M % MR, NB, Tail, N, KP>(c, a, bp, full, j0);
+    block<M % MR, NB, Tail, N, KP, Zero>(c, a, bp, full, j0);
 }
 
 /// C (M x N, row-major) += A @ B over KP pairs of k, B packed by pack_row_pairs.
-template <int M, int N, int KP, class APairs>
+template <int M, int N, int KP, bool Zero, class APairs>
 TILEGRAD_INLINE void gemm_packed(float* c, APairs const& a, std::uint32_t const* bp) {
   constexpr int NB = 4;
   constexpr int NV = padded<N> / lanes;                    // vectors per row, the last partial
@@ -193,12 +194,12 @@ TILEGRAD_INLINE void gemm_packed(float* c, APairs const& a, std::uint32_t const*
   if constexpr (groups > 0) {
     constexpr int whole = (rest == 0 && tail != lanes) ? groups - 1 : groups;
     for (int g = 0; g < whole; ++g)
-      columns<NB, lanes, M, N, KP>(c, a, bp, g * NB * lanes);
+      columns<NB, lanes, M, N, KP, Zero>(c, a, bp, g * NB * lanes);
     if constexpr (whole < groups)
-      columns<NB, tail, M, N, KP>(c, a, bp, whole * NB * lanes);
+      columns<NB, tail, M, N, KP, Zero>(c, a, bp, whole * NB * lanes);
   }
   if constexpr (rest > 0)
-    columns<rest, tail, M, N, KP>(c, a, bp, groups * NB * lanes);
+    columns<rest, tail, M, N, KP, Zero>(c, a, bp, groups * NB * lanes);
 }
 
 } // namespace bf16dot
@@ -239,7 +240,7 @@ inline void configure() {
 /// packed in pairs of rows (pack_row_pairs: LD = N words). Blocks of 32 x 32 of C in four tiles
 /// (0-3), two tiles of A (4, 5) and two of B (6, 7); 16 x 16 blocks where M or N is not a
 /// multiple of 32.
-template <int M, int N, int K>
+template <int M, int N, int K, bool Zero>
 void gemm(float* c, bf16 const* a, int lda, std::uint32_t const* bp) {
   static_assert(amx_shape<M, N, K>);
   configure();
@@ -250,10 +251,17 @@ void gemm(float* c, bf16 const* a, int lda, std::uint32_t const* bp) {
       for (int j0 = 0; j0 < N; j0 += 32) {
         float* c0 = c + i0 * N + j0;
         float* c1 = c0 + 16 * N;
-        _tile_loadd(0, c0, ldc);
-        _tile_loadd(1, c0 + 16, ldc);
-        _tile_loadd(2, c1, ldc);
-        _tile_loadd(3, c1 + 16, ldc);
+        if constexpr (Zero) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        } else {
+          _tile_loadd(0, c0, ldc);
+          _tile_loadd(1, c0 + 16, ldc);
+          _tile_loadd(2, c1, ldc);
+          _tile_loadd(3, c1 + 16, ldc);
+        }
         for (int k0 = 0; k0 < K; k0 += 32) {
           _tile_loadd(4, a + i0 * lda + k0, ldab);
           _tile_loadd(5, a + (i0 + 16) * lda + k0, ldab);
@@ -273,7 +281,10 @@ void gemm(float* c, bf16 const* a, int lda, std::uint32_t const* bp) {
     for (int i0 = 0; i0 < M; i0 += 16)
       for (int j0 = 0; j0 < N; j0 += 16) {
         float* c0 = c + i0 * N + j0;
-        _tile_loadd(0, c0, ldc);
+        if constexpr (Zero)
+          _tile_zero(0);
+        else
+          _tile_loadd(0, c0, ldc);
         for (int k0 = 0; k0 < K; k0 += 32) {
           _tile_loadd(4, a + i0 * lda + k0, ldab);
           _tile_loadd(6, bp + k0 / 2 * N + j0, ldb);
@@ -303,9 +314,10 @@ void transpose_in(bf16* dst, bf16 const* at) {
 
 #endif // TILEGRAD_HAVE_AMX_BF16
 
-/// C (M x N) += A (M x K) @ B (K x N) with vdpbf16ps, all row-major and contiguous; with TransA,
+/// C (M x N) += A (M x K) @ B (K x N) (with Zero, =: C is not read) with vdpbf16ps or AMX, all
+/// row-major and contiguous; with TransA,
 /// `a` holds A's transpose (K x M).
-template <int M, int N, int K, bool TransA = false>
+template <int M, int N, int K, bool TransA = false, bool Zero = false>
 void gemm_bf16(float* c, bf16 const* a, bf16 const* b) {
   using namespace bf16dot;
   constexpr int KP = pairs<K>;
@@ -317,9 +329,9 @@ void gemm_bf16(float* c, bf16 const* a, bf16 const* b) {
       if constexpr (TransA) {
         tile_storage<bf16, M * K> ta;
         amx::transpose_in<M, K>(ta.get(), a);
-        amx::gemm<M, N, K>(c, ta.get(), K, bp.get());
+        amx::gemm<M, N, K, Zero>(c, ta.get(), K, bp.get());
       } else {
-        amx::gemm<M, N, K>(c, a, K, bp.get());
+        amx::gemm<M, N, K, Zero>(c, a, K, bp.get());
       }
       return;
     }
@@ -329,10 +341,11 @@ void gemm_bf16(float* c, bf16 const* a, bf16 const* b) {
     // A's pairs (i, p) lie in rows 2p and 2p + 1 of its transpose: packed as B is.
     pair_buffer<KP * padded<M>> ap;
     pack_row_pairs<K, M>(ap.get(), a);
-    gemm_packed<M, N, KP>(c, a_pairs<1, padded<M>>{ap.get()}, bp.get());
+    gemm_packed<M, N, KP, Zero>(c, a_pairs<1, padded<M>>{ap.get()}, bp.get());
   } else if constexpr (K % 2 == 0) {
     // Row-major with K even: every pair lies in place.
-    gemm_packed<M, N, KP>(c, a_pairs<KP, 1>{reinterpret_cast<std::uint32_t const*>(a)}, bp.get());
+    gemm_packed<M, N, KP, Zero>(c, a_pairs<KP, 1>{reinterpret_cast<std::uint32_t const*>(a)},
+                                bp.get());
   } else {
     // K odd: rows copied into whole pairs, the last one padded with a zero.
     pair_buffer<M * KP> ap;
@@ -340,7 +353,7 @@ void gemm_bf16(float* c, bf16 const* a, bf16 const* b) {
       ap.get()[i * KP + KP - 1] = 0;
       std::memcpy(ap.get() + i * KP, a + i * K, K * sizeof(bf16));
     }
-    gemm_packed<M, N, KP>(c, a_pairs<KP, 1>{ap.get()}, bp.get());
+    gemm_packed<M, N, KP, Zero>(c, a_pairs<KP, 1>{ap.get()}, bp.get());
   }
 }
 
