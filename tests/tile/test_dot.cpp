@@ -287,6 +287,22 @@ TEST(DotBf16, AmxRunsWhereTheTargetHasIt) {
   EXPECT_TRUE(kernel);
   EXPECT_EQ((detail::bf16_kernel_runs<32, 32, 48>()), detail::bf16_dot_native)
       << "K = 48 is no whole number of AMX blocks";
+  // Other code of the process configures the tiles its own way between two products.
+  auto rng = make_rng(3);
+  tg_test::fill_uniform(a, rng, -1, 1);
+  tg_test::fill_uniform(b, rng, -1, 1);
+  tile<float, 32, 32> const first = dot(a, b);
+  detail::amx::tile_config other;
+  for (int t = 0; t < 8; ++t) {
+    other.rows[t] = 4;
+    other.colsb[t] = 16;
+  }
+  _tile_loadconfig(&other);
+  tile<float, 32, 32> const second = dot(a, b);
+  for (int i = 0; i < 32; ++i)
+    for (int j = 0; j < 32; ++j)
+      ASSERT_EQ(first(i, j), second(i, j))
+          << "after a foreign tile configuration, at (" << i << ", " << j << ")";
 #endif
 }
 

@@ -218,8 +218,7 @@ inline bool permitted() {
   return ok;
 }
 
-/// Palette 1, the eight tiles of 16 rows x 64 bytes the kernel uses; loaded once per thread (no
-/// other code of the process configures tiles).
+/// Palette 1, the eight tiles of 16 rows x 64 bytes the kernel uses.
 struct alignas(64) tile_config {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
@@ -227,13 +226,16 @@ struct alignas(64) tile_config {
   std::uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
   std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
+
+/// Loads the configuration unless the thread's tiles have it already: other code of the process
+/// (a library of its own AMX kernels) may configure them otherwise between two products. Reading
+/// the configuration back costs less than loading it, which also zeroes every tile.
 inline void configure() {
-  thread_local bool done = false;
-  if (!done) {
-    tile_config const c;
-    _tile_loadconfig(&c);
-    done = true;
-  }
+  static constexpr tile_config want{};
+  tile_config now;
+  _tile_storeconfig(&now);
+  if (std::memcmp(&now, &want, sizeof want) != 0)
+    _tile_loadconfig(&want);
 }
 
 /// C (M x N, row-major floats) += A @ B: A row-major with K even (lda bf16 between rows), B
