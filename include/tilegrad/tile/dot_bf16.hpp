@@ -45,8 +45,9 @@ namespace tilegrad::detail {
 /// the float path elsewhere unless TILEGRAD_BF16_DOT is defined: there `vdpbf16ps` issues on one
 /// port where FMAs issue on two, and the kernel ran at 0.56-0.65 of the float one
 /// (docs/performance.md); on AMD Zen 4 it runs at 1.9 times.
+// (Linux only: the process asks the kernel for the tile state; elsewhere the float path.)
 #if TILEGRAD_HAVE_BF16_DOT && defined(__AMX_TILE__) && defined(__AMX_BF16__) &&                    \
-    !defined(TILEGRAD_NO_AMX)
+    defined(__linux__) && !defined(TILEGRAD_NO_AMX)
 #define TILEGRAD_HAVE_AMX_BF16 1
 #else
 #define TILEGRAD_HAVE_AMX_BF16 0
