@@ -90,8 +90,7 @@ void check_dot() {
                    matmul_ref<M, K, N>(AT, B, [&](int i, int j) { return double(acc(i, j)); }),
                    "dot(trans(tile(at)), b, acc)");
   expect_matrix_eq(tile<T, M, N>(dot(trans(at), trans(bt))),
-                   matmul_ref<M, K, N>(
-                       AT, [&](int k, int j) { return double(bt(j, k)); }, zero),
+                   matmul_ref<M, K, N>(AT, [&](int k, int j) { return double(bt(j, k)); }, zero),
                    "dot(trans(at), trans(bt))");
 
   // The accumulator passed as a temporary, as a K loop writes it.
@@ -229,8 +228,7 @@ void check_bf16_dot_general() {
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       double mag = std::abs(double(acc(i, j)));
-      for (int k = 0; k < K; ++k)
-        mag += 2 * std::abs(A(i, k) * B(k, j));
+      for (int k = 0; k < K; ++k) mag += 2 * std::abs(A(i, k) * B(k, j));
       ASSERT_LE(std::abs(double(run(i, j)) - double(acc(i, j))), 2 * K * 0x1p-24 * mag)
           << "acc = dot(a, b, acc); acc = dot(a, -b, acc) at (" << i << ", " << j << ")";
     }
@@ -263,7 +261,7 @@ TEST(DotBf16, TheBuildsKernelRuns) {
   EXPECT_EQ(generic(1, 16), 0x1p-120f);
   EXPECT_EQ(native(1, 16), detail::bf16_dot_native ? 0.0f : 0x1p-120f)
       << "bf16_dot_native = " << detail::bf16_dot_native;
-#if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && !defined(TILEGRAD_NO_BF16_DOT) &&             \
+#if TILEGRAD_USE_XSIMD && defined(__AVX512BF16__) && !defined(TILEGRAD_NO_BF16_DOT) && \
     (!defined(__AMX_BF16__) || defined(TILEGRAD_BF16_DOT))
   EXPECT_TRUE(detail::bf16_dot_native) << "the target has AVX512-BF16: dot should use it";
 #endif

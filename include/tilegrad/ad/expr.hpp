@@ -138,10 +138,7 @@ struct primal_node<map_node<Op, Es...>> {
 template <class N>
 void persist(N& n, tape& tp) {
   using D = std::remove_cvref_t<N>;
-  if constexpr (requires {
-                  typename D::value_type;
-                  n.p;
-                } &&
+  if constexpr (requires { typename D::value_type; n.p; } &&
                 std::is_same_v<D, tile_ref<value_of_t<D>, shape_of_t<D>>>) {
     using T = value_of_t<D>;
     constexpr int size = shape_of_t<D>::size;
@@ -207,8 +204,7 @@ TILEGRAD_INLINE T sum_lanes(simd::vec_t<T, W> const& g) {
     alignas(64) T l[W];
     g.store_unaligned(l);
     T s = l[0];
-    for (int i = 1; i < W; ++i)
-      s += l[i];
+    for (int i = 1; i < W; ++i) s += l[i];
     return s;
   }
 }
@@ -289,8 +285,7 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
   if constexpr (!is_active_v<D>) {
     return;
   } else if constexpr (requires { n.adj; }) { // active_ref
-    if (!n.adj)
-      return;
+    if (!n.adj) return;
     using T = value_of_t<D>;
     T* a = n.adj + r * shape_of_t<D>::inner + c;
     simd::store<T, W>(a, simd::load<T, W>(a) + g);
@@ -298,8 +293,7 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
     using C = shape_of_t<decltype(n.e)>;
     int const flat = r * shape_of_t<D>::inner + c;
     backprop<W>(n.e, flat / C::inner, flat % C::inner, g);
-  } else if constexpr (
-      requires { n.e; } && requires { D::child_row(0); }) { // broadcast
+  } else if constexpr (requires { n.e; } && requires { D::child_row(0); }) { // broadcast
     using C = shape_of_t<decltype(n.e)>;
     using S = shape_of_t<D>;
     if constexpr (C::inner == 1 && S::inner != 1)
@@ -324,11 +318,9 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
     }
     int in[3] = {0, 0, 0};
     constexpr int perm[] = {D::perm(0), D::perm(S::rank > 1 ? 1 : 0), D::perm(S::rank > 2 ? 2 : 0)};
-    for (int a = 0; a < S::rank; ++a)
-      in[perm[a]] = out[a];
+    for (int a = 0; a < S::rank; ++a) in[perm[a]] = out[a];
     int in_row = 0;
-    for (int a = 0; a < C::rank - 1; ++a)
-      in_row += in[a] * (C::stride(a) / C::inner);
+    for (int a = 0; a < C::rank - 1; ++a) in_row += in[a] * (C::stride(a) / C::inner);
     backprop<1>(n.e, in_row, in[C::rank - 1], g);
   }
 }
@@ -345,32 +337,19 @@ inline constexpr bool is_map_node_v<map_node<Op, Es...>> = true;
 // differentiated without being materialised.
 template <class Op>
 inline constexpr bool cheap_op = true;
-template <>
-inline constexpr bool cheap_op<ops::exp_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::exp2_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::log_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::log2_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::sqrt_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::rsqrt_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::sin_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::cos_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::sigmoid_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::tanh_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::erf_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::div_op> = false;
-template <>
-inline constexpr bool cheap_op<ops::mod_op> = false;
+template <> inline constexpr bool cheap_op<ops::exp_op> = false;
+template <> inline constexpr bool cheap_op<ops::exp2_op> = false;
+template <> inline constexpr bool cheap_op<ops::log_op> = false;
+template <> inline constexpr bool cheap_op<ops::log2_op> = false;
+template <> inline constexpr bool cheap_op<ops::sqrt_op> = false;
+template <> inline constexpr bool cheap_op<ops::rsqrt_op> = false;
+template <> inline constexpr bool cheap_op<ops::sin_op> = false;
+template <> inline constexpr bool cheap_op<ops::cos_op> = false;
+template <> inline constexpr bool cheap_op<ops::sigmoid_op> = false;
+template <> inline constexpr bool cheap_op<ops::tanh_op> = false;
+template <> inline constexpr bool cheap_op<ops::erf_op> = false;
+template <> inline constexpr bool cheap_op<ops::div_op> = false;
+template <> inline constexpr bool cheap_op<ops::mod_op> = false;
 
 template <class N>
 struct cheap : std::true_type {}; // leaves
@@ -385,8 +364,7 @@ struct cheap<permute_node<E, P...>> : cheap<E> {};
 template <class To, class E>
 struct cheap<convert_node<To, E>> : cheap<E> {};
 template <class Op, class... Es>
-struct cheap<map_node<Op, Es...>> : std::bool_constant<cheap_op<Op> && (cheap<Es>::value && ...)> {
-};
+struct cheap<map_node<Op, Es...>> : std::bool_constant<cheap_op<Op> && (cheap<Es>::value && ...)> {};
 
 template <class N>
 inline constexpr bool keeps_operand_type = false;
@@ -423,8 +401,7 @@ struct expr_record final : record {
         for (; c + W <= L; c += W)
           backprop_root<W>(primal, r, c, simd::load<T, W>(g + c), simd::load<T, W>(y + c));
       for (; c < L; ++c)
-        if (g[c] != T(0))
-          backprop_root<1>(primal, r, c, g[c], y[c]);
+        if (g[c] != T(0)) backprop_root<1>(primal, r, c, g[c], y[c]);
     }
   }
 };

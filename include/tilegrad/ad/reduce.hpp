@@ -32,20 +32,17 @@ struct reduce_record final : record {
         T const* g = ya + o * split::inner;
         T* x = xa + o * split::extent * split::inner;
         for (int k = 0; k < split::extent; ++k)
-          for (int i = 0; i < split::inner; ++i)
-            x[k * split::inner + i] += g[i];
+          for (int i = 0; i < split::inner; ++i) x[k * split::inner + i] += g[i];
       }
       return;
     }
     for (int o = 0; o < split::outer; ++o)
       for (int i = 0; i < split::inner; ++i) {
         T const g = ya[o * split::inner + i];
-        if (g == T(0))
-          continue;
+        if (g == T(0)) continue;
         int const base = o * split::extent * split::inner + i;
         if constexpr (std::is_same_v<Op, ops::add_op>) {
-          for (int k = 0; k < split::extent; ++k)
-            xa[base + k * split::inner] += g;
+          for (int k = 0; k < split::extent; ++k) xa[base + k * split::inner] += g;
         } else { // max / min: the first element equal to the result takes it all
           T const y = yv[o * split::inner + i];
           int k = 0;
@@ -53,8 +50,7 @@ struct reduce_record final : record {
           constexpr int W = simd::native_width<T>;
           if constexpr (split::inner == 1 && W > 1) // a contiguous row: skip vectors that miss it
             for (auto const yb = simd::vec_t<T, W>(y); k + W <= split::extent; k += W)
-              if (xsimd::any(simd::load<T, W>(xv + base + k) == yb))
-                break;
+              if (xsimd::any(simd::load<T, W>(xv + base + k) == yb)) break;
 #endif
           for (; k < split::extent; ++k)
             if (xv[base + k * split::inner] == y) {
@@ -83,20 +79,16 @@ struct sum_expr_record final : record {
       if constexpr (A == C::rank - 1) { // the row is one sum
         T const g = ya[r];
         if constexpr (W > 1)
-          for (; c + W <= L; c += W)
-            backprop<W>(primal, r, c, simd::splat<T, W>(g));
+          for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::splat<T, W>(g));
         if (g != T(0))
-          for (; c < L; ++c)
-            backprop<1>(primal, r, c, g);
+          for (; c < L; ++c) backprop<1>(primal, r, c, g);
       } else { // the row's lanes go to consecutive sums
         int const f = r * L;
         T const* g = ya + f / (split::extent * split::inner) * split::inner + f % split::inner;
         if constexpr (W > 1)
-          for (; c + W <= L; c += W)
-            backprop<W>(primal, r, c, simd::load<T, W>(g + c));
+          for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::load<T, W>(g + c));
         for (; c < L; ++c)
-          if (g[c] != T(0))
-            backprop<1>(primal, r, c, g[c]);
+          if (g[c] != T(0)) backprop<1>(primal, r, c, g[c]);
       }
     }
   }
@@ -210,8 +202,7 @@ void transpose_into(T* dst, T const* src) {
         simd::transpose16(dst + j * R + i, R, src + i * C + j, C);
   } else {
     for (int i = 0; i < R; ++i)
-      for (int j = 0; j < C; ++j)
-        dst[j * R + i] = src[i * C + j];
+      for (int j = 0; j < C; ++j) dst[j * R + i] = src[i * C + j];
   }
 }
 
@@ -232,10 +223,8 @@ struct dot_record final : record {
     if (magnitude_sweep()) { // |dC| @ |B|^T and |A|^T @ |dC| (dC is already non-negative)
       T* a = tp.alloc<T>(M * K);
       T* b = tp.alloc<T>(K * N);
-      for (int i = 0; i < M * K; ++i)
-        a[i] = std::abs(av[i]);
-      for (int i = 0; i < K * N; ++i)
-        b[i] = std::abs(bv[i]);
+      for (int i = 0; i < M * K; ++i) a[i] = std::abs(av[i]);
+      for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);
       av = a;
       bv = b;
     }
@@ -260,7 +249,7 @@ struct dot_record final : record {
           detail::gemm<T, K, N, M>(ba, av, ca); // op(A)^T = x, as stored
         else
           detail::gemm<T, K, N, M, true>(ba, av, ca); // A read transposed in place
-      } else {                                        // dy (N x K) += dC^T op(A)
+      } else { // dy (N x K) += dC^T op(A)
         if constexpr (TA) {
           T* at = tp.alloc<T>(M * K);
           transpose_into<T, K, M>(at, av);
@@ -271,8 +260,7 @@ struct dot_record final : record {
       }
     }
     if (acca)
-      for (int i = 0; i < M * N; ++i)
-        acca[i] += ca[i];
+      for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
   }
 };
 
@@ -287,8 +275,8 @@ inline constexpr bool is_adjoint_transpose_v<permute_node<adjoint_leaf<T, S>, 1,
 /// (Transposed), else the operand made an adjoint tile of shape (R x C) (a tile is not copied).
 template <class T, int R, int C, class X>
 struct dot_operand {
-  static constexpr bool transposed =
-      is_adjoint_transpose_v<std::remove_cvref_t<X>> && std::is_same_v<value_of_t<X>, adjoint<T>>;
+  static constexpr bool transposed = is_adjoint_transpose_v<std::remove_cvref_t<X>> &&
+                                     std::is_same_v<value_of_t<X>, adjoint<T>>;
   T const* values;
   T* adj;
   explicit dot_operand(X const& x) {

@@ -53,21 +53,18 @@ TILEGRAD_INLINE void gemm_block(T* c, T const* a, T const* b, int i0, int j0) {
   for (int k = 0; k < K; ++k) {
     V bv[NB];
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q)
-      bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
+    for (int q = 0; q < NB; ++q) bv[q] = simd::load<T, W>(b + k * N + j0 + q * W);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       V const av = simd::splat<T, W>(a_at<T, M, K, TransA>(a, i0 + r, k));
 #pragma GCC unroll 8
-      for (int q = 0; q < NB; ++q)
-        acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
+      for (int q = 0; q < NB; ++q) acc[r][q] = ops::fma_op::apply(av, bv[q], acc[r][q]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-    for (int q = 0; q < NB; ++q)
-      simd::store<T, W>(c + (i0 + r) * N + j0 + q * W, acc[r][q]);
+    for (int q = 0; q < NB; ++q) simd::store<T, W>(c + (i0 + r) * N + j0 + q * W, acc[r][q]);
 }
 
 // All row blocks of one column block of NB vectors starting at j0.
@@ -93,8 +90,7 @@ void gemm(T* c, T const* a, T const* b) {
     for (int i = 0; i < M; ++i)
       for (int k = 0; k < K; ++k) {
         T const aik = a_at<T, M, K, TransA>(a, i, k);
-        for (int j = 0; j < N; ++j)
-          c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
+        for (int j = 0; j < N; ++j) c[i * N + j] = c[i * N + j] + aik * b[k * N + j];
       }
   } else {
     // Register budget: 32 vector registers with AVX-512, 16 otherwise. MR x NB accumulators,
@@ -114,8 +110,7 @@ void gemm(T* c, T const* a, T const* b) {
       for (int i = 0; i < M; ++i)
         for (int k = 0; k < K; ++k) {
           T const aik = a_at<T, M, K, TransA>(a, i, k);
-          for (int j = j1; j < N; ++j)
-            c[i * N + j] += aik * b[k * N + j];
+          for (int j = j1; j < N; ++j) c[i * N + j] += aik * b[k * N + j];
         }
     }
   }
@@ -156,7 +151,7 @@ namespace detail {
 /// dot(a, b, acc) on plain numbers. With Bf16Kernel, two bf16 operands run the bf16 kernel of
 /// dot_bf16.hpp where it runs for their shape (bf16_kernel_runs); otherwise (and for every other
 /// element type) they are converted to the compute type and run the float (or double) kernel above.
-/// dot takes the bf16 kernel wherever this build has it (bf16_dot_native); dot_impl<false> is the
+/// dot takes the bf16 kernel wherever this build has one (bf16_dot_kernel); dot_impl<false> is the
 /// other path, for comparing the two.
 template <bool Bf16Kernel, bool Zero = false, tile_expression A, tile_expression B,
           tile_expression C>
@@ -219,8 +214,8 @@ auto dot(A&& a, B&& b, C&& acc) {
                 adjoint_scalar<value_of_t<C>>) {
     return ad::dot(std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
   } else {
-    return detail::dot_impl < detail::bf16_dot_native ||
-           detail::bf16_dot_amx > (std::forward<A>(a), std::forward<B>(b), std::forward<C>(acc));
+    return detail::dot_impl<detail::bf16_dot_kernel>(std::forward<A>(a), std::forward<B>(b),
+                                                     std::forward<C>(acc));
   }
 }
 
@@ -234,9 +229,8 @@ auto dot(A&& a, B&& b) {
   if constexpr (adjoint_scalar<value_of_t<A>> || adjoint_scalar<value_of_t<B>>) {
     return ad::dot(std::forward<A>(a), std::forward<B>(b));
   } else { // the products written, not added to zeros
-    return detail::dot_impl < detail::bf16_dot_native || detail::bf16_dot_amx,
-           true > (std::forward<A>(a), std::forward<B>(b),
-                   tile<T, SA::dim(0), SB::dim(1)>(uninitialized));
+    return detail::dot_impl<detail::bf16_dot_kernel, true>(
+        std::forward<A>(a), std::forward<B>(b), tile<T, SA::dim(0), SB::dim(1)>(uninitialized));
   }
 }
 

@@ -64,6 +64,10 @@ inline constexpr bool bf16_dot_native = false;
 /// permitted (TILEGRAD_NO_AMX, defined before the first tilegrad header, turns it off).
 inline constexpr bool bf16_dot_amx = TILEGRAD_HAVE_AMX_BF16 != 0;
 
+/// Whether dot of two bf16 operands may run a bf16 kernel at all (which one, and for which
+/// shapes: bf16_kernel_runs).
+inline constexpr bool bf16_dot_kernel = bf16_dot_native || bf16_dot_amx;
+
 /// The shapes AMX takes: whole 16 x 16 blocks of C and whole 32-deep blocks of k.
 template <int M, int N, int K>
 inline constexpr bool amx_shape = M % 16 == 0 && N % 16 == 0 && K % 32 == 0;

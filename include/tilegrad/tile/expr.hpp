@@ -31,9 +31,8 @@ concept tile_expression = std::derived_from<std::remove_cvref_t<E>, node_base>;
 
 /// A plain number that may meet a tile in an expression (it broadcasts as a rank-0 tile).
 template <class X>
-concept scalar_operand =
-    !tile_expression<X> && (std::is_arithmetic_v<std::remove_cvref_t<X>> ||
-                            requires { typename std::remove_cvref_t<X>::scalar_tag; });
+concept scalar_operand = !tile_expression<X> && (std::is_arithmetic_v<std::remove_cvref_t<X>> ||
+                                                 requires { typename std::remove_cvref_t<X>::scalar_tag; });
 
 template <class E>
 using shape_of_t = typename std::remove_cvref_t<E>::shape_type;
@@ -134,8 +133,7 @@ struct broadcast_node : node_base {
         int const coord = rem % S::dim(a);
         rem /= S::dim(a);
         int const ca = a - lead;
-        if (ca >= 0 && C::dim(ca) != 1)
-          cr += coord * (C::stride(ca) / C::inner);
+        if (ca >= 0 && C::dim(ca) != 1) cr += coord * (C::stride(ca) / C::inner);
       }
     }
     return cr;
@@ -159,7 +157,7 @@ struct convert_node : node_base {
   static constexpr bool may_alias = E::may_alias;
   template <int W>
   static constexpr bool vectorizes =
-      E::template vectorizes<W>&& simd::has_vec_v<To, W>&& simd::has_vec_v<from_type, W>;
+      E::template vectorizes<W> && simd::has_vec_v<To, W> && simd::has_vec_v<from_type, W>;
 
   E e;
 
@@ -204,11 +202,8 @@ struct operand_slots;
 template <std::size_t... I, class... Es>
 struct operand_slots<std::index_sequence<I...>, Es...> : operand_slot<I, Es>... {
   template <class... A>
-  requires(
-      sizeof...(A) == sizeof...(Es) &&
-      !(sizeof...(A) == 1 &&
-        (std::is_base_of_v<operand_slots, std::remove_cvref_t<A>> &&
-         ...))) constexpr operand_slots(A&&... a) // NOLINT: implicit, for braced lists of operands
+    requires(sizeof...(A) == sizeof...(Es) && !(sizeof...(A) == 1 && (std::is_base_of_v<operand_slots, std::remove_cvref_t<A>> && ...)))
+  constexpr operand_slots(A&&... a) // NOLINT: implicit, for braced lists of operands
       : operand_slot<I, Es>{std::forward<A>(a)}... {}
 
   template <class F>
@@ -251,9 +246,9 @@ struct map_node : node_base {
   static_assert((std::is_same_v<shape_of_t<Es>, shape_type> && ...));
   static constexpr bool may_alias = (Es::may_alias || ...);
   template <int W>
-  static constexpr bool
-      vectorizes = (Es::template vectorizes<W> && ...) &&
-                   Op::template vectorizes<operand_type>&& simd::has_vec_v<value_type, W>;
+  static constexpr bool vectorizes = (Es::template vectorizes<W> && ...) &&
+                                     Op::template vectorizes<operand_type> &&
+                                     simd::has_vec_v<value_type, W>;
 
   [[no_unique_address]] Op op;
   detail::operands<Es...> es;
@@ -331,11 +326,9 @@ struct permute_node : node_base {
     }
     int in[3] = {0, 0, 0};
     constexpr int perm[] = {P...};
-    for (int a = 0; a < S::rank; ++a)
-      in[perm[a]] = out[a];
+    for (int a = 0; a < S::rank; ++a) in[perm[a]] = out[a];
     int in_row = 0;
-    for (int a = 0; a < C::rank - 1; ++a)
-      in_row += in[a] * (C::stride(a) / C::inner);
+    for (int a = 0; a < C::rank - 1; ++a) in_row += in[a] * (C::stride(a) / C::inner);
     return e.template load<1>(in_row, in[C::rank - 1]);
   }
 };
