@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <thread>
+#include <vector>
 
 namespace tg = tilegrad;
 
@@ -223,8 +225,11 @@ void BM_triad(benchmark::State& state) {
 
 void sizes_and_threads(benchmark::internal::Benchmark* b) {
   b->ArgNames({"N", "threads"});
+  // 1 and 2 threads, and every core where there are more (the 16-core machine's figures).
+  std::vector<std::int64_t> threads{1, 2};
+  if (std::int64_t const hw = std::thread::hardware_concurrency(); hw > 2) threads.push_back(hw);
   for (std::int64_t n : {1024, 4096})
-    for (std::int64_t t : {1, 2})
+    for (std::int64_t t : threads)
       b->Args({n, t});
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }

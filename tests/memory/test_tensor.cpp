@@ -279,6 +279,44 @@ TYPED_TEST(Tensor, OwnedTensorStorage) {
   EXPECT_EQ(x.view()(36, 69), T(3));
 }
 
+// From detail::large_block_bytes on, storage is a mapping of its own (core/pages.hpp): still
+// aligned, zeroed, writable to its last element, and handed over by a move.
+TYPED_TEST(Tensor, LargeOwnedTensorStorage) {
+  using T = TypeParam;
+  std::int64_t const rows = 3, cols = static_cast<std::int64_t>(detail::large_block_bytes / sizeof(T) / 2) + 17;
+  owned_tensor<T> x({rows, cols}, "x");
+  expect_aligned(x.data());
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(x.data()[i], T(0)) << at(i);
+  x(rows - 1, cols - 1) = T(5);
+  x(0, 0) = T(2);
+  owned_tensor<T> y = std::move(x);
+  EXPECT_EQ(y(rows - 1, cols - 1), T(5));
+  owned_tensor<T> z = y; // a deep copy, in a mapping of its own
+  EXPECT_NE(z.data(), y.data());
+  EXPECT_EQ(z(0, 0), T(2));
+  EXPECT_EQ(z(rows - 1, cols - 1), T(5));
+  std::int64_t const shape[] = {rows, cols};
+  owned_tensor<T> u(uninitialized, shape, 2, "u");
+  expect_aligned(u.data());
+  u(rows - 1, cols - 1) = T(1);
+  EXPECT_EQ(u.data()[u.numel() - 1], T(1));
+}
+
+TEST(Tensor, AllocateBlockZeroesWhatItSaysAndAlignsLargeBlocks) {
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{100}, detail::large_block_bytes - 64,
+                            detail::large_block_bytes, 3 * detail::large_block_bytes + 4096 + 8}) {
+    auto* const p = static_cast<unsigned char*>(detail::allocate_block(bytes, true));
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u) << bytes;
+    std::size_t nonzero = 0;
+    for (std::size_t i = 0; i < bytes; ++i) nonzero += p[i] != 0;
+    EXPECT_EQ(nonzero, 0u) << bytes;
+    if (bytes > 0) p[bytes - 1] = 1; // the last byte is ours
+    detail::free_block(p, bytes);
+  }
+}
+
 TYPED_TEST(Tensor, OwnedTensorRankErrors) {
   using T = TypeParam;
   EXPECT_THROW((owned_tensor<T>({1, 2, 3, 4, 5})), std::invalid_argument);

@@ -184,6 +184,13 @@ TYPED_TEST(Reduce, RankTwo) {
     auto const y = dyadic<tile<T, 64, 64>>(4, kmax);
     check_along<0>(y);
     check_along<1>(y);
+    // Rows long enough for the four accumulators, with whole vectors and single lanes left
+    // after them (for float: 64 + 2 x 16 + 4 and 3 x 64 + 19).
+    auto const z = dyadic<tile<T, 3, 100>>(6, kmax);
+    check_along<1>(z);
+    check_along<0>(z);
+    auto const u = dyadic<tile<T, 2, 211>>(7, kmax);
+    check_along<1>(u);
   }
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "tilegrad/ad/context.hpp"
+#include "tilegrad/core/pages.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/checked.hpp"
 
@@ -59,17 +60,18 @@ inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::u
 template <class U>
 struct stamp_buffer {
   U* p = nullptr;
-  explicit stamp_buffer(std::size_t n) {
+  std::size_t bytes = 0;
+  explicit stamp_buffer(std::size_t n) : bytes(n * sizeof(U)) {
     if (n == 0) return;
-    p = static_cast<U*>(std::calloc(n, sizeof(U)));
-    if (!p) throw std::bad_alloc();
+    p = static_cast<U*>(detail::allocate_block(bytes, true));
   }
-  stamp_buffer(stamp_buffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+  stamp_buffer(stamp_buffer&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
   stamp_buffer& operator=(stamp_buffer&& o) noexcept {
     std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
     return *this;
   }
-  ~stamp_buffer() { std::free(p); }
+  ~stamp_buffer() { detail::free_block(p, bytes); }
 };
 
 /// After a wave: checks one program's accesses against the final stamps, and registers its

@@ -30,9 +30,10 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
   auto const row = to<fp32<T>>(load(x + row_idx * x.stride(0) + cols * x.stride(1), mask,
                                     -std::numeric_limits<float>::infinity()));
   // Subtract the maximum for stability; masked lanes are -inf and vanish in exp.
-  auto const num = exp(row - max(row));
-  tile<fp32<T>, Block> const out = num / sum(num);
-  store(y + row_idx * y.stride(0) + cols * y.stride(1), out, mask);
+  // The exponentials are kept (each is read twice: for the sum and for the output); the output
+  // goes to memory without a tile of its own.
+  tile<fp32<T>, Block> const num = exp(row - max(row));
+  store(y + row_idx * y.stride(0) + cols * y.stride(1), num / sum(num), mask);
 };
 
 /// Backward of softmax_fwd from its output y: dx[i, :] = y[i, :] * (dy[i, :] - s) with s the

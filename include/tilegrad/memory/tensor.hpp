@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tilegrad/core/bf16.hpp"
+#include "tilegrad/core/pages.hpp"
 #include "tilegrad/core/storage.hpp"
 
 #include <algorithm>
@@ -260,8 +261,9 @@ public:
       if (shape[a] < 0) throw std::invalid_argument("tilegrad::owned_tensor: negative extent");
       n *= shape[a];
     }
-    storage_.reset(static_cast<T*>(::operator new[](static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T),
-                                                    std::align_val_t{64})));
+    std::size_t const bytes = static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T);
+    storage_ = std::unique_ptr<T, deleter>(static_cast<T*>(detail::allocate_block(bytes, false)),
+                                           deleter{bytes});
     std::uninitialized_default_construct_n(storage_.get(), n);
     size_ = n;
     extents e{1, 1, 1, 1};
@@ -314,7 +316,8 @@ public:
 
 private:
   struct deleter {
-    void operator()(T* p) const { ::operator delete[](p, std::align_val_t{64}); }
+    std::size_t bytes = 0;
+    void operator()(T* p) const { detail::free_block(p, bytes); }
   };
   std::unique_ptr<T, deleter> storage_;
   std::int64_t size_ = 0;
