@@ -145,6 +145,14 @@ void persist(N& n, tape& tp) {
     T* copy = tp.alloc<T>(size);
     std::copy_n(n.p, size, copy);
     n.p = copy;
+  } else if constexpr (std::is_same_v<D, tile_view<value_of_t<D>, shape_of_t<D>>>) {
+    using T = value_of_t<D>;
+    constexpr int size = shape_of_t<D>::size;
+    T* copy = tp.alloc<T>(size);
+    std::copy_n(*n.pp, size, copy);
+    T const** slot = tp.alloc<T const*>(1); // a heap tile's leaf reads through a pointer
+    *slot = copy;
+    n.pp = slot;
   } else if constexpr (requires { n.es; }) {
     n.es.apply([&tp](auto&... e) { (persist(e, tp), ...); });
   } else if constexpr (requires { n.e; }) {

@@ -67,6 +67,78 @@ private:
   slot slots_[16];
 };
 
+/// Tag: construct a tile that reads memory it does not own (a borrowed block load).
+struct borrow_t {
+  explicit borrow_t() = default;
+};
+inline constexpr borrow_t borrow{};
+
+// The heap tiles of this thread that read memory they do not own (block loads of read-only
+// tensors, used in place instead of copied). A tile stays a value: before this thread writes
+// memory a borrower reads (a store, an atomic), before anything writes the tile, and when it is
+// copied, it gets its own block first (borrows::before_write, tile_storage::own). A tile that
+// cannot borrow (the list is full) copies, as every load did before.
+class borrows {
+public:
+  static constexpr int capacity = 32;
+  struct entry {
+    void* storage;
+    void (*own)(void*);
+    char const* lo;
+    char const* hi;
+  };
+
+  bool add(void* storage, void (*own)(void*), void const* lo, void const* hi) {
+    if (n_ == capacity) return false;
+    e_[n_++] = {storage, own, static_cast<char const*>(lo), static_cast<char const*>(hi)};
+    return true;
+  }
+  void remove(void* storage) {
+    for (int i = n_ - 1; i >= 0; --i)
+      if (e_[i].storage == storage) {
+        e_[i] = e_[--n_];
+        return;
+      }
+  }
+  /// The borrower at `from` moved to `to`.
+  void relink(void* from, void* to) {
+    for (int i = n_ - 1; i >= 0; --i)
+      if (e_[i].storage == from) {
+        e_[i].storage = to;
+        return;
+      }
+  }
+  /// Two storages exchanged their states.
+  void swap_links(void* a, void* b) {
+    for (int i = 0; i < n_; ++i) {
+      if (e_[i].storage == a)
+        e_[i].storage = b;
+      else if (e_[i].storage == b)
+        e_[i].storage = a;
+    }
+  }
+  /// Every borrower reading [lo, hi) gets its own copy: the memory is about to change.
+  void before_write(void const* lo, void const* hi) {
+    auto const* l = static_cast<char const*>(lo);
+    auto const* h = static_cast<char const*>(hi);
+    for (int i = n_ - 1; i >= 0; --i)
+      if (i < n_ && e_[i].lo < h && l < e_[i].hi) e_[i].own(e_[i].storage); // (own removes it)
+  }
+  int live() const { return n_; }
+
+private:
+  entry e_[capacity];
+  int n_ = 0;
+};
+
+inline thread_local borrows borrowed_tiles;
+
+/// Before this thread writes [lo, hi): the tiles reading it take their own copies.
+inline void before_write(void const* lo, void const* hi) {
+  if (borrowed_tiles.live() != 0) [[unlikely]]
+    borrowed_tiles.before_write(lo, hi);
+}
+
 template <class T, int N, bool Inline = (N * sizeof(T) <= inline_tile_bytes)>
 class tile_storage;
 
@@ -74,6 +146,12 @@ template <class T, int N>
 class tile_storage<T, N, true> {
 public:
   tile_storage() = default;
+  /// Small tiles copy what a borrowing load gives them.
+  tile_storage(borrow_t, T const* src, void const*, void const*)
+    requires std::is_trivially_copyable_v<T>
+  {
+    std::memcpy(data_, src, N * sizeof(T));
+  }
   T* get() { return data_; }
   T const* get() const { return data_; }
 
@@ -84,32 +162,61 @@ private:
 template <class T, int N>
 class tile_storage<T, N, false> {
 public:
+  static constexpr bool can_borrow = std::is_trivially_copyable_v<T>;
+
   tile_storage() : p_(allocate()) {}
+  /// Reads the N elements at `src` in place while it can (see borrows); [lo, hi) is the memory
+  /// of the tensor they belong to, whose writes end the borrow.
+  tile_storage(borrow_t, T const* src, void const* lo, void const* hi)
+    requires can_borrow
+  {
+    if (borrowed_tiles.add(this, &own_at, lo, hi)) {
+      p_ = const_cast<T*>(src); // read only: every write path calls own() first
+      borrowed_ = true;
+    } else {
+      p_ = allocate();
+      std::memcpy(p_, src, N * sizeof(T));
+    }
+  }
   tile_storage(tile_storage const& o) : p_(allocate()) {
     if constexpr (std::is_trivially_copyable_v<T>)
       std::memcpy(p_, o.p_, N * sizeof(T));
     else
       std::copy(o.p_, o.p_ + N, p_);
   }
-  tile_storage(tile_storage&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  tile_storage(tile_storage&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), borrowed_(std::exchange(o.borrowed_, false)) {
+    if (borrowed_) borrowed_tiles.relink(&o, this);
+  }
   tile_storage& operator=(tile_storage const& o) {
     if (this != &o) {
-      if (!p_) p_ = allocate();
+      T* const dst = get(); // (a borrower first gets a block of its own)
       if constexpr (std::is_trivially_copyable_v<T>)
-        std::memcpy(p_, o.p_, N * sizeof(T));
+        std::memcpy(dst, o.p_, N * sizeof(T));
       else
-        std::copy(o.p_, o.p_ + N, p_);
+        std::copy(o.p_, o.p_ + N, dst);
     }
     return *this;
   }
   tile_storage& operator=(tile_storage&& o) noexcept {
     std::swap(p_, o.p_);
+    std::swap(borrowed_, o.borrowed_);
+    if (borrowed_ || o.borrowed_) borrowed_tiles.swap_links(this, &o);
     return *this;
   }
   ~tile_storage() { release(); }
 
-  T* get() { return p_; }
+  /// Writable elements: a borrower copies what it reads into a block of its own first.
+  T* get() {
+    if (borrowed_) [[unlikely]]
+      own();
+    return p_;
+  }
   T const* get() const { return p_; }
+  /// Where the elements are found (expression leaves of a heap tile read through it, so that
+  /// they follow a borrower to its own copy).
+  T const* const* slot() const { return const_cast<T const* const*>(&p_); }
+  bool borrowed() const { return borrowed_; }
 
 private:
   static T* allocate() {
@@ -118,13 +225,28 @@ private:
       std::uninitialized_value_construct_n(p, N);
     return p;
   }
+  void own() {
+    T* const p = allocate();
+    std::memcpy(p, p_, N * sizeof(T));
+    borrowed_tiles.remove(this);
+    p_ = p;
+    borrowed_ = false;
+  }
+  static void own_at(void* self) { static_cast<tile_storage*>(self)->own(); }
   void release() {
     if (!p_) return;
+    if (borrowed_) {
+      borrowed_tiles.remove(this);
+      borrowed_ = false;
+      p_ = nullptr;
+      return;
+    }
     if constexpr (!std::is_trivially_destructible_v<T>) std::destroy_n(p_, N);
     block_cache::local().give(p_, N * sizeof(T));
     p_ = nullptr;
   }
   T* p_;
+  bool borrowed_ = false;
 };
 
 } // namespace detail

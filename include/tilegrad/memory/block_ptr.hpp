@@ -209,6 +209,26 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
   }
 }
 
+// The block's first element when the block lies inside the tensor and its elements sit in memory
+// as in a tile (row-major, no gaps), else null.
+template <class T, int... Bs>
+TILEGRAD_INLINE T* dense_block_inside(block_ptr<T, Bs...> const& bp) {
+  constexpr int R = sizeof...(Bs);
+  constexpr int dims[] = {Bs...};
+  auto const& shp = bp.shape();
+  auto const& str = bp.strides();
+  auto const& off = bp.offsets();
+  std::int64_t mem = 0, dense = 1;
+  for (int a = R - 1; a >= 0; --a) {
+    if (off[a] < 0 || off[a] + dims[a] > shp[a]) return nullptr;
+    if (dims[a] > 1 && str[a] != dense) return nullptr;
+    dense *= dims[a];
+    mem += off[a] * str[a];
+  }
+  if (bp.base().numel() == 0 || mem + dense > bp.base().span()) return nullptr; // (a block pointer's own shape)
+  return bp.base().data() + mem;
+}
+
 } // namespace detail
 
 namespace ad { // reverse mode (ad/memory.hpp) takes over for tensors of adjoint<T>
@@ -334,9 +354,26 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
   if constexpr (adjoint_scalar<T>) {
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
   } else {
-    tile<std::remove_const_t<T>, Bs...> out(uninitialized);
+    using V = std::remove_const_t<T>;
     // In a launch that checks (hooks set): bounds always checked, rows recorded when tracked.
     detail::access_hooks const* const h = detail::current_hooks();
+#if !defined(TILEGRAD_NO_BORROW)
+    // A block of a read-only tensor, inside it and laid out as the tile is: read in place (the
+    // tile borrows the memory, and copies it before this program writes there: core/storage.hpp).
+    // Only in a program of a plain launch, whose tensors outlive its tiles: not in host code, nor
+    // in launches that track accesses (vjp, the checker, check_races), whose records may keep tiles.
+    if constexpr (std::is_const_v<T> && std::is_arithmetic_v<V> &&
+                  sizeof(V) * shape<Bs...>::size > detail::inline_tile_bytes) {
+      V const* const src = h == nullptr && detail::current_program() != nullptr
+                               ? detail::dense_block_inside(bp)
+                               : nullptr;
+      if (src) { // (inside the tensor: nothing for checked mode to find)
+        V const* const lo = bp.base().data();
+        return tile<V, Bs...>(detail::borrow, src, lo, lo + bp.base().span());
+      }
+    }
+#endif
+    tile<V, Bs...> out(uninitialized);
     detail::load_block_into<boundary_check<Axes...>>(
         out.data(), bp, pad, loc, checked() | (h != nullptr), [](int, std::int64_t, int, int) {});
     if (h) [[unlikely]]
@@ -386,6 +423,20 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
   if constexpr (adjoint_scalar<T>) {
     ad::store_block(bp, std::forward<E>(value), boundary_check<Axes...>{}, loc);
   } else {
+    detail::access_hooks const* const h0 = detail::current_hooks();
+    if constexpr (!is_tile_v<std::remove_cvref_t<E>>) {
+      // An expression into a block inside the tensor and laid out as a tile: evaluated straight
+      // into its rows (no tile in between). Nothing it reads is this memory: loads are tiles, and
+      // tiles borrowing the tensor's memory copy it first.
+      // (Inside the tensor: nothing for checked mode to find; a tracked launch takes the path
+      // below, which records the rows.)
+      if (T* const dst = detail::dense_block_inside(bp); dst && h0 == nullptr) {
+        detail::before_write(bp.base().data(), bp.base().data() + bp.base().span());
+        auto cast = to<T>(std::forward<E>(value)); // (as the tile below: to<T>, then in)
+        detail::assign<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))));
+        return;
+      }
+    }
     // Values as one contiguous block (a tile of the right type is used in place).
     auto&& vals = [&]() -> decltype(auto) {
       using D = std::remove_cvref_t<E>;
@@ -395,6 +446,9 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
         return tile<T, Bs...>(to<T>(std::forward<E>(value)));
     }();
     detail::access_hooks const* const h = detail::current_hooks();
+    // Tiles borrowing this memory copy it first. (After the values are evaluated: an expression
+    // reading a borrower reads through its storage, so it follows the borrower to its copy.)
+    detail::before_write(bp.base().data(), bp.base().data() + bp.base().span());
     detail::store_block_from<boundary_check<Axes...>>(
         bp, vals.data(), loc, checked() | (h != nullptr), [](int, std::int64_t, int, int) {});
     if (h) [[unlikely]]

@@ -358,6 +358,7 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
   } else {
     auto const mask = broadcast_mask<S>(mask_in);
     access_hooks const* const h = current_hooks();
+    before_write(p.base.data(), p.base.data() + p.base.span()); // borrowed tiles copy first
     store_from<S>(p, val_in, mask, loc, checked() | (h != nullptr), [](int, std::int64_t, int) {});
     if (h) [[unlikely]]
       record_lanes<S>(*h, p, mask, op_store, loc);
@@ -538,6 +539,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     static_assert(std::is_arithmetic_v<T> || (!is_builtin_v<T> && std::is_trivially_copyable_v<T>),
                   "tilegrad: atomics work on float, double, integer and custom scalar tensors");
     using S = access_shape_t<Off, Mask>;
+    before_write(p.base.data(), p.base.data() + p.base.span()); // borrowed tiles copy first
     auto mask = [&] {
       if constexpr (std::is_same_v<Mask, no_mask>)
         return no_mask{};

@@ -123,6 +123,10 @@ template <class T, class S>
 struct stored_transpose<T, permute_node<tile_ref<T, S>, 1, 0>> : std::true_type {
   static T const* data(permute_node<tile_ref<T, S>, 1, 0> const& n) { return n.e.p; }
 };
+template <class T, class S>
+struct stored_transpose<T, permute_node<tile_view<T, S>, 1, 0>> : std::true_type {
+  static T const* data(permute_node<tile_view<T, S>, 1, 0> const& n) { return n.e.data(); }
+};
 template <class T, int... Ns>
 struct stored_transpose<T, permute_node<tile<T, Ns...>, 1, 0>> : std::true_type {
   static T const* data(permute_node<tile<T, Ns...>, 1, 0> const& n) { return n.e.data(); }

@@ -68,6 +68,26 @@ struct tile_ref : node_base {
   }
 };
 
+/// A reference to a heap tile (how an lvalue tile of more than inline_tile_bytes enters an
+/// expression): it reads through the tile's storage pointer, so an expression built before the
+/// tile took its own copy of borrowed memory (detail::borrows) reads that copy.
+template <class T, class S>
+struct tile_view : node_base {
+  using value_type = T;
+  using shape_type = S;
+  static constexpr bool may_alias = false;
+  template <int W>
+  static constexpr bool vectorizes = simd::has_vec_v<T, W>;
+
+  T const* const* pp;
+
+  T const* data() const { return *pp; }
+  template <int W>
+  TILEGRAD_INLINE simd::vec_t<T, W> load(int row, int col) const {
+    return simd::load<T, W>(*pp + row * S::inner + col);
+  }
+};
+
 /// A number broadcast to every element (rank 0).
 template <class T>
 struct scalar_node : node_base {
@@ -91,6 +111,8 @@ TILEGRAD_INLINE auto as_node(X&& x) {
   using D = std::remove_cvref_t<X>;
   if constexpr (requires { x.as_expr_node(); })
     return x.as_expr_node(); // a tile that enters expressions as a node of its own (reverse mode)
+  else if constexpr (is_tile_v<D> && std::is_lvalue_reference_v<X> && requires { x.data_slot(); })
+    return tile_view<typename D::value_type, typename D::shape_type>{{}, x.data_slot()};
   else if constexpr (is_tile_v<D> && std::is_lvalue_reference_v<X>)
     return tile_ref<typename D::value_type, typename D::shape_type>{{}, x.data()};
   else if constexpr (tile_expression<D>)

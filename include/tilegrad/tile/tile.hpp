@@ -81,6 +81,10 @@ public:
     assign_from(e);
   }
 
+  /// The elements at `src` (row-major), read in place while nothing writes them: a block load of
+  /// memory [lo, hi) that this program only reads (detail::borrows). Small tiles copy.
+  tile(detail::borrow_t b, T const* src, void const* lo, void const* hi) : storage_(b, src, lo, hi) {}
+
   tile(tile const&) = default;
   tile(tile&&) noexcept = default;
   tile& operator=(tile const&) = default;
@@ -102,6 +106,12 @@ public:
 
   T* data() { return storage_.get(); }
   T const* data() const { return storage_.get(); }
+  /// Where a heap tile's elements are found (its expression leaves read through it).
+  T const* const* data_slot() const
+    requires requires(detail::tile_storage<T, size> const& st) { st.slot(); }
+  {
+    return storage_.slot();
+  }
 
   /// Element access by coordinates (for tests and host code; kernels use tile algebra).
   template <class... I>
