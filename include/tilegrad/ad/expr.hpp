@@ -135,23 +135,23 @@ struct primal_node<map_node<Op, Es...>> {
 /// float> lvalue) at a copy on the tape. The record outlives the variable: the sweep runs after
 /// the loop that changed it or the scope that held it ended. Adjoint tiles' values are already
 /// on the tape and never change; temporaries and numbers are held by value.
+template <int Size, class T>
+T* tape_copy(T const* src, tape& tp) {
+  T* copy = tp.alloc<T>(Size);
+  std::copy_n(src, Size, copy);
+  return copy;
+}
+
 template <class N>
 void persist(N& n, tape& tp) {
   using D = std::remove_cvref_t<N>;
   if constexpr (requires { typename D::value_type; n.p; } &&
                 std::is_same_v<D, tile_ref<value_of_t<D>, shape_of_t<D>>>) {
-    using T = value_of_t<D>;
-    constexpr int size = shape_of_t<D>::size;
-    T* copy = tp.alloc<T>(size);
-    std::copy_n(n.p, size, copy);
-    n.p = copy;
+    n.p = tape_copy<shape_of_t<D>::size>(n.p, tp);
   } else if constexpr (std::is_same_v<D, tile_view<value_of_t<D>, shape_of_t<D>>>) {
     using T = value_of_t<D>;
-    constexpr int size = shape_of_t<D>::size;
-    T* copy = tp.alloc<T>(size);
-    std::copy_n(*n.pp, size, copy);
     T const** slot = tp.alloc<T const*>(1); // a heap tile's leaf reads through a pointer
-    *slot = copy;
+    *slot = tape_copy<shape_of_t<D>::size>(*n.pp, tp);
     n.pp = slot;
   } else if constexpr (requires { n.es; }) {
     n.es.apply([&tp](auto&... e) { (persist(e, tp), ...); });

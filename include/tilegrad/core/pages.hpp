@@ -14,9 +14,13 @@
 
 namespace tilegrad::detail {
 
-/// Blocks from this size on are mapped on their own, with the huge-page hint.
+/// Blocks from one huge page (2 MiB) on are mapped on their own, with the huge-page hint.
 inline constexpr std::size_t large_block_bytes = std::size_t{2} << 20;
-inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+
+/// What a large block of `bytes` maps: whole huge pages.
+constexpr std::size_t mapped_bytes(std::size_t bytes) {
+  return (bytes + large_block_bytes - 1) / large_block_bytes * large_block_bytes;
+}
 
 /// `bytes` of memory, 64-byte aligned (2 MiB aligned from large_block_bytes on, on Linux), zeroed
 /// where `zero` says so (a large block always is). Give it back with free_block(p, bytes).
@@ -26,14 +30,14 @@ inline void* allocate_block(std::size_t bytes, bool zero) {
   if (bytes >= large_block_bytes) {
     // Map a 2 MiB-aligned range (a huge page needs the alignment): map one page more, then
     // unmap the ends. A fresh anonymous mapping reads zero.
-    std::size_t const len = (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
-    void* const raw = ::mmap(nullptr, len + huge_page_bytes, PROT_READ | PROT_WRITE,
+    std::size_t const len = mapped_bytes(bytes);
+    void* const raw = ::mmap(nullptr, len + large_block_bytes, PROT_READ | PROT_WRITE,
                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) throw std::bad_alloc();
     auto const a = reinterpret_cast<std::uintptr_t>(raw);
-    std::uintptr_t const start = (a + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+    std::uintptr_t const start = mapped_bytes(a);
     if (start > a) ::munmap(raw, start - a);
-    std::uintptr_t const end = a + len + huge_page_bytes;
+    std::uintptr_t const end = a + len + large_block_bytes;
     if (end > start + len) ::munmap(reinterpret_cast<void*>(start + len), end - (start + len));
     ::madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE); // a hint: ignored where off
     return reinterpret_cast<void*>(start);
@@ -48,7 +52,7 @@ inline void free_block(void* p, std::size_t bytes) noexcept {
   if (!p) return;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (bytes >= large_block_bytes) {
-    ::munmap(p, (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes);
+    ::munmap(p, mapped_bytes(bytes));
     return;
   }
 #endif

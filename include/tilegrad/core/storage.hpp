@@ -122,7 +122,7 @@ public:
     auto const* l = static_cast<char const*>(lo);
     auto const* h = static_cast<char const*>(hi);
     for (int i = n_ - 1; i >= 0; --i)
-      if (i < n_ && e_[i].lo < h && l < e_[i].hi) e_[i].own(e_[i].storage); // (own removes it)
+      if (e_[i].lo < h && l < e_[i].hi) e_[i].own(e_[i].storage); // (own removes entry i)
   }
   int live() const { return n_; }
 
@@ -190,11 +190,14 @@ public:
   }
   tile_storage& operator=(tile_storage const& o) {
     if (this != &o) {
-      T* const dst = get(); // (a borrower first gets a block of its own)
+      if (borrowed_) { // about to be overwritten: a block of its own, nothing copied into it
+        unlink();
+        p_ = allocate();
+      }
       if constexpr (std::is_trivially_copyable_v<T>)
-        std::memcpy(dst, o.p_, N * sizeof(T));
+        std::memcpy(p_, o.p_, N * sizeof(T));
       else
-        std::copy(o.p_, o.p_ + N, dst);
+        std::copy(o.p_, o.p_ + N, p_);
     }
     return *this;
   }
@@ -216,7 +219,6 @@ public:
   /// Where the elements are found (expression leaves of a heap tile read through it, so that
   /// they follow a borrower to its own copy).
   T const* const* slot() const { return const_cast<T const* const*>(&p_); }
-  bool borrowed() const { return borrowed_; }
 
 private:
   static T* allocate() {
@@ -225,19 +227,22 @@ private:
       std::uninitialized_value_construct_n(p, N);
     return p;
   }
+  // A borrower leaves the thread's list (its p_ still points at the memory it read).
+  void unlink() {
+    borrowed_tiles.remove(this);
+    borrowed_ = false;
+  }
   void own() {
     T* const p = allocate();
     std::memcpy(p, p_, N * sizeof(T));
-    borrowed_tiles.remove(this);
+    unlink();
     p_ = p;
-    borrowed_ = false;
   }
   static void own_at(void* self) { static_cast<tile_storage*>(self)->own(); }
   void release() {
     if (!p_) return;
     if (borrowed_) {
-      borrowed_tiles.remove(this);
-      borrowed_ = false;
+      unlink();
       p_ = nullptr;
       return;
     }
