@@ -5,7 +5,7 @@
 // reads what was loaded. Each case first checks that the load did borrow (the tile's data is the
 // tensor's memory), so that the rest tests the borrowing path and not a copy. Loads borrow only in
 // a program of a plain launch: the last cases check that host code, a launch that tracks accesses
-// and vjp copy.
+// and vjp copy. One case runs a user's in-place kernel at a realistic size against plain loops.
 #include "memory_test_util.hpp"
 
 #include <tilegrad/grid/launch.hpp>
@@ -16,6 +16,8 @@
 #include <tilegrad/tile/reduce.hpp>
 #include <tilegrad/tile/shape_ops.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -227,6 +229,48 @@ void run_in_place(launch_options const& opts, bool expect_borrow) {
 TEST(BorrowedLaunch, AnInPlaceKernelBorrowsAndKeepsItsValues) {
   for (executor e : {executor::tbb, executor::openmp, executor::sequential})
     if (executor_available(e)) run_in_place({e, 2}, true);
+}
+
+// At a realistic size, against plain loops: each program scales two rows of a 1001 x 512 buffer
+// by their largest magnitude, in place, then stores an expression of what it loaded (held in an
+// `auto` across the store) beside it. The last program's block hangs over the edge and copies.
+constexpr auto rows_in_place = [](program const& p, tensor<float const> src, tensor<float> dst,
+                                  tensor<float> extra, float* seen) {
+  auto const bp = make_block_ptr<2, 512>(src, {p.program_id(0) * 2, 0});
+  tile<float, 2, 512> const x = load(bp, bounds<0>);
+  if (p.program_id(0) == 3) *seen = x.data() == src.data() + 6 * 512 ? 1.f : 0.f;
+  auto const m = max<1>(abs(x), keep_dims);
+  auto const y = x / (m + 1.0f);
+  store(make_block_ptr<2, 512>(dst, {p.program_id(0) * 2, 0}), y * 2.0f, bounds<0>);
+  store(make_block_ptr<2, 1>(extra, {p.program_id(0) * 2, 0}), m + sum<1>(y, keep_dims), bounds<0>);
+};
+
+TEST(BorrowedLaunch, RowsScaledInPlaceAtARealisticSize) {
+  constexpr std::int64_t rows = 1001, cols = 512;
+  owned_tensor<float> z({rows, cols}, "z"), extra({rows, 1}, "extra");
+  std::vector<float> x0(static_cast<std::size_t>(rows * cols));
+  // Mostly positive, so that row sums are far from 0 (a sum that read the stored values instead
+  // of the loaded ones must not pass for a rounding difference).
+  for (std::size_t i = 0; i < x0.size(); ++i)
+    x0[i] = z.data()[i] = static_cast<float>(i * 7919 % 2003) / 97.f - 3.f;
+  for (executor e : {executor::tbb, executor::openmp, executor::sequential}) {
+    if (!executor_available(e)) continue;
+    std::copy(x0.begin(), x0.end(), z.data());
+    float seen = -1;
+    launch({e, 2}, grid(static_cast<int>((rows + 1) / 2)), rows_in_place, z.cview(), z.view(), extra.view(), &seen);
+    EXPECT_EQ(seen, 1.f);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float m = 0;
+      for (std::int64_t j = 0; j < cols; ++j) m = std::max(m, std::abs(x0[static_cast<std::size_t>(i * cols + j)]));
+      double s = 0;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        float const y = x0[static_cast<std::size_t>(i * cols + j)] / (m + 1.0f);
+        s += y;
+        ASSERT_EQ(z(i, j), y * 2.0f) << "row " << i << ", column " << j;
+      }
+      ASSERT_NEAR(extra(i, 0), m + s, 1e-4 * (1 + std::abs(m + s))) << "row " << i;
+    }
+  }
 }
 
 TEST(BorrowedLaunch, ALaunchThatTracksAccessesCopies) {
