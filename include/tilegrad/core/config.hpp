@@ -31,8 +31,10 @@
 // expression is inlined into the loop body.
 #if defined(__GNUC__) || defined(__clang__)
 #define TILEGRAD_INLINE inline __attribute__((always_inline))
+#define TILEGRAD_INLINE_LAMBDA __attribute__((always_inline))
 #else
 #define TILEGRAD_INLINE inline
+#define TILEGRAD_INLINE_LAMBDA
 #endif
 
 // Slow paths kept out of line, so that the fast path they branch off stays small (and code

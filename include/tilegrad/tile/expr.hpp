@@ -277,7 +277,8 @@ struct map_node : node_base {
 
   template <int W>
   TILEGRAD_INLINE simd::vec_t<value_type, W> load(int row, int col) const {
-    return es.apply([&](auto const&... e) {
+    // (The lambda too: one not inlined is a call per vector of the fused loop.)
+    return es.apply([&](auto const&... e) TILEGRAD_INLINE_LAMBDA {
       auto v = Op::apply(e.template load<W>(row, col)...);
       if constexpr (std::is_same_v<value_type, bool> && W > 1)
         return simd::mask_for<bool, W>(v); // masks of any element type -> one mask type
