@@ -175,6 +175,23 @@ TYPED_TEST(Borrowed, PointerStoresAndAtomicsThroughAnotherViewCount) {
   EXPECT_EQ(this->x(r0 + 1, c0), static_cast<T>(value<T>(r0 + 1, c0) + 100));
 }
 
+TYPED_TEST(Borrowed, AnElementWrittenThroughAWritableViewLeavesTheTileItsValue) {
+  using T = TypeParam;
+  tile<T, R, C> const a = load(make_block_ptr<R, C>(this->src(), {r0, c0}));
+  ASSERT_EQ(a.data(), this->at(r0, c0));
+  auto expr = a + T(1); // held across the write: follows the tile to its copy
+  this->dst()(r0 + 2, c0 + 3) = T(-5);
+  this->expect_block(a, r0, c0, T(0), "after an element write");
+  tile<T, R, C> const b = expr;
+  this->expect_block(b, r0, c0, T(1), "an expression held across it");
+  EXPECT_EQ(this->x(r0 + 2, c0 + 3), T(-5));
+  // A read-only view's element access writes nothing and copies nothing.
+  tile<T, R, C> const c = load(make_block_ptr<R, C>(this->src(), {r0, c0}));
+  ASSERT_EQ(c.data(), this->at(r0, c0));
+  EXPECT_EQ(this->src()(r0 + 2, c0 + 3), T(-5));
+  EXPECT_EQ(c.data(), this->at(r0, c0));
+}
+
 TYPED_TEST(Borrowed, MoreLiveTilesThanTheListHoldsAllKeepTheirValues) {
   using T = TypeParam;
   std::vector<tile<T, R, C>> tiles;

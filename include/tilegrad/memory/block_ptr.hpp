@@ -105,16 +105,23 @@ block_ptr<T, Bs...> make_block_ptr(tensor<T> base,
   return bp;
 }
 
+namespace detail {
+[[noreturn]] TILEGRAD_NOINLINE inline void block_rank_mismatch(char const* name, int block_rank,
+                                                               int rank) {
+  throw std::invalid_argument("tilegrad::make_block_ptr: a block of rank " +
+                              std::to_string(block_rank) + " on tensor " + tensor_label(name) +
+                              " of rank " + std::to_string(rank));
+}
+} // namespace detail
+
 /// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
+/// (Inlined: kernels make one per row, and the copy of the shape folds into the caller.)
 template <int... Bs, class T>
-block_ptr<T, Bs...> make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
+TILEGRAD_INLINE block_ptr<T, Bs...> make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
-  if (t.rank() != static_cast<int>(sizeof...(Bs)))
-    throw std::invalid_argument("tilegrad::make_block_ptr: a block of rank " +
-                                std::to_string(sizeof...(Bs)) + " on tensor " +
-                                detail::tensor_label(t.name()) + " of rank " +
-                                std::to_string(t.rank()));
+  if (t.rank() != static_cast<int>(sizeof...(Bs))) [[unlikely]]
+    detail::block_rank_mismatch(t.name(), static_cast<int>(sizeof...(Bs)), t.rank());
   std::array<std::int64_t, sizeof...(Bs)> shape{}, strides{};
   for (std::size_t a = 0; a < sizeof...(Bs); ++a) {
     shape[a] = t.size(static_cast<int>(a));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tilegrad/core/bf16.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/core/pages.hpp"
 #include "tilegrad/core/storage.hpp"
 
@@ -22,6 +23,13 @@ namespace tilegrad {
 
 inline constexpr int max_tensor_rank = 4;
 using extents = std::array<std::int64_t, max_tensor_rank>;
+
+namespace detail {
+[[noreturn]] TILEGRAD_NOINLINE inline void axis_out_of_range(int axis, int rank) {
+  throw std::out_of_range("tilegrad::tensor: axis " + std::to_string(axis) +
+                          " out of range for rank " + std::to_string(rank));
+}
+} // namespace detail
 
 /// A view of strided memory: what kernels take as arguments (Triton's pointer arguments plus
 /// the shape and strides they are launched with). Copying a view copies no data.
@@ -89,12 +97,16 @@ public:
     return t;
   }
 
-  /// Element access by coordinates, for host code.
+  /// Element access by coordinates, for host code. Through a writable view the element may be
+  /// written: tiles of this thread reading it in place (loads that borrow, core/storage.hpp)
+  /// take their own copies first.
   template <class... I>
   T& operator()(I... idx) const {
     std::int64_t off = 0;
     int a = 0;
     ((off += static_cast<std::int64_t>(idx) * strides_[a++]), ...);
+    if constexpr (!std::is_const_v<T>)
+      detail::before_write(data_ + off, data_ + off + 1);
     return data_[off];
   }
 
@@ -224,11 +236,12 @@ private:
       shape_[a] = s[a];
     }
   }
+  // Small enough to inline into the size() and stride() calls of every kernel; the message is
+  // built out of line.
   int check_axis(int axis) const {
     if (axis < 0) axis += rank_;
-    if (axis < 0 || axis >= rank_)
-      throw std::out_of_range("tilegrad::tensor: axis " + std::to_string(axis) +
-                              " out of range for rank " + std::to_string(rank_));
+    if (axis < 0 || axis >= rank_) [[unlikely]]
+      detail::axis_out_of_range(axis, rank_);
     return axis;
   }
 
