@@ -117,7 +117,8 @@ namespace detail {
 /// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
 /// (Inlined: kernels make one per row, and the copy of the shape folds into the caller.)
 template <int... Bs, class T>
-TILEGRAD_INLINE block_ptr<T, Bs...> make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
+TILEGRAD_INLINE block_ptr<T, Bs...>
+make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
   if (t.rank() != static_cast<int>(sizeof...(Bs))) [[unlikely]]
