@@ -243,6 +243,35 @@ void run_in_place(launch_options const& opts, bool expect_borrow) {
     }
 }
 
+// bf16 storage (attention's K and V tiles): the same rules, for a type with no arithmetic of its
+// own. The values are exact in bf16.
+TEST(BorrowedBf16, ABlockReadsInPlaceAndKeepsItsValuesAcrossStores) {
+  program const prog{{0, 0, 0}, {1, 1, 1}};
+  detail::program_scope const scope{prog};
+  owned_tensor<bf16> x({M, N}, "x");
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) x(i, j) = bf16(value<float>(i, j));
+  tensor<bf16 const> const src = x.cview();
+  tile<bf16, R, C> const a = load(make_block_ptr<R, C>(src, {r0, c0}));
+  ASSERT_EQ(a.data(), x.data() + r0 * N + c0);
+  auto held = to<float>(a) + 1.0f; // an expression held across the store
+  store(make_block_ptr<R, C>(x.view(), {r0, c0}), full<float, R, C>(-1.0f));
+  EXPECT_EQ(float(x(r0, c0)), -1.0f);
+  tile<float, R, C> const b = held;
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) {
+      ASSERT_EQ(float(a(i, j)), value<float>(r0 + i, c0 + j)) << i << ", " << j;
+      ASSERT_EQ(b(i, j), value<float>(r0 + i, c0 + j) + 1.0f) << i << ", " << j;
+    }
+  // A pointer store through another view of the same memory.
+  tile<bf16, R, C> const c = load(make_block_ptr<R, C>(src, {r0, c0}));
+  ASSERT_EQ(c.data(), x.data() + r0 * N + c0);
+  store(x.view() + ((r0 + 1) * N + c0 + arange<0, 16>()), full<float, 16>(5.0f));
+  EXPECT_EQ(float(c(0, 0)), -1.0f);
+  EXPECT_EQ(float(c(1, 0)), -1.0f);
+  EXPECT_EQ(float(x(r0 + 1, c0)), 5.0f);
+}
+
 TEST(BorrowedLaunch, AnInPlaceKernelBorrowsAndKeepsItsValues) {
   for (executor e : {executor::tbb, executor::openmp, executor::sequential})
     if (executor_available(e)) run_in_place({e, 2}, true);

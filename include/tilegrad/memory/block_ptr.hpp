@@ -370,7 +370,7 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
     // tile borrows the memory, and copies it before this program writes there: core/storage.hpp).
     // Only in a program of a plain launch, whose tensors outlive its tiles: not in host code, nor
     // in launches that track accesses (vjp, the checker, check_races), whose records may keep tiles.
-    if constexpr (std::is_const_v<T> && std::is_arithmetic_v<V> &&
+    if constexpr (std::is_const_v<T> && (std::is_arithmetic_v<V> || std::is_same_v<V, bf16>) &&
                   sizeof(V) * shape<Bs...>::size > detail::inline_tile_bytes) {
       V const* const src = h == nullptr && detail::current_program() != nullptr
                                ? detail::dense_block_inside(bp)
