@@ -6,6 +6,7 @@
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/shape.hpp"
 #include "tilegrad/core/simd.hpp"
+#include "tilegrad/core/types.hpp"
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/memory/tracking.hpp"
@@ -115,10 +116,8 @@ namespace detail {
 } // namespace detail
 
 /// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
-/// (Inlined: kernels make one per row, and the copy of the shape folds into the caller.)
 template <int... Bs, class T>
-TILEGRAD_INLINE block_ptr<T, Bs...>
-make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
+block_ptr<T, Bs...> make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
   if (t.rank() != static_cast<int>(sizeof...(Bs))) [[unlikely]]
@@ -370,7 +369,7 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
     // tile borrows the memory, and copies it before this program writes there: core/storage.hpp).
     // Only in a program of a plain launch, whose tensors outlive its tiles: not in host code, nor
     // in launches that track accesses (vjp, the checker, check_races), whose records may keep tiles.
-    if constexpr (std::is_const_v<T> && (std::is_arithmetic_v<V> || std::is_same_v<V, bf16>) &&
+    if constexpr (std::is_const_v<T> && is_builtin_v<V> &&
                   sizeof(V) * shape<Bs...>::size > detail::inline_tile_bytes) {
       V const* const src = h == nullptr && detail::current_program() != nullptr
                                ? detail::dense_block_inside(bp)
