@@ -367,6 +367,9 @@ inline std::size_t contribution_budget_for(int workers) {
   return std::max(std::size_t{64} << 20, (std::size_t{8} << 20) * static_cast<std::size_t>(workers));
 }
 
+template <class T>
+gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_entry>& entries,
+                      std::vector<std::string> const& names, tilegrad::detail::program_call call);
 } // namespace ad
 
 /// Gradients of the launch `kernel` over `g` with respect to the tensors marked `in` (and
@@ -377,14 +380,30 @@ template <class Kernel, class... Args>
 auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
   using T = typename ad::first_float<std::remove_cvref_t<Args>...>::type;
   static_assert(std::is_floating_point_v<T>, "tilegrad::vjp: no float tensor among the arguments");
-  bool const magnitudes = ad::magnitude_sweep();
   constexpr bool callable =
       detail::kernel_callable<Kernel, decltype(ad::convert_arg<T>(args))...>();
-
   std::vector<ad::tensor_entry> entries;
   std::vector<std::string> names;
   std::vector<ad::tensor_shadow<T>> shadows;
   (ad::add_entry<Args, T>(args, entries, names, shadows), ...);
+  auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
+  auto call = [&](program const& p) {
+    if constexpr (callable)
+      std::apply([&](auto&... a) { kernel(p, a...); }, converted);
+  };
+  return ad::vjp_core<T>(opts, g, entries, names, detail::program_call(call));
+}
+
+namespace ad {
+
+/// vjp's body: all of it but the call of the kernel, which `call` makes for one program (inside
+/// the program's scope, with the tape of the calling thread current). It depends on the
+/// gradients' type only, so it is compiled once per type, not once per kernel (and, with
+/// TILEGRAD_SEPARATE_COMPILATION, once per program: tilegrad/separate.hpp).
+template <class T>
+gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_entry>& entries,
+                      std::vector<std::string> const& names, tilegrad::detail::program_call call) {
+  bool const magnitudes = ad::magnitude_sweep();
   for (std::size_t i = 0; i < names.size(); ++i)
     for (std::size_t j = i + 1; j < names.size(); ++j)
       if (!names[i].empty() && names[i] == names[j])
@@ -416,7 +435,6 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     any_stream |= stream;
   }
 
-  auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
   std::int64_t const total = g.size();
   int const threads = opts.num_threads > 0 ? opts.num_threads : 64;
   // Waves of 16 programs per thread: the end of a wave waits for its slowest program.
@@ -492,8 +510,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
       ad::program_state* saved = ad::current_state();
       ad::current_state() = &state;
       try {
-        if constexpr (callable)
-          std::apply([&](auto&... a) { kernel(p, a...); }, converted);
+        call(p);
         ad::seed_outputs<T>(state, entries);
         {
           std::lock_guard<std::mutex> lock(merge);
@@ -569,7 +586,6 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   return result;
 }
 
-namespace ad {
 /// The copies a vjp in another precision runs on, and the tensors its results go back to.
 template <class U>
 struct rebound_args {
@@ -676,3 +692,16 @@ auto vjp(grid g, Kernel&& kernel, Args const&... args) {
 }
 
 } // namespace tilegrad
+
+#if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
+namespace tilegrad::ad {
+extern template gradients<float> vjp_core<float>(launch_options const&, grid,
+                                                 std::vector<tensor_entry>&,
+                                                 std::vector<std::string> const&,
+                                                 tilegrad::detail::program_call);
+extern template gradients<double> vjp_core<double>(launch_options const&, grid,
+                                                   std::vector<tensor_entry>&,
+                                                   std::vector<std::string> const&,
+                                                   tilegrad::detail::program_call);
+} // namespace tilegrad::ad
+#endif

@@ -946,3 +946,15 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
 } // namespace detail
 
 } // namespace tilegrad
+
+#if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
+namespace tilegrad::detail {
+extern template check_report check_backward_core<float>(grid const&, forward_parts<float>&,
+                                                        backward_ref<float>, check_options const&);
+extern template check_report check_backward_core<double>(grid const&, forward_parts<double>&,
+                                                         backward_ref<double>,
+                                                         check_options const&);
+extern template check_report check_backward_core<bf16>(grid const&, forward_parts<bf16>&,
+                                                       backward_ref<bf16>, check_options const&);
+} // namespace tilegrad::detail
+#endif

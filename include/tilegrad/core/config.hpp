@@ -47,6 +47,14 @@
 #define TILEGRAD_NOINLINE_LAMBDA
 #endif
 
+// TILEGRAD_SEPARATE_COMPILATION=1: the reverse-mode and checker machinery that does not depend on
+// a kernel (vjp's accumulation, the checker's body, per gradient type) is declared, not compiled,
+// in every translation unit, and compiled in the one that includes tilegrad/separate.hpp. Set it
+// for every file of a program, or for none; the default 0 keeps the library header-only.
+#if !defined(TILEGRAD_SEPARATE_COMPILATION)
+#define TILEGRAD_SEPARATE_COMPILATION 0
+#endif
+
 namespace tilegrad {
 inline namespace v0 {}
 } // namespace tilegrad

@@ -1,0 +1,25 @@
+// The machinery that TILEGRAD_SEPARATE_COMPILATION=1 leaves out of every other translation unit:
+// include this header in exactly one .cpp file of a program built with that macro (see
+// core/config.hpp). Without the macro it compiles nothing the headers would not.
+#pragma once
+
+#include "tilegrad/tilegrad.hpp"
+
+namespace tilegrad {
+namespace ad {
+template gradients<float> vjp_core<float>(launch_options const&, grid, std::vector<tensor_entry>&,
+                                          std::vector<std::string> const&,
+                                          tilegrad::detail::program_call);
+template gradients<double> vjp_core<double>(launch_options const&, grid, std::vector<tensor_entry>&,
+                                            std::vector<std::string> const&,
+                                            tilegrad::detail::program_call);
+} // namespace ad
+namespace detail {
+template check_report check_backward_core<float>(grid const&, forward_parts<float>&,
+                                                 backward_ref<float>, check_options const&);
+template check_report check_backward_core<double>(grid const&, forward_parts<double>&,
+                                                  backward_ref<double>, check_options const&);
+template check_report check_backward_core<bf16>(grid const&, forward_parts<bf16>&,
+                                                backward_ref<bf16>, check_options const&);
+} // namespace detail
+} // namespace tilegrad

@@ -1,0 +1,1 @@
+#include <tilegrad/separate.hpp>
