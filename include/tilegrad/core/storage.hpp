@@ -127,11 +127,11 @@ public:
   int live() const { return n_; }
 
 private:
-  entry e_[capacity];
+  entry e_[capacity]{};
   int n_ = 0;
 };
 
-inline thread_local borrows borrowed_tiles;
+inline constinit thread_local borrows borrowed_tiles;
 
 /// Before this thread writes [lo, hi): the tiles reading it take their own copies.
 inline void before_write(void const* lo, void const* hi) {
