@@ -3,9 +3,23 @@
 // core/config.hpp). Without the macro it compiles nothing the headers would not.
 #pragma once
 
+#if defined(TILEGRAD_MACHINERY) && !defined(TILEGRAD_SEPARATE_SOURCE)
+#error "include <tilegrad/separate.hpp> first, in a file of its own (its definitions depend on it)"
+#endif
+#define TILEGRAD_SEPARATE_SOURCE 1
+
 #include "tilegrad/tilegrad.hpp"
 
 namespace tilegrad {
+template class tensor<float>;
+template class tensor<float const>;
+template class tensor<double>;
+template class tensor<double const>;
+template class tensor<bf16>;
+template class tensor<bf16 const>;
+template class owned_tensor<float>;
+template class owned_tensor<double>;
+template class owned_tensor<bf16>;
 namespace ad {
 template gradients<float> vjp_core<float>(launch_options const&, grid, std::vector<tensor_entry>&,
                                           std::vector<std::string> const&,

@@ -15,6 +15,7 @@
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/races.hpp"
 #include "tilegrad/ad/tile.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/pointer.hpp"
 #include "tilegrad/tile/elementwise.hpp"
@@ -104,8 +105,10 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
 /// A load, in an iteration of a checkpointed loop replayed by the sweep, from a tensor this
 /// program writes after the loop: which of its stores a lane saw when the loop ran is no longer
 /// known (the stamps and the table of own stores moved on).
-[[noreturn]] inline void loop_replay_refused(tensor_entry const& e, std::int64_t el,
-                                             std::source_location const& loc) {
+[[noreturn]] TILEGRAD_MACHINERY void loop_replay_refused(tensor_entry const& e, std::int64_t el,
+                                             std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
   program const* p = detail::current_program();
   throw std::invalid_argument(
       "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) + " loads tensor " +
@@ -115,6 +118,9 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
       "no longer tell which of the program's stores the load saw. Write this loop as a plain "
       "for loop.");
 }
+#else
+;
+#endif
 
 /// Refuses a store or an atomic inside the body of a checkpointed loop (reverse mode re-runs
 /// the body in its sweep; a write there would be made, and recorded, twice).

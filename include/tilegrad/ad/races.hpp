@@ -11,6 +11,7 @@
 #pragma once
 
 #include "tilegrad/ad/context.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/core/pages.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/checked.hpp"
@@ -35,9 +36,11 @@ inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::u
   return first && first != me ? first : second && second != me ? second : 0;
 }
 
-[[noreturn]] inline void race(tensor_entry const& e, std::int64_t el, std::uint32_t me,
+[[noreturn]] TILEGRAD_MACHINERY void race(tensor_entry const& e, std::int64_t el, std::uint32_t me,
                               std::uint32_t other, char const* mine, char const* theirs,
-                              std::source_location const& loc, std::array<int, 3> dims) {
+                              std::source_location const& loc, std::array<int, 3> dims)
+#if TILEGRAD_MACHINERY_BODIES
+{
   auto describe = [&](std::uint32_t id) {
     std::int64_t const lin = static_cast<std::int64_t>(id) - 1;
     int const x = static_cast<int>(lin % dims[0]);
@@ -55,6 +58,9 @@ inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::u
       "atomic_add), and no program reads what another writes.";
   throw race_error(msg, p, q, e.name, elem, loc);
 }
+#else
+;
+#endif
 
 /// Zeroed memory for n stamps (or reader pairs); pages the kernel never touches cost nothing.
 template <class U>

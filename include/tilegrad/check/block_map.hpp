@@ -2,6 +2,8 @@
 // over its 2-D view (rows = every axis but the last, folded; columns = the last axis).
 #pragma once
 
+#include "tilegrad/core/config.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <ostream>
@@ -92,7 +94,9 @@ public:
     return s;
   }
 
-  friend std::ostream& operator<<(std::ostream& os, block_map const& m) {
+  friend TILEGRAD_MACHINERY_MEMBER std::ostream& operator<<(std::ostream& os, block_map const& m)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     auto range = [](std::int64_t lo, std::int64_t hi) {
       return lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
     };
@@ -149,6 +153,9 @@ public:
     }
     return os;
   }
+#else
+  ;
+#endif
 
 private:
   static std::int64_t pow2_at_least(std::int64_t n) {

@@ -5,6 +5,7 @@
 #include "tilegrad/check/block_map.hpp"
 #include "tilegrad/check/gradient_set.hpp"
 #include "tilegrad/check/options.hpp"
+#include "tilegrad/core/config.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -62,7 +63,12 @@ struct element_error {
   std::vector<std::int64_t> at;
   double got = 0, want = 0;
   double abs_err() const { return detail::abs_err(got, want); }
-  std::string where() const { return tuple_string(at.data(), static_cast<int>(at.size())); }
+  TILEGRAD_MACHINERY_MEMBER std::string where() const
+#if TILEGRAD_MACHINERY_BODIES
+  { return tuple_string(at.data(), static_cast<int>(at.size())); }
+#else
+  ;
+#endif
 };
 
 /// The bound the errors of one gradient are held to, with the numbers it came from.
@@ -99,7 +105,9 @@ struct tolerance {
       return atol + rtol * std::abs(want);
     }
   }
-  std::string describe() const {
+  TILEGRAD_MACHINERY_MEMBER std::string describe() const
+#if TILEGRAD_MACHINERY_BODIES
+  {
     std::ostringstream os;
     os.precision(3);
     if (rule == pass_rule::error_bound) {
@@ -124,6 +132,9 @@ struct tolerance {
       os << "|err| <= atol " << atol << " + rtol " << rtol << " * |g_ref64|";
     return os.str();
   }
+#else
+  ;
+#endif
 };
 
 /// What the check found for one gradient tensor on one seed.

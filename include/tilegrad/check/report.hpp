@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tilegrad/check/compare.hpp"
+#include "tilegrad/core/config.hpp"
 
 #include <cstddef>
 #include <ostream>
@@ -58,13 +59,18 @@ public:
     return nullptr;
   }
   /// Every structural problem, as "seed S: ...".
-  std::vector<std::string> problems() const {
+  TILEGRAD_MACHINERY_MEMBER std::vector<std::string> problems() const
+#if TILEGRAD_MACHINERY_BODIES
+  {
     std::vector<std::string> out;
     for (auto const& s : seeds)
       for (auto const& p : s.problems)
         out.push_back("seed " + std::to_string(s.seed) + ": " + p);
     return out;
   }
+#else
+  ;
+#endif
   /// Whether some problem, warning, note or hint contains `text`.
   bool mentions(std::string const& text) const {
     for (auto const& p : problems())
@@ -83,7 +89,9 @@ public:
     return os.str();
   }
 
-  friend std::ostream& operator<<(std::ostream& os, check_report const& r) {
+  friend TILEGRAD_MACHINERY_MEMBER std::ostream& operator<<(std::ostream& os, check_report const& r)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     os << "check_backward: " << (r.ok() ? "PASS" : "FAIL") << "\n  launch: " << r.launch
        << "\n  rule:   " << r.rule << "\n";
     for (auto const& w : r.warnings)
@@ -106,9 +114,14 @@ public:
       os << "  hint: " << h << "\n";
     return os;
   }
+#else
+  ;
+#endif
 
 private:
-  static void print(std::ostream& os, gradient_report const& g) {
+  TILEGRAD_MACHINERY_MEMBER static void print(std::ostream& os, gradient_report const& g)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     auto const flags = os.flags();
     auto const prec = os.precision(4);
     os << "    " << g.name << " " << g.dtype << " " << g.shape << ": " << (g.ok ? "ok" : "FAIL");
@@ -159,6 +172,9 @@ private:
     os.flags(flags);
     os.precision(prec);
   }
+#else
+  ;
+#endif
 };
 
 } // namespace tilegrad

@@ -55,6 +55,26 @@
 #define TILEGRAD_SEPARATE_COMPILATION 0
 #endif
 
+// Functions of that machinery which are not templates (reports, race and bounds messages, the
+// tracked launch) are TILEGRAD_MACHINERY (free functions) or TILEGRAD_MACHINERY_MEMBER (members and
+// friends defined in a class), their bodies under #if TILEGRAD_MACHINERY_BODIES. With separate
+// compilation (GCC and Clang) a file sees their declarations only; the file that includes
+// tilegrad/separate.hpp (TILEGRAD_SEPARATE_SOURCE) compiles them, once.
+#if TILEGRAD_SEPARATE_COMPILATION && (defined(__GNUC__) || defined(__clang__))
+#define TILEGRAD_MACHINERY
+#if defined(TILEGRAD_SEPARATE_SOURCE)
+#define TILEGRAD_MACHINERY_BODIES 1
+#define TILEGRAD_MACHINERY_MEMBER __attribute__((used))
+#else
+#define TILEGRAD_MACHINERY_BODIES 0
+#define TILEGRAD_MACHINERY_MEMBER
+#endif
+#else
+#define TILEGRAD_MACHINERY inline
+#define TILEGRAD_MACHINERY_MEMBER
+#define TILEGRAD_MACHINERY_BODIES 1
+#endif
+
 namespace tilegrad {
 inline namespace v0 {}
 } // namespace tilegrad

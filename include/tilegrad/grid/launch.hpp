@@ -82,7 +82,9 @@ inline constexpr executor compiled_default_executor = TILEGRAD_USE_TBB      ? ex
 inline std::atomic<executor> default_executor{compiled_default_executor};
 inline std::atomic<int> default_num_threads{0};
 
-inline void check_executor(executor e, char const* who) {
+TILEGRAD_MACHINERY void check_executor(executor e, char const* who)
+#if TILEGRAD_MACHINERY_BODIES
+{
   if (!executor_available(e)) {
     auto const name = to_string(e);
     if (name.starts_with("executor("))
@@ -92,6 +94,9 @@ inline void check_executor(executor e, char const* who) {
                                 (e == executor::tbb ? "TBB" : "OPENMP") + "=0)");
   }
 }
+#else
+;
+#endif
 
 inline void check_num_threads(int n, char const* who) {
   if (n < 0)
@@ -180,8 +185,10 @@ constexpr decltype(auto) prepare_arg(A&& a) {
 template <class A>
 using held_arg_t = typename held_arg<decltype(prepare_arg(std::declval<A>()))>::type;
 
-inline void validate(launch_options const& opts, grid const& g,
-                     char const* who = "tilegrad::launch") {
+TILEGRAD_MACHINERY void validate(launch_options const& opts, grid const& g,
+                     char const* who = "tilegrad::launch")
+#if TILEGRAD_MACHINERY_BODIES
+{
   check_executor(opts.exec, who);
   check_num_threads(opts.num_threads, who);
   if (g.rank < 1 || g.rank > 3)
@@ -202,6 +209,9 @@ inline void validate(launch_options const& opts, grid const& g,
                                   "; extents past the rank must be 1");
   }
 }
+#else
+;
+#endif
 
 // A view type of a const element type, made writable: tensor<float const> -> tensor<float>.
 template <class A>
@@ -448,8 +458,10 @@ private:
 /// Runs call(p) for every program p of g with access tracking: in waves, each program recording
 /// into its own log, the logs replayed in program order after each wave. A race throws, or goes
 /// to the thread's launch_observer, which also keeps what the launch wrote.
-inline void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
-                           program_call call) {
+TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
+                           program_call call)
+#if TILEGRAD_MACHINERY_BODIES
+{
   launch_observer* const observer = current_observer();
   std::int64_t const total = g.size();
   if (tracker.empty()) { // nothing the kernel may write: bounds only
@@ -497,6 +509,9 @@ inline void launch_tracked(launch_options const& opts, grid g, launch_tracker& t
   if (observer)
     observer->add(tracker, g);
 }
+#else
+;
+#endif
 
 } // namespace detail
 

@@ -2,6 +2,8 @@
 // (Triton's tl.program_id / tl.num_programs).
 #pragma once
 
+#include "tilegrad/core/config.hpp"
+
 #include <array>
 #include <concepts>
 #include <cstdint>
@@ -57,10 +59,15 @@ public:
   }
 
   /// "program (x, y, z)" for error messages.
-  std::string describe() const {
+  TILEGRAD_MACHINERY_MEMBER std::string describe() const
+#if TILEGRAD_MACHINERY_BODIES
+  {
     return "program (" + std::to_string(id_[0]) + ", " + std::to_string(id_[1]) + ", " +
            std::to_string(id_[2]) + ")";
   }
+#else
+  ;
+#endif
 
 private:
   std::array<int, 3> id_;

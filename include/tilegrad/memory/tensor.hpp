@@ -364,3 +364,17 @@ void expect_shape(owned_tensor<T> const& t, std::initializer_list<std::int64_t> 
 }
 
 } // namespace tilegrad
+
+#if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
+namespace tilegrad {
+extern template class tensor<float>;
+extern template class tensor<float const>;
+extern template class tensor<double>;
+extern template class tensor<double const>;
+extern template class tensor<bf16>;
+extern template class tensor<bf16 const>;
+extern template class owned_tensor<float>;
+extern template class owned_tensor<double>;
+extern template class owned_tensor<bf16>;
+} // namespace tilegrad
+#endif

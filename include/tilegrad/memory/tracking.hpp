@@ -7,6 +7,7 @@
 // the tensor, the element and both source lines.
 #pragma once
 
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/runs.hpp"
@@ -280,9 +281,11 @@ private:
         .describe();
   }
 
-  void report(tracked_tensor const& t, std::int64_t el, std::uint32_t me,
+  TILEGRAD_MACHINERY_MEMBER void report(tracked_tensor const& t, std::int64_t el, std::uint32_t me,
               std::source_location const& at, char const* mine, std::uint32_t other,
-              std::uint16_t site_other, char const* theirs) {
+              std::uint16_t site_other, char const* theirs)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     race_found r;
     r.program = describe(me);
     r.other = describe(other);
@@ -297,6 +300,9 @@ private:
                 "accumulated with atomics), and no program reads what another writes.";
     race_ = std::move(r);
   }
+#else
+  ;
+#endif
 
   /// What makes `op` by one program conflict with `ops` done by another (null: nothing). Order
   /// matters wherever a store meets anything, or loads meet atomics; atomics commute.
@@ -346,7 +352,9 @@ private:
     return true;
   }
 
-  void check_program(std::uint32_t me, program_log const& log) {
+  TILEGRAD_MACHINERY_MEMBER void check_program(std::uint32_t me, program_log const& log)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     for (logged_access const& a : log.accesses) {
       tracked_tensor& t = tensors_[static_cast<std::size_t>(a.tensor)];
       if (!t.state)
@@ -398,6 +406,9 @@ private:
       }
     }
   }
+#else
+  ;
+#endif
 
   grid g_;
   std::vector<tracked_tensor> tensors_;
@@ -508,7 +519,9 @@ public:
   std::vector<launch_writes> writes; // launch by launch, in order
 
   /// Takes what a launch's tracker found.
-  void add(launch_tracker& tr, grid g) {
+  TILEGRAD_MACHINERY_MEMBER void add(launch_tracker& tr, grid g)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     launches.push_back({g, tr.race()});
     for (auto& t : tr.tensors()) {
       if (!t.state)
@@ -527,6 +540,9 @@ public:
       writes.push_back(std::move(w));
     }
   }
+#else
+  ;
+#endif
 
   /// Records a host copy (tilegrad::copy) of n elements: element i of the destination, at
   /// dst(i), comes from src(i); `unit` is the source's unit roundoff.
