@@ -1,11 +1,16 @@
 // The machinery that TILEGRAD_SEPARATE_COMPILATION=1 leaves out of every other translation unit:
 // include this header in exactly one .cpp file of a program built with that macro (see
-// core/config.hpp). Without the macro it compiles nothing the headers would not.
+// core/config.hpp), first, in a file of its own.
 #pragma once
 
 #if defined(TILEGRAD_MACHINERY) && !defined(TILEGRAD_SEPARATE_SOURCE)
 #error "include <tilegrad/separate.hpp> first, in a file of its own (its definitions depend on it)"
 #endif
+#if defined(TILEGRAD_SEPARATE_COMPILATION) && !TILEGRAD_SEPARATE_COMPILATION
+#error "tilegrad/separate.hpp belongs to a program built with TILEGRAD_SEPARATE_COMPILATION=1"
+#endif
+#undef TILEGRAD_SEPARATE_COMPILATION
+#define TILEGRAD_SEPARATE_COMPILATION 1
 #define TILEGRAD_SEPARATE_SOURCE 1
 
 #include "tilegrad/tilegrad.hpp"
