@@ -106,7 +106,7 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
 /// program writes after the loop: which of its stores a lane saw when the loop ran is no longer
 /// known (the stamps and the table of own stores moved on).
 [[noreturn]] TILEGRAD_MACHINERY void loop_replay_refused(tensor_entry const& e, std::int64_t el,
-                                             std::source_location const& loc)
+                                                         std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
 {
   program const* p = detail::current_program();

@@ -37,8 +37,8 @@ inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::u
 }
 
 [[noreturn]] TILEGRAD_MACHINERY void race(tensor_entry const& e, std::int64_t el, std::uint32_t me,
-                              std::uint32_t other, char const* mine, char const* theirs,
-                              std::source_location const& loc, std::array<int, 3> dims)
+                                          std::uint32_t other, char const* mine, char const* theirs,
+                                          std::source_location const& loc, std::array<int, 3> dims)
 #if TILEGRAD_MACHINERY_BODIES
 {
   auto describe = [&](std::uint32_t id) {

@@ -186,7 +186,7 @@ template <class A>
 using held_arg_t = typename held_arg<decltype(prepare_arg(std::declval<A>()))>::type;
 
 TILEGRAD_MACHINERY void validate(launch_options const& opts, grid const& g,
-                     char const* who = "tilegrad::launch")
+                                 char const* who = "tilegrad::launch")
 #if TILEGRAD_MACHINERY_BODIES
 {
   check_executor(opts.exec, who);
@@ -459,7 +459,7 @@ private:
 /// into its own log, the logs replayed in program order after each wave. A race throws, or goes
 /// to the thread's launch_observer, which also keeps what the launch wrote.
 TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
-                           program_call call)
+                                       program_call call)
 #if TILEGRAD_MACHINERY_BODIES
 {
   launch_observer* const observer = current_observer();

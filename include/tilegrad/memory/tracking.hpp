@@ -281,9 +281,9 @@ private:
         .describe();
   }
 
-  TILEGRAD_MACHINERY_MEMBER void report(tracked_tensor const& t, std::int64_t el, std::uint32_t me,
-              std::source_location const& at, char const* mine, std::uint32_t other,
-              std::uint16_t site_other, char const* theirs)
+  TILEGRAD_MACHINERY_MEMBER void
+  report(tracked_tensor const& t, std::int64_t el, std::uint32_t me, std::source_location const& at,
+         char const* mine, std::uint32_t other, std::uint16_t site_other, char const* theirs)
 #if TILEGRAD_MACHINERY_BODIES
   {
     race_found r;
