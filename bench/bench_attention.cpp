@@ -30,8 +30,10 @@ extern "C" char* openblas_get_config(void);
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -645,6 +647,53 @@ void bm_vjp_scaling(benchmark::State& state, std::int64_t h, std::int64_t n, int
   set_threads_counters(state, threads, n);
 }
 
+/// The ceiling of vjp_scaling on this machine: the same work (`h` heads of n rows) split into
+/// `threads` independent problems of h / threads heads, each a sequential vjp on a std::thread
+/// of its own, so no program shares a gradient element with a program of another thread and
+/// every program adds its contributions at once. Wall-clock time of all of them together;
+/// vjp_vs_fwd against the forward run the same way (each thread a sequential launch of its
+/// problem). The gap to vjp_scaling/tilegrad at the same threads is what the shared launch
+/// (contributions held and added in program order, its scheduling) costs.
+void bm_vjp_independent(benchmark::State& state, std::int64_t h, std::int64_t n, int threads) {
+  std::int64_t const each = std::max<std::int64_t>(1, h / threads);
+  std::vector<std::unique_ptr<problem>> prs;
+  for (int t = 0; t < threads; ++t)
+    prs.push_back(std::make_unique<problem>(1, each, n));
+  auto const g = tg::grid(tg::cdiv<int>(int(n), BQ), int(each), 1);
+  tg::launch_options const opts{tg::executor::sequential, 1};
+  auto on_every_thread = [&](auto&& f) {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&f, &prs, t] { f(*prs[static_cast<std::size_t>(t)]); });
+    for (auto& th : pool)
+      th.join();
+  };
+  auto const vjp_one = [&](problem& pr) {
+    auto const grads = tg::vjp(opts, g, fwd_kernel, tg::in("q", pr.q), tg::in("k", pr.k),
+                               tg::in("v", pr.v), tg::out("o", pr.o, pr.d_o), pr.lse.view(), scale);
+    benchmark::DoNotOptimize(grads.peak_tape_bytes());
+  };
+  on_every_thread(vjp_one); // warm: tapes and pools of each thread
+  for (auto _ : state) {
+    on_every_thread(vjp_one);
+    benchmark::ClobberMemory();
+  }
+  double fwd = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    double const t0 = clock_seconds(2);
+    on_every_thread([&](problem& pr) {
+      tg::launch(opts, g, fwd_kernel, pr.q.cview(), pr.k.cview(), pr.v.cview(), pr.o.view(),
+                 pr.lse.view(), scale);
+    });
+    fwd = std::min(fwd, clock_seconds(2) - t0);
+  }
+  state.counters["fwd_seconds"] = fwd;
+  state.counters["vjp_vs_fwd"] = benchmark::Counter(
+      double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["H"] = double(each * threads);
+  set_threads_counters(state, threads, n);
+}
+
 /// vjp of the forward kernel, B = 1, H = 1, one thread (sequential executor), with tg::loop's
 /// record budget set to `kib` KiB (0: every iteration replayed in the sweep; a large budget
 /// records the loop whole): what the checkpointed scan costs against recording everything.
@@ -756,6 +805,15 @@ void register_all() {
       with_clock(benchmark::RegisterBenchmark(
                      ("vjp_scaling/tilegrad/H:" + std::to_string(h) + suffix(n, t)).c_str(),
                      bm_vjp_scaling, h, n, t),
+                 2)
+          ->Iterations(1)
+          ->Unit(benchmark::kSecond);
+  // The machine's ceiling for the rows above: the same heads as independent problems per thread.
+  for (std::int64_t n : {4096, 16384})
+    for (int t : {1, 2, 4, 8, 16})
+      with_clock(benchmark::RegisterBenchmark(
+                     ("vjp_scaling/independent/H:16" + suffix(n, t)).c_str(), bm_vjp_independent,
+                     16, n, t),
                  2)
           ->Iterations(1)
           ->Unit(benchmark::kSecond);
