@@ -300,6 +300,24 @@ inline void transpose16(T* dst, std::int64_t ld_dst, T const* src, std::int64_t 
       dst[j * ld_dst + i] = src[i * ld_src + j];
 }
 
+/// Keeps the vectors in registers at this point of the program: the compiler may not move work
+/// on them across it. A loop that advances several accumulators along a row calls it once per
+/// step, so that the loads stay in the row's order: GCC otherwise runs each accumulator's chain
+/// through the whole row before the next one's, and reads memory in an order the prefetchers
+/// do not follow. A no-op for scalars and off x86.
+template <class... V>
+TILEGRAD_INLINE void keep_order(V&... v) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  auto one = [](auto& x) {
+    if constexpr (requires { x.data; })
+      asm volatile("" : "+v"(x.data));
+  };
+  (one(v), ...);
+#else
+  ((void)v, ...);
+#endif
+}
+
 /// Orders this thread's stream_copy stores before its later stores (a lock release, say).
 inline void stream_fence() {
 #if defined(__SSE2__)

@@ -105,7 +105,8 @@ TILEGRAD_INLINE void reduce_axis(T* out, N const& n) {
       if constexpr (W > 1) {
         if (L >= 4 * W) {
           // Four independent accumulators: one would wait out the combine's latency at
-          // every step (a long row's sum ran at a third of the load rate).
+          // every step (a long row's sum ran at a third of the load rate). They advance
+          // together, so memory is read in order.
           auto v0 = n.template load<W>(r, 0);
           auto v1 = n.template load<W>(r, W);
           auto v2 = n.template load<W>(r, 2 * W);
@@ -115,6 +116,7 @@ TILEGRAD_INLINE void reduce_axis(T* out, N const& n) {
             v1 = combine<Op>(v1, n.template load<W>(r, c + W));
             v2 = combine<Op>(v2, n.template load<W>(r, c + 2 * W));
             v3 = combine<Op>(v3, n.template load<W>(r, c + 3 * W));
+            simd::keep_order(v0, v1, v2, v3); // (the loads in the row's order)
           }
           for (; c + W <= L; c += W) v0 = combine<Op>(v0, n.template load<W>(r, c));
           acc = reduce_lanes<Op, T>(combine<Op>(combine<Op>(v0, v1), combine<Op>(v2, v3)));
