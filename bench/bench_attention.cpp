@@ -108,6 +108,22 @@ double clock_seconds(int threads) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+/// The forward alone, best of three on `clock` (clock_seconds' argument: 1 for this thread's CPU
+/// time, more for wall time, as the vjp was timed), after the vjp: counters fwd_seconds and
+/// vjp_vs_fwd, the vjp's time per iteration over it.
+template <class Forward>
+void set_vjp_vs_fwd(benchmark::State& state, int clock, Forward&& forward) {
+  double fwd = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    double const t0 = clock_seconds(clock);
+    forward();
+    fwd = std::min(fwd, clock_seconds(clock) - t0);
+  }
+  state.counters["fwd_seconds"] = fwd;
+  state.counters["vjp_vs_fwd"] = benchmark::Counter(
+      double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 /// Seconds per call of f: one call to warm up, then calls until `budget` seconds have passed
 /// (at least two).
 template <class F>
@@ -626,18 +642,12 @@ void bm_vjp_scaling(benchmark::State& state, std::int64_t h, std::int64_t n, int
     benchmark::ClobberMemory();
   }
   double const hwm = status_bytes("VmHWM");
-  // The forward launch alone on the same problem and threads, best of three, after the vjp (the
-  // peak RSS above is the vjp's): vjp_vs_fwd, the vjp's time over it.
-  double fwd = 1e300;
-  for (int rep = 0; rep < 3; ++rep) {
-    double const t0 = clock_seconds(2); // wall clock, as the vjp above
+  // The forward launch alone on the same problem and threads, after the vjp (the peak RSS above
+  // is the vjp's), on the wall clock as the vjp.
+  set_vjp_vs_fwd(state, 2, [&] {
     tg::launch(opts, g, fwd_kernel, pr.q.cview(), pr.k.cview(), pr.v.cview(), pr.o.view(),
                pr.lse.view(), scale);
-    fwd = std::min(fwd, clock_seconds(2) - t0);
-  }
-  state.counters["fwd_seconds"] = fwd;
-  state.counters["vjp_vs_fwd"] = benchmark::Counter(
-      double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  });
   double const grad_bytes = 3.0 * double(pr.q.numel()) * sizeof(float);
   state.counters["peak_beyond_io_bytes"] = hwm - rss0 - grad_bytes;
   state.counters["hwm_reset"] = reset && hwm0 <= rss0 + (1 << 20) ? 1 : 0;
@@ -678,18 +688,12 @@ void bm_vjp_independent(benchmark::State& state, std::int64_t h, std::int64_t n,
     on_every_thread(vjp_one);
     benchmark::ClobberMemory();
   }
-  double fwd = 1e300;
-  for (int rep = 0; rep < 3; ++rep) {
-    double const t0 = clock_seconds(2);
+  set_vjp_vs_fwd(state, 2, [&] {
     on_every_thread([&](problem& pr) {
       tg::launch(opts, g, fwd_kernel, pr.q.cview(), pr.k.cview(), pr.v.cview(), pr.o.view(),
                  pr.lse.view(), scale);
     });
-    fwd = std::min(fwd, clock_seconds(2) - t0);
-  }
-  state.counters["fwd_seconds"] = fwd;
-  state.counters["vjp_vs_fwd"] = benchmark::Counter(
-      double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  });
   state.counters["H"] = double(each * threads);
   set_threads_counters(state, threads, n);
 }
@@ -697,7 +701,7 @@ void bm_vjp_independent(benchmark::State& state, std::int64_t h, std::int64_t n,
 /// vjp of the forward kernel, B = 1, H = 1, one thread (sequential executor), with tg::loop's
 /// record budget set to `kib` KiB (0: every iteration replayed in the sweep; a large budget
 /// records the loop whole): what the checkpointed scan costs against recording everything.
-/// Counters: vjp_vs_fwd (against the forward alone, best of three) and tape_bytes.
+/// Counters: fwd_seconds, vjp_vs_fwd (against the forward alone, best of three) and tape_bytes.
 void bm_vjp_budget(benchmark::State& state, std::int64_t n, std::size_t kib) {
   problem pr(1, 1, n);
   auto const g = tg::grid(tg::cdiv(n, BQ), 1, 1);
@@ -711,15 +715,10 @@ void bm_vjp_budget(benchmark::State& state, std::int64_t n, std::size_t kib) {
     benchmark::ClobberMemory();
   }
   tg::set_loop_record_budget(saved);
-  double fwd = 1e300;
-  for (int rep = 0; rep < 3; ++rep) {
-    double const t0 = clock_seconds(1);
+  set_vjp_vs_fwd(state, 1, [&] {
     tg::launch(opts, g, fwd_kernel, pr.q.cview(), pr.k.cview(), pr.v.cview(), pr.o.view(),
                pr.lse.view(), scale);
-    fwd = std::min(fwd, clock_seconds(1) - t0);
-  }
-  state.counters["vjp_vs_fwd"] = benchmark::Counter(
-      double(state.iterations()) * fwd, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  });
   state.counters["tape_bytes"] = tape;
 }
 
