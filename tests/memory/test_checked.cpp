@@ -289,6 +289,42 @@ TYPED_TEST(CheckedAccess, BlockPointerUncheckedAxisHangingOver) {
   EXPECT_NO_THROW((store(make_block_ptr<16, 16>(x, {-8, -8}), z, bounds<0, 1>)));
 }
 
+// The full form takes the block's shape and strides as given: a shape larger than the tensor
+// passes the per-axis checks and is caught against the tensor's memory instead.
+TYPED_TEST(CheckedAccess, BlockPointerFullFormPastTheTensorsMemory) {
+  using T = TypeParam;
+  tensor<T> const x = this->x; // (37, 70), contiguous: offsets 0 to 2589
+  int line = 0;
+  // Rows 35..38 of a (40, 70) shape: rows 37 and 38 lie past x's memory.
+  auto e = catch_access_error([&] {
+    as_program(2, 4, [&](program const&) {
+      auto const bp = make_block_ptr<4, 8>(x, {M + 3, N}, {N, 1}, {M - 2, 0}, {1, 0});
+      line = __LINE__; (void)load(bp, bounds<0, 1>);
+    });
+  });
+  expect_message(e, {"program (2, 0, 0)", "'x'", "(37, 0)", "offset 2590", "outside the memory",
+                     "offsets 0 to 2589", "load"},
+                 line);
+  EXPECT_EQ(e.element(), "(37, 0)");
+  // A row stride that walks off the end: element (3, 5) of a (4, 8) block with stride 1000.
+  tile<T, 4, 8> const z{};
+  e = catch_access_error([&] {
+    line = __LINE__; store(make_block_ptr<4, 8>(x, {4, 8}, {1000, 1}, {0, 0}, {1, 0}), z);
+  });
+  expect_message(e, {"host code", "(3, 0)", "offset 3000", "store"}, line);
+  // A negative stride that walks off the front: row 1 of the block lies at offset -70.
+  e = catch_access_error([&] {
+    line = __LINE__; (void)load(make_block_ptr<2, 8>(x, {M, N}, {-N, 1}, {0, 0}, {1, 0}));
+  });
+  expect_message(e, {"(1, 0)", "offset -70", "load"}, line);
+  // Inside the memory (rows of x read as a (74, 35) matrix): no throw, and the values are x's.
+  tile<T, 4, 8> a{};
+  EXPECT_NO_THROW((a = load(make_block_ptr<4, 8>(x, {2 * M, N / 2}, {N / 2, 1}, {70, 0}, {1, 0}))));
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 8; ++c)
+      EXPECT_EQ(a(r, c), this->x(M - 2 + (r * (N / 2) + c) / N, (r * (N / 2) + c) % N));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checks off: in-bounds behaviour unchanged
 // ---------------------------------------------------------------------------------------------

@@ -440,9 +440,10 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
 
 template <class A, int... Bs>
 auto primal_block(block_ptr<A, Bs...> const& bp) {
-  auto const t = primal_view(bp.base());
-  using P = typename std::remove_cvref_t<decltype(t)>::element_type;
-  return block_ptr<P, Bs...>(t, bp.shape(), bp.strides(), bp.offsets());
+  using T = primal_of_t<A>;
+  using P = std::conditional_t<std::is_const_v<A>, T const, T>;
+  return block_ptr<P, Bs...>(reinterpret_cast<P*>(bp.data()), bp.extent(), bp.name(), bp.shape(),
+                             bp.strides(), bp.offsets());
 }
 
 template <class A, int... Bs, int... Axes>
@@ -453,7 +454,7 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
   constexpr int L = S::inner;
   auto const fbp = primal_block(bp);
   program_state* st = current_state();
-  tensor_entry const* e = tracked_load(st, bp.base().data());
+  tensor_entry const* e = tracked_load(st, bp.data());
   // The values go straight to the tape; the lanes read are gathered as runs on the way.
   T* v = current_tape().alloc<T>(S::size);
   std::optional<run_builder> lanes;
@@ -472,7 +473,7 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
                                                    });
   if (lanes)
     lanes->finish();
-  T* a = e ? record_load<T, S>(*st, *e, bp.base().data(), loc) : nullptr;
+  T* a = e ? record_load<T, S>(*st, *e, bp.data(), loc) : nullptr;
   return tile<adjoint<T>, Bs...>::from_buffers(v, a);
 }
 
@@ -485,7 +486,7 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
   tile<adjoint<T>, Bs...> const v(value);
   auto const fbp = primal_block(bp);
   program_state* st = current_state();
-  tensor_entry const* e = tracked_write(st, bp.base().data());
+  tensor_entry const* e = tracked_write(st, bp.data());
   // The lanes written are gathered as runs as they are written.
   std::optional<run_builder> lanes;
   if (e)
@@ -504,7 +505,7 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
   if (!e)
     return;
   lanes->finish();
-  record_write<T>(*st, *e, bp.base().data(), access_kind::store, v.adjoints(), loc);
+  record_write<T>(*st, *e, bp.data(), access_kind::store, v.adjoints(), loc);
 }
 
 } // namespace tilegrad::ad

@@ -44,6 +44,11 @@ inline constexpr boundary_check<Axes...> bounds{};
 enum class padding { zero, nan };
 
 /// A pointer to a block of shape (Bs...) of a tensor, starting at `offsets`.
+///
+/// It keeps what an access needs and no more: the data pointer, the extent of the tensor's
+/// memory, its name (for errors), and the block's own shape, strides and offsets. (Small and
+/// flat: a block pointer that held a whole tensor view was copied through the stack at every
+/// make, advance and load, and the stores of those copies held up the next row's loads.)
 template <class T, int... Bs>
 class block_ptr {
 public:
@@ -52,12 +57,19 @@ public:
   using shape_type = ::tilegrad::shape<Bs...>;
   using index_array = std::array<std::int64_t, sizeof...(Bs)>;
 
-  block_ptr(tensor<T> base, index_array shape, index_array strides, index_array offsets)
-      : base_(base), shape_(shape), strides_(strides), offsets_(offsets) {}
+  /// The block of `shape` and `strides` over the memory of `base`, at `offsets`.
+  block_ptr(tensor<T> const& base, index_array shape, index_array strides, index_array offsets)
+      : block_ptr(base.data(), base.numel() == 0 ? 0 : base.span(), base.name(), shape, strides,
+                  offsets) {}
+  /// The same over `extent` elements of memory at `data`, named `name` in errors.
+  block_ptr(T* data, std::int64_t extent, char const* name, index_array shape, index_array strides,
+            index_array offsets)
+      : data_(data), extent_(extent), name_(name), shape_(shape), strides_(strides),
+        offsets_(offsets) {}
 
   /// The block moved by whole elements along each axis (Triton's tl.advance).
   template <class... D>
-  [[nodiscard]] block_ptr advance(D... deltas) const {
+  [[nodiscard]] TILEGRAD_INLINE block_ptr advance(D... deltas) const {
     static_assert(sizeof...(D) == rank, "tilegrad: advance takes one step per block axis");
     block_ptr b = *this;
     int a = 0;
@@ -65,13 +77,20 @@ public:
     return b;
   }
 
-  tensor<T> const& base() const { return base_; }
+  /// The tensor's first element.
+  T* data() const { return data_; }
+  /// Offsets from data() in [0, extent()) address the tensor's memory (0 for an empty tensor).
+  std::int64_t extent() const { return extent_; }
+  /// The tensor's name, as errors give it.
+  char const* name() const { return name_; }
   index_array const& shape() const { return shape_; }
   index_array const& strides() const { return strides_; }
   index_array const& offsets() const { return offsets_; }
 
 private:
-  tensor<T> base_;
+  T* data_;
+  std::int64_t extent_;
+  char const* name_;
   index_array shape_, strides_, offsets_;
 };
 
@@ -117,17 +136,24 @@ namespace detail {
 
 /// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
 template <int... Bs, class T>
-block_ptr<T, Bs...> make_block_ptr(tensor<T> t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
+TILEGRAD_INLINE block_ptr<T, Bs...> make_block_ptr(tensor<T> const& t,
+                                                   std::array<std::int64_t, sizeof...(Bs)> offsets) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
-  if (t.rank() != static_cast<int>(sizeof...(Bs))) [[unlikely]]
-    detail::block_rank_mismatch(t.name(), static_cast<int>(sizeof...(Bs)), t.rank());
-  std::array<std::int64_t, sizeof...(Bs)> shape{}, strides{};
-  for (std::size_t a = 0; a < sizeof...(Bs); ++a) {
-    shape[a] = t.size(static_cast<int>(a));
-    strides[a] = t.stride(static_cast<int>(a));
+  constexpr int R = sizeof...(Bs);
+  if (t.rank() != R) [[unlikely]]
+    detail::block_rank_mismatch(t.name(), R, t.rank());
+  std::array<std::int64_t, R> shape{}, strides{};
+  std::int64_t extent = 1;
+  for (int a = 0; a < R; ++a) {
+    shape[a] = t.shape()[a];
+    strides[a] = t.strides()[a];
+    extent += (shape[a] - 1) * strides[a];
   }
-  return block_ptr<T, Bs...>(t, shape, strides, offsets);
+  for (int a = 0; a < R; ++a)
+    if (shape[a] == 0)
+      extent = 0;
+  return block_ptr<T, Bs...>(t.data(), extent, t.name(), shape, strides, offsets);
 }
 
 namespace detail {
@@ -154,6 +180,30 @@ namespace detail {
                          ": tensor " + tensor_label(name) + " has shape " + shp + ", element " +
                          elem + " is outside it on axis " + std::to_string(axis) +
                          " (add the axis to boundary_check, or keep the block inside), at " +
+                         where_string(loc),
+                     prog, name, elem, loc);
+}
+
+// An element of a block whose own shape and strides (make_block_ptr's full form) put it outside
+// the memory of the tensor it was made on.
+[[noreturn]] inline void block_outside_memory(char const* name, std::int64_t extent,
+                                              std::int64_t offset, std::int64_t const* coord,
+                                              std::size_t rank, char const* what,
+                                              std::source_location const& loc) {
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("host code");
+  std::string elem = "(";
+  for (std::size_t a = 0; a < rank; ++a) {
+    if (a)
+      elem += ", ";
+    elem += std::to_string(coord[a]);
+  }
+  elem += ")";
+  throw access_error("tilegrad: out-of-bounds block " + std::string(what) + " by " + prog +
+                         ": element " + elem + " of the block's shape lies at offset " +
+                         std::to_string(offset) + ", outside the memory of tensor " +
+                         tensor_label(name) + " (offsets 0 to " + std::to_string(extent - 1) +
+                         "; check the shape and strides given to make_block_ptr), at " +
                          where_string(loc),
                      prog, name, elem, loc);
 }
@@ -188,7 +238,7 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
           inside = false;
         } else if (chk) {
           coord[R - 1] = off[R - 1];
-          block_out_of_bounds(bp.base().name(), shp.data(), coord.data(), R, a, what, loc);
+          block_out_of_bounds(bp.name(), shp.data(), coord.data(), R, a, what, loc);
         }
       }
       mem += coord[a] * str[a];
@@ -205,12 +255,19 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
       if (hi < lo) hi = lo;
     } else if (chk && (c0 < 0 || c0 + L > shp[R - 1])) {
       coord[R - 1] = c0 < 0 ? c0 : shp[R - 1];
-      block_out_of_bounds(bp.base().name(), shp.data(), coord.data(), R, R - 1, what, loc);
+      block_out_of_bounds(bp.name(), shp.data(), coord.data(), R, R - 1, what, loc);
     }
     mem += c0 * str[R - 1];
-    if (chk && hi > lo) { // the block's own shape may exceed the base tensor's memory
-      check_offset(bp.base(), mem + lo * str[R - 1], what, loc);
-      check_offset(bp.base(), mem + (hi - 1) * str[R - 1], what, loc);
+    if (chk && hi > lo) { // a block's own shape and strides (the full form) may leave the memory
+      std::int64_t const first = mem + lo * str[R - 1], last = mem + (hi - 1) * str[R - 1];
+      if (first < 0 || last >= bp.extent() || last < 0 || first >= bp.extent()) {
+        int c = lo; // the row's first element outside
+        while (c < hi && mem + c * str[R - 1] >= 0 && mem + c * str[R - 1] < bp.extent())
+          ++c;
+        coord[R - 1] = c0 + c;
+        block_outside_memory(bp.name(), bp.extent(), mem + c * str[R - 1], coord.data(), R, what,
+                             loc);
+      }
     }
     row(r, mem, lo, hi);
   }
@@ -232,8 +289,8 @@ TILEGRAD_INLINE T* dense_block_inside(block_ptr<T, Bs...> const& bp) {
     dense *= dims[a];
     mem += off[a] * str[a];
   }
-  if (bp.base().numel() == 0 || mem + dense > bp.base().span()) return nullptr; // (a block pointer's own shape)
-  return bp.base().data() + mem;
+  if (mem + dense > bp.extent()) return nullptr; // (the full form's own shape)
+  return bp.data() + mem;
 }
 
 } // namespace detail
@@ -269,7 +326,7 @@ TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, paddin
   using S = shape<Bs...>;
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<V>;
-  T* base = bp.base().data();
+  T* base = bp.data();
   std::int64_t const sc = bp.strides()[S::rank - 1];
   V const fill = block_fill<V>(pad);
   for_each_block_row<Check>(bp, "load", loc, chk, [&](int r, std::int64_t mem, int lo, int hi) {
@@ -347,7 +404,7 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
   unsigned axes = 0;
   for (int a = 0; a < static_cast<int>(sizeof...(Bs)); ++a)
     axes |= Check::has(a) ? 1u << a : 0u;
-  record_block(h, bp.base().data(), sizeof(T), static_cast<int>(sizeof...(Bs)), dims,
+  record_block(h, bp.data(), sizeof(T), static_cast<int>(sizeof...(Bs)), dims,
                bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc);
 }
 
@@ -356,7 +413,7 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
 /// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
 /// axes read the padding (zero or NaN) and are not accessed.
 template <class T, int... Bs, int... Axes>
-auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding pad = padding::zero,
+TILEGRAD_INLINE auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding pad = padding::zero,
           std::source_location loc = std::source_location::current()) {
   if constexpr (adjoint_scalar<T>) {
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
@@ -375,8 +432,8 @@ auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding p
                                ? detail::dense_block_inside(bp)
                                : nullptr;
       if (src) { // (inside the tensor: nothing for checked mode to find)
-        V const* const lo = bp.base().data();
-        return tile<V, Bs...>(detail::borrow, src, lo, lo + bp.base().span());
+        V const* const lo = bp.data();
+        return tile<V, Bs...>(detail::borrow, src, lo, lo + bp.extent());
       }
     }
 #endif
@@ -400,7 +457,7 @@ TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
   using S = shape<Bs...>;
   constexpr int L = S::inner;
   constexpr int W = simd::native_width<T>;
-  T* base = bp.base().data();
+  T* base = bp.data();
   std::int64_t const sc = bp.strides()[S::rank - 1];
   for_each_block_row<Check>(bp, "store", loc, chk, [&](int r, std::int64_t mem, int lo, int hi) {
     T const* s = v + r * L;
@@ -438,7 +495,7 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
       // (Inside the tensor: nothing for checked mode to find; a tracked launch takes the path
       // below, which records the rows.)
       if (T* const dst = detail::dense_block_inside(bp); dst && h0 == nullptr) {
-        detail::before_write(bp.base().data(), bp.base().data() + bp.base().span());
+        detail::before_write(bp.data(), bp.data() + bp.extent());
         auto cast = to<T>(std::forward<E>(value)); // (as the tile below: to<T>, then in)
         detail::assign<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))));
         return;
@@ -455,7 +512,7 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
     detail::access_hooks const* const h = detail::current_hooks();
     // Tiles borrowing this memory copy it first. (After the values are evaluated: an expression
     // reading a borrower reads through its storage, so it follows the borrower to its copy.)
-    detail::before_write(bp.base().data(), bp.base().data() + bp.base().span());
+    detail::before_write(bp.data(), bp.data() + bp.extent());
     detail::store_block_from<boundary_check<Axes...>>(
         bp, vals.data(), loc, checked() | (h != nullptr), [](int, std::int64_t, int, int) {});
     if (h) [[unlikely]]
