@@ -4,6 +4,8 @@
 // block, and a program's big tiles do not sit on worker threads' stacks.
 #pragma once
 
+#include "tilegrad/core/config.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -88,12 +90,12 @@ public:
     char const* hi;
   };
 
-  bool add(void* storage, void (*own)(void*), void const* lo, void const* hi) {
+  TILEGRAD_INLINE bool add(void* storage, void (*own)(void*), void const* lo, void const* hi) {
     if (n_ == capacity) return false;
     e_[n_++] = {storage, own, static_cast<char const*>(lo), static_cast<char const*>(hi)};
     return true;
   }
-  void remove(void* storage) {
+  TILEGRAD_INLINE void remove(void* storage) {
     for (int i = n_ - 1; i >= 0; --i)
       if (e_[i].storage == storage) {
         e_[i] = e_[--n_];
@@ -167,7 +169,7 @@ public:
   tile_storage() : p_(allocate()) {}
   /// Reads the N elements at `src` in place while it can (see borrows); [lo, hi) is the memory
   /// of the tensor they belong to, whose writes end the borrow.
-  tile_storage(borrow_t, T const* src, void const* lo, void const* hi)
+  TILEGRAD_INLINE tile_storage(borrow_t, T const* src, void const* lo, void const* hi)
     requires can_borrow
   {
     if (borrowed_tiles.add(this, &own_at, lo, hi)) {
@@ -207,7 +209,13 @@ public:
     if (borrowed_ || o.borrowed_) borrowed_tiles.swap_links(this, &o);
     return *this;
   }
-  ~tile_storage() { release(); }
+  TILEGRAD_INLINE ~tile_storage() {
+    if (borrowed_) { // (a borrower leaves the list; nothing to give back)
+      unlink();
+      return;
+    }
+    release();
+  }
 
   /// Writable elements: a borrower copies what it reads into a block of its own first.
   T* get() {

@@ -39,9 +39,14 @@ struct ptr_tile {
   tensor<T> base;
   Off offsets;
   std::int64_t shift = 0;
+  /// Offsets from base.data() in [0, extent) address the tensor's memory (its span, worked out
+  /// once: an access that read it from base's shape and strides would load them with vector
+  /// loads straddling the stores that just built the pointer tile, which cannot be forwarded).
+  std::int64_t extent = 0;
   std::array<detail::affine_row, shape_type::rows> rows{};
 
-  ptr_tile(tensor<T> t, Off off, std::int64_t sh = 0) : base(t), offsets(std::move(off)), shift(sh) {
+  ptr_tile(tensor<T> const& t, Off off, std::int64_t sh = 0)
+      : base(t), offsets(std::move(off)), shift(sh), extent(t.numel() == 0 ? 0 : t.span()) {
     for (int r = 0; r < shape_type::rows; ++r) {
       if constexpr (detail::is_affine_v<Off>)
         rows[r] = detail::affine_at(offsets, r);
@@ -358,7 +363,7 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
   } else {
     auto const mask = broadcast_mask<S>(mask_in);
     access_hooks const* const h = current_hooks();
-    before_write(p.base.data(), p.base.data() + p.base.span()); // borrowed tiles copy first
+    before_write(p.base.data(), p.base.data() + p.extent); // borrowed tiles copy first
     store_from<S>(p, val_in, mask, loc, checked() | (h != nullptr), [](int, std::int64_t, int) {});
     if (h) [[unlikely]]
       record_lanes<S>(*h, p, mask, op_store, loc);
@@ -539,7 +544,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     static_assert(std::is_arithmetic_v<T> || (!is_builtin_v<T> && std::is_trivially_copyable_v<T>),
                   "tilegrad: atomics work on float, double, integer and custom scalar tensors");
     using S = access_shape_t<Off, Mask>;
-    before_write(p.base.data(), p.base.data() + p.base.span()); // borrowed tiles copy first
+    before_write(p.base.data(), p.base.data() + p.extent); // borrowed tiles copy first
     auto mask = [&] {
       if constexpr (std::is_same_v<Mask, no_mask>)
         return no_mask{};
