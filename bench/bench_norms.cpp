@@ -129,7 +129,20 @@ void BM_layer_norm_fwd_loop(benchmark::State& state) {
   timed(state, (2 * M * n + 2 * n + 2 * M) * 4, run);
 }
 
-void BM_layer_norm_bwd(benchmark::State& state) {
+template <int Block>
+void layer_norm_bwd_dx(tg::launch_options const& opts, int groups, tg::owned_tensor<float> const& x,
+                       tg::owned_tensor<float> const& w, tg::owned_tensor<float> const& mean,
+                       tg::owned_tensor<float> const& rstd, tg::owned_tensor<float> const& dy,
+                       tg::owned_tensor<float>& dx, tg::owned_tensor<float>& pdw,
+                       tg::owned_tensor<float>& pdb) {
+  tg::launch(opts, groups, tg::kernels::layer_norm_bwd<Block, BwdRows>, x.cview(), w.cview(),
+             mean.cview(), rstd.cview(), dy.cview(), dx.view(), pdw.view(), pdb.view());
+}
+
+/// The backward in blocks of BwdBlock columns, or (whole_rows) of the row's N columns: a
+/// (BwdRows, N) block of a row-major tensor is laid out as the tile, so its loads read in place;
+/// a (BwdRows, 256) block of longer rows is copied.
+void layer_norm_bwd(benchmark::State& state, bool whole_rows) {
   std::int64_t const n = state.range(0);
   int const groups = static_cast<int>(tg::cdiv<std::int64_t>(M, BwdRows));
   tg::owned_tensor<float> x({M, n}, "x"), w({n}, "w"), b({n}, "b"), y({M, n}, "y");
@@ -144,8 +157,12 @@ void BM_layer_norm_bwd(benchmark::State& state) {
   tg::launch(opts, static_cast<int>(M), tg::kernels::layer_norm_fwd<LnBlock>, x.cview(), w.cview(),
              b.cview(), y.view(), mean.view(), rstd.view(), eps);
   auto run = [&] {
-    tg::launch(opts, groups, tg::kernels::layer_norm_bwd<BwdBlock, BwdRows>, x.cview(), w.cview(),
-               mean.cview(), rstd.cview(), dy.cview(), dx.view(), pdw.view(), pdb.view());
+    if (!whole_rows)
+      layer_norm_bwd_dx<BwdBlock>(opts, groups, x, w, mean, rstd, dy, dx, pdw, pdb);
+    else if (n == 1024)
+      layer_norm_bwd_dx<1024>(opts, groups, x, w, mean, rstd, dy, dx, pdw, pdb);
+    else
+      layer_norm_bwd_dx<4096>(opts, groups, x, w, mean, rstd, dy, dx, pdw, pdb);
     tg::launch(opts, tg::cdiv<int>(static_cast<int>(n), RedBlock),
                tg::kernels::layer_norm_reduce_dwdb<RedGroups, RedBlock>, pdw.cview(), pdb.cview(),
                dw.view(), db.view());
@@ -161,6 +178,9 @@ void BM_layer_norm_bwd(benchmark::State& state) {
   // x, dy, w, mean, rstd in; dx, dw, db out (the partial sums are not counted).
   timed(state, (3 * M * n + 3 * n + 2 * M) * 4, run);
 }
+
+void BM_layer_norm_bwd(benchmark::State& state) { layer_norm_bwd(state, false); }
+void BM_layer_norm_bwd_whole_rows(benchmark::State& state) { layer_norm_bwd(state, true); }
 
 template <int Block>
 void softmax_fwd(tg::launch_options const& opts, tg::owned_tensor<float> const& x,
@@ -239,6 +259,7 @@ void sizes_and_threads(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_layer_norm_fwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_layer_norm_fwd_loop)->Apply(sizes_and_threads);
 BENCHMARK(BM_layer_norm_bwd)->Apply(sizes_and_threads);
+BENCHMARK(BM_layer_norm_bwd_whole_rows)->Apply(sizes_and_threads);
 BENCHMARK(BM_softmax_fwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_softmax_bwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_triad)->Apply(sizes_and_threads);
