@@ -136,8 +136,8 @@ namespace detail {
 
 /// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
 template <int... Bs, class T>
-TILEGRAD_INLINE block_ptr<T, Bs...> make_block_ptr(tensor<T> const& t,
-                                                   std::array<std::int64_t, sizeof...(Bs)> offsets) {
+TILEGRAD_INLINE block_ptr<T, Bs...>
+make_block_ptr(tensor<T> const& t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
   constexpr int R = sizeof...(Bs);
@@ -413,8 +413,9 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
 /// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
 /// axes read the padding (zero or NaN) and are not accessed.
 template <class T, int... Bs, int... Axes>
-TILEGRAD_INLINE auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {}, padding pad = padding::zero,
-          std::source_location loc = std::source_location::current()) {
+TILEGRAD_INLINE auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {},
+                          padding pad = padding::zero,
+                          std::source_location loc = std::source_location::current()) {
   if constexpr (adjoint_scalar<T>) {
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
   } else {
