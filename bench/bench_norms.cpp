@@ -105,24 +105,8 @@ void BM_layer_norm_fwd_loop(benchmark::State& state) {
     tbb::task_arena arena(threads);
     arena.execute([&] {
       tbb::parallel_for(std::int64_t{0}, M, [&](std::int64_t i) {
-        float const* xr = x.data() + i * n;
-        float const* wr = w.data();
-        float const* br = b.data();
-        float* yr = y.data() + i * n;
-        float s = 0, v = 0;
-#pragma omp simd reduction(+ : s)
-        for (std::int64_t j = 0; j < n; ++j)
-          s += xr[j];
-        float const mu = s / static_cast<float>(n);
-#pragma omp simd reduction(+ : v)
-        for (std::int64_t j = 0; j < n; ++j)
-          v += (xr[j] - mu) * (xr[j] - mu);
-        float const r = 1 / std::sqrt(v / static_cast<float>(n) + eps);
-        mean.data()[i] = mu;
-        rstd.data()[i] = r;
-#pragma omp simd
-        for (std::int64_t j = 0; j < n; ++j)
-          yr[j] = (xr[j] - mu) * r * wr[j] + br[j];
+        bench::layer_norm_row(x.data() + i * n, w.data(), b.data(), y.data() + i * n, n, eps,
+                              mean.data()[i], rstd.data()[i]);
       });
     });
   };

@@ -5,7 +5,7 @@
 // bookkeeping; M = 4096 rows (16 MiB per array) come from memory. Beside them, the layer-norm
 // forward as a plain loop per row. Noise on a shared machine is one-sided, so the `min` of the
 // repetitions is the figure to read.
-#include <benchmark/benchmark.h>
+#include "kernel_bench.hpp"
 
 #include <tilegrad/kernels/layer_norm.hpp>
 #include <tilegrad/kernels/softmax.hpp>
@@ -25,20 +25,15 @@ namespace {
 constexpr std::int64_t N = 1024;
 constexpr float eps = 1e-5f;
 
-void fill(tg::owned_tensor<float>& t, int seed) {
-  for (std::int64_t k = 0; k < t.numel(); ++k)
-    t.data()[k] = static_cast<float>(std::sin(0.37 * static_cast<double>(k) + seed));
-}
-
 struct rows {
   explicit rows(int m)
       : M(m), x({m, N}, "x"), w({N}, "w"), b({N}, "b"), y({m, N}, "y"), dy({m, N}, "dy"),
         dx({m, N}, "dx"), mean({m}, "mean"), rstd({m}, "rstd"), pdw({m / 8, N}, "partial_dw"),
         pdb({m / 8, N}, "partial_db") {
-    fill(x, 1);
-    fill(w, 2);
-    fill(b, 3);
-    fill(dy, 4);
+    bench::fill(x, 1);
+    bench::fill(w, 2);
+    bench::fill(b, 3);
+    bench::fill(dy, 4);
     ln_fwd();
   }
   void ln_fwd() {
@@ -74,24 +69,8 @@ void BM_layer_norm_fwd_loop(benchmark::State& state) {
   rows r(static_cast<int>(state.range(0)));
   per_row(state, r.M, [&] {
     for (int i = 0; i < r.M; ++i) {
-      float const* xr = r.x.data() + i * N;
-      float* yr = r.y.data() + i * N;
-      float const* wr = r.w.data();
-      float const* br = r.b.data();
-      float s = 0, v = 0;
-#pragma omp simd reduction(+ : s)
-      for (std::int64_t j = 0; j < N; ++j)
-        s += xr[j];
-      float const mu = s / static_cast<float>(N);
-#pragma omp simd reduction(+ : v)
-      for (std::int64_t j = 0; j < N; ++j)
-        v += (xr[j] - mu) * (xr[j] - mu);
-      float const rs = 1 / std::sqrt(v / static_cast<float>(N) + eps);
-      r.mean.data()[i] = mu;
-      r.rstd.data()[i] = rs;
-#pragma omp simd
-      for (std::int64_t j = 0; j < N; ++j)
-        yr[j] = (xr[j] - mu) * rs * wr[j] + br[j];
+      bench::layer_norm_row(r.x.data() + i * N, r.w.data(), r.b.data(), r.y.data() + i * N, N, eps,
+                            r.mean.data()[i], r.rstd.data()[i]);
     }
   });
 }
@@ -124,8 +103,8 @@ void BM_softmax_bwd(benchmark::State& state) {
 void BM_weighted_sum(benchmark::State& state) {
   int const M = static_cast<int>(state.range(0));
   tg::owned_tensor<float> x({M, 1000}, "x"), w({1000}, "w"), y({M}, "y");
-  fill(x, 5);
-  fill(w, 6);
+  bench::fill(x, 5);
+  bench::fill(w, 6);
   tg::launch_options const seq{.exec = tg::executor::sequential};
   per_row(state, M, [&] {
     tg::launch(seq, M / 8, tg::kernels::weighted_sum_fwd<8, 256>, x.cview(), w.cview(), y.view());
