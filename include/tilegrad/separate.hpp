@@ -22,10 +22,30 @@ template class tensor<double>;
 template class tensor<double const>;
 template class tensor<bf16>;
 template class tensor<bf16 const>;
+template class tensor<std::byte const>;
 template class owned_tensor<float>;
 template class owned_tensor<double>;
 template class owned_tensor<bf16>;
+template erased_gradient erase_gradient<float const>(std::string, tensor<float const>);
+template erased_gradient erase_gradient<float>(std::string, tensor<float>);
+template erased_gradient erase_gradient<double const>(std::string, tensor<double const>);
+template erased_gradient erase_gradient<double>(std::string, tensor<double>);
+template erased_gradient erase_gradient<bf16 const>(std::string, tensor<bf16 const>);
+template erased_gradient erase_gradient<bf16>(std::string, tensor<bf16>);
+template class backward_context<float>;
+template class backward_context<double>;
+template class backward_context<bf16>;
 namespace ad {
+template struct load_record<float>;
+template struct load_record<double>;
+template float* record_load<float>(program_state&, tensor_entry const&, void const*, int,
+                                   std::source_location const&);
+template double* record_load<double>(program_state&, tensor_entry const&, void const*, int,
+                                     std::source_location const&);
+template void record_write<float>(program_state&, tensor_entry const&, void const*, access_kind,
+                                  float*, std::source_location const&);
+template void record_write<double>(program_state&, tensor_entry const&, void const*, access_kind,
+                                   double*, std::source_location const&);
 template gradients<float> vjp_core<float>(launch_options const&, grid, std::vector<tensor_entry>&,
                                           std::vector<std::string> const&,
                                           tilegrad::detail::program_call);
@@ -34,6 +54,9 @@ template gradients<double> vjp_core<double>(launch_options const&, grid, std::ve
                                             tilegrad::detail::program_call);
 } // namespace ad
 namespace detail {
+template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);
+template saved_values make_saved_values<double>(std::string, tensor<double>, double const*);
+template saved_values make_saved_values<bf16>(std::string, tensor<bf16>, double const*);
 template check_report check_backward_core<float>(grid const&, forward_parts<float>&,
                                                  backward_ref<float>, check_options const&);
 template check_report check_backward_core<double>(grid const&, forward_parts<double>&,

@@ -6,6 +6,7 @@
 
 #include "tilegrad/ad/accumulate.hpp"
 #include "tilegrad/ad/tape.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/memory/runs.hpp"
 #include "tilegrad/memory/tensor.hpp"
@@ -108,7 +109,10 @@ using detail::run_builder;
 /// indices of its gradient, for a tensor with strided_grad (in a per-thread buffer, valid until
 /// the next call). A run along one axis (a row, or a column of a transposed view) stays one
 /// run; others are taken lane by lane.
-inline std::vector<run> const& logical_runs(tensor_entry const& e, std::vector<run> const& in) {
+TILEGRAD_MACHINERY std::vector<run> const& logical_runs(tensor_entry const& e,
+                                                        std::vector<run> const& in)
+#if TILEGRAD_MACHINERY_BODIES
+{
   thread_local std::vector<run> out;
   run_builder b(out);
   for (run const& r : in) {
@@ -139,6 +143,9 @@ inline std::vector<run> const& logical_runs(tensor_entry const& e, std::vector<r
   b.finish();
   return out;
 }
+#else
+;
+#endif
 
 /// Whether run r holds element el.
 inline bool run_holds(run const& r, std::int64_t el) {
@@ -269,11 +276,16 @@ public:
     active_ = false;
   }
   /// Starts the map from a program's accesses so far.
-  void start(std::vector<access> const& acc) {
+  TILEGRAD_MACHINERY_MEMBER void start(std::vector<access> const& acc)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     active_ = true;
     for (std::size_t i = 0; i < acc.size(); ++i)
       if (acc[i].kind == access_kind::store) add(static_cast<std::uint32_t>(i), acc[i]);
   }
+#else
+  ;
+#endif
   /// Access i, a store, is now the last store to each of its elements (its last lane, for a
   /// run that repeats one element).
   void add(std::uint32_t i, access const& a) {
@@ -319,7 +331,9 @@ private:
       }
     }
   }
-  void grow() {
+  TILEGRAD_MACHINERY_MEMBER void grow()
+#if TILEGRAD_MACHINERY_BODIES
+  {
     std::vector<std::uint64_t> keys(std::max<std::size_t>(1024, 2 * keys_.size()), empty);
     std::vector<last> vals(keys.size());
     std::swap(keys, keys_);
@@ -328,6 +342,9 @@ private:
     for (std::size_t h = 0; h < keys.size(); ++h)
       if (keys[h] != empty) put(keys[h], vals[h]);
   }
+#else
+  ;
+#endif
   std::vector<std::uint64_t> keys_;
   std::vector<last> vals_;
   std::size_t size_ = 0;

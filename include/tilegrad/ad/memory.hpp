@@ -124,10 +124,10 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
 
 /// Refuses a store or an atomic inside the body of a checkpointed loop (reverse mode re-runs
 /// the body in its sweep; a write there would be made, and recorded, twice).
-inline void refuse_write_in_loop(program_state const* st, char const* what,
-                                 std::source_location const& loc) {
-  if (!st || st->loop_depth == 0)
-    return;
+[[noreturn]] TILEGRAD_MACHINERY void write_in_loop_refused(char const* what,
+                                                           std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
   program const* p = detail::current_program();
   throw std::invalid_argument(
       std::string("tilegrad::vjp: ") + what + " by " +
@@ -137,11 +137,20 @@ inline void refuse_write_in_loop(program_state const* st, char const* what,
       "again). Carry the values out of the loop and store them after it, or write the loop as "
       "a plain for loop.");
 }
+#else
+;
+#endif
 
-/// Records a load of shape S whose lanes are the runs in st.scratch (filled while the values
-/// were read). Returns the load's adjoint buffer, or null when no gradient can flow through it.
-template <class T, class S>
-T* record_load(program_state& st, tensor_entry const& e, void const* base,
+inline void refuse_write_in_loop(program_state const* st, char const* what,
+                                 std::source_location const& loc) {
+  if (st && st->loop_depth != 0)
+    write_in_loop_refused(what, loc);
+}
+
+/// Records a load of `size` lanes whose runs are in st.scratch (filled while the values were
+/// read). Returns the load's adjoint buffer, or null when no gradient can flow through it.
+template <class T>
+T* record_load(program_state& st, tensor_entry const& e, void const* base, int size,
                std::source_location const& loc) {
   shift_runs<T>(st.scratch, e, base);
   tape& tp = st.t;
@@ -151,7 +160,7 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
     return e.strided_grad ? logical_runs(e, r) : r;
   };
   if (!e.writable) { // an input: every lane reads the tensor's own value
-    T* adj = tp.alloc_zero<T>(S::size);
+    T* adj = tp.alloc_zero<T>(size);
     std::vector<run> const& g = grad_runs(lanes);
     tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, g), static_cast<int>(g.size()), nullptr,
                             0);
@@ -202,7 +211,7 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
   init.finish();
   if ((routed.empty() && initial.empty()) || !tp.recording())
     return nullptr;
-  T* adj = tp.alloc_zero<T>(S::size);
+  T* adj = tp.alloc_zero<T>(size);
   std::vector<run> const& g = grad_runs(initial);
   tp.push<load_record<T>>(adj, e.index, copy_to_tape(tp, g), static_cast<int>(g.size()),
                           copy_to_tape(tp, routed), static_cast<int>(routed.size()));
@@ -211,8 +220,10 @@ T* record_load(program_state& st, tensor_entry const& e, void const* base,
 
 /// The slow path of a write that may race with a program of an earlier wave: finds the
 /// element and throws. (Programs of the same wave are checked after it, in program order.)
-inline void check_write(program_state const& st, tensor_entry const& e, run const& r, bool atomic,
-                        std::source_location const& loc) {
+TILEGRAD_MACHINERY void check_write(program_state const& st, tensor_entry const& e, run const& r,
+                                    bool atomic, std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
   std::uint32_t const me = st.id;
   for (int k = 0; k < r.count; ++k) {
     std::int64_t const el = r.element(k);
@@ -230,6 +241,9 @@ inline void check_write(program_state const& st, tensor_entry const& e, run cons
       race(e, el, me, rd, atomic ? "updates atomically" : "stores", "loads it", loc, launch_dims());
   }
 }
+#else
+;
+#endif
 
 // Stamps are read and written with relaxed atomics: programs of one wave may touch the same
 // stamps at once (atomic_add, or a racy kernel, which is reported). Atomics do not vectorise, so
@@ -365,7 +379,7 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
     detail::load_into<S>(v, fp, detail::broadcast_mask<S>(mask), to_primal(other), loc, true, lane);
   if (lanes)
     lanes->finish();
-  T* a = e ? record_load<T, S>(*st, *e, p.base.data(), loc) : nullptr;
+  T* a = e ? record_load<T>(*st, *e, p.base.data(), S::size, loc) : nullptr;
   auto loaded = detail::tile_t<adjoint<T>, S>::from_buffers(v, a);
   if constexpr (!std::is_same_v<Other, detail::no_mask>) {
     // A tile given as `other` passes its adjoint to the masked-off lanes, as in forward mode.
@@ -473,7 +487,7 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
                                                    });
   if (lanes)
     lanes->finish();
-  T* a = e ? record_load<T, S>(*st, *e, bp.data(), loc) : nullptr;
+  T* a = e ? record_load<T>(*st, *e, bp.data(), S::size, loc) : nullptr;
   return tile<adjoint<T>, Bs...>::from_buffers(v, a);
 }
 
@@ -509,3 +523,18 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
 }
 
 } // namespace tilegrad::ad
+
+#if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
+namespace tilegrad::ad {
+extern template struct load_record<float>;
+extern template struct load_record<double>;
+extern template float* record_load<float>(program_state&, tensor_entry const&, void const*, int,
+                                          std::source_location const&);
+extern template double* record_load<double>(program_state&, tensor_entry const&, void const*, int,
+                                            std::source_location const&);
+extern template void record_write<float>(program_state&, tensor_entry const&, void const*,
+                                         access_kind, float*, std::source_location const&);
+extern template void record_write<double>(program_state&, tensor_entry const&, void const*,
+                                          access_kind, double*, std::source_location const&);
+} // namespace tilegrad::ad
+#endif

@@ -152,12 +152,22 @@ struct first_float<X, Rest...> {
                                   typename float_of<X>::type, typename first_float<Rest...>::type>;
 };
 
+[[noreturn]] TILEGRAD_MACHINERY void cotangent_shape_refused(char const* name,
+                                                             std::string const& tensor_shape,
+                                                             std::string const& cotangent_shape)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  throw std::invalid_argument(std::string("tilegrad::vjp: cotangent of '") + name +
+                              "' has shape " + cotangent_shape + ", the tensor " + tensor_shape);
+}
+#else
+;
+#endif
+
 template <class T>
 void check_cotangent(char const* name, tensor<T> const& t, tensor<T const> const& cot) {
   if (!t.same_shape(cot))
-    throw std::invalid_argument(std::string("tilegrad::vjp: cotangent of '") + name +
-                                "' has shape " + cot.shape_string() + ", the tensor " +
-                                t.shape_string());
+    cotangent_shape_refused(name, t.shape_string(), cot.shape_string());
 }
 
 /// What a vjp launch keeps per float tensor besides its entry: the per-element stamps of a

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tilegrad/check/gradient_set.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/grid/launch.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
@@ -62,3 +63,11 @@ private:
 };
 
 } // namespace tilegrad
+
+#if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
+namespace tilegrad {
+extern template class backward_context<float>;
+extern template class backward_context<double>;
+extern template class backward_context<bf16>;
+} // namespace tilegrad
+#endif

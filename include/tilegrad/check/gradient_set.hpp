@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tilegrad/core/bf16.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
 #include <cstdint>
@@ -146,7 +147,9 @@ public:
   }
 
 private:
-  void add(erased_gradient g) {
+  TILEGRAD_MACHINERY_MEMBER void add(erased_gradient g)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     for (auto& old : grads_)
       if (old.name == g.name) {
         duplicates_.push_back(g.name);
@@ -155,8 +158,22 @@ private:
       }
     grads_.push_back(std::move(g));
   }
+#else
+  ;
+#endif
   std::vector<erased_gradient> grads_;
   std::vector<std::string> duplicates_;
 };
 
 } // namespace tilegrad
+
+#if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
+namespace tilegrad {
+extern template erased_gradient erase_gradient<float const>(std::string, tensor<float const>);
+extern template erased_gradient erase_gradient<float>(std::string, tensor<float>);
+extern template erased_gradient erase_gradient<double const>(std::string, tensor<double const>);
+extern template erased_gradient erase_gradient<double>(std::string, tensor<double>);
+extern template erased_gradient erase_gradient<bf16 const>(std::string, tensor<bf16 const>);
+extern template erased_gradient erase_gradient<bf16>(std::string, tensor<bf16>);
+} // namespace tilegrad
+#endif

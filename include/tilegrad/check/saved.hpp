@@ -6,6 +6,7 @@
 #pragma once
 
 #include "tilegrad/core/bf16.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
 #include <algorithm>
@@ -76,3 +77,11 @@ saved_values make_saved_values(std::string name, tensor<E> t, double const* ref)
 }
 
 } // namespace tilegrad::detail
+
+#if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
+namespace tilegrad::detail {
+extern template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);
+extern template saved_values make_saved_values<double>(std::string, tensor<double>, double const*);
+extern template saved_values make_saved_values<bf16>(std::string, tensor<bf16>, double const*);
+} // namespace tilegrad::detail
+#endif

@@ -4,6 +4,8 @@
 // the wrong side show at these sizes and rarely at round ones.
 #pragma once
 
+#include "tilegrad/core/config.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -41,8 +43,10 @@ inline void sort_unique(std::vector<std::int64_t>& v) {
 /// @post result is strictly increasing, result.front() == 1,
 ///       result.back() == min(max_size, 2 * tile + (tile + 1) / 2)
 /// @post for s in {1, 2, tile - 1, tile, tile + 1}: s >= 1 implies min(s, max_size) is in result
-inline std::vector<std::int64_t> edge_sizes(std::int64_t tile,
-                                            std::int64_t max_size = no_size_limit) {
+TILEGRAD_MACHINERY std::vector<std::int64_t> edge_sizes(std::int64_t tile,
+                                                        std::int64_t max_size = no_size_limit)
+#if TILEGRAD_MACHINERY_BODIES
+{
   detail::expect_edge_args(tile, max_size);
   std::vector<std::int64_t> out;
   for (std::int64_t s :
@@ -52,13 +56,18 @@ inline std::vector<std::int64_t> edge_sizes(std::int64_t tile,
   detail::sort_unique(out);
   return out;
 }
+#else
+;
+#endif
 
 /// The union of edge_sizes(t, max_size) over the tiles of a kernel that cuts one axis two ways
 /// (FlashAttention's 32-row query tiles and 64-row key tiles over one sequence).
 /// @pre tiles is not empty, every tile >= 1, max_size >= 1
 /// @post result is strictly increasing and holds exactly the sizes of every edge_sizes(t, max_size)
-inline std::vector<std::int64_t> edge_sizes(std::initializer_list<std::int64_t> tiles,
-                                            std::int64_t max_size = no_size_limit) {
+TILEGRAD_MACHINERY std::vector<std::int64_t> edge_sizes(std::initializer_list<std::int64_t> tiles,
+                                                        std::int64_t max_size = no_size_limit)
+#if TILEGRAD_MACHINERY_BODIES
+{
   if (tiles.size() == 0)
     throw std::invalid_argument("tilegrad::edge_sizes: no tile size given");
   std::vector<std::int64_t> out;
@@ -69,6 +78,9 @@ inline std::vector<std::int64_t> edge_sizes(std::initializer_list<std::int64_t> 
   detail::sort_unique(out);
   return out;
 }
+#else
+;
+#endif
 
 /// Two lengths of one problem, as attention's query rows N and key rows Nk.
 struct size_pair {
@@ -89,8 +101,10 @@ struct size_pair {
 /// @post (s, s) is in result for every s in edge_sizes({tile_n, tile_nk}, max_size)
 /// @post when max_size >= 2, every s of edge_sizes(tile_n, max_size) is the n of a pair with
 ///       nk != n, and every s of edge_sizes(tile_nk, max_size) the nk of a pair with n != nk
-inline std::vector<size_pair> edge_pairs(std::int64_t tile_n, std::int64_t tile_nk,
-                                         std::int64_t max_size = no_size_limit) {
+TILEGRAD_MACHINERY std::vector<size_pair> edge_pairs(std::int64_t tile_n, std::int64_t tile_nk,
+                                                     std::int64_t max_size = no_size_limit)
+#if TILEGRAD_MACHINERY_BODIES
+{
   std::vector<size_pair> out;
   for (std::int64_t s : edge_sizes({tile_n, tile_nk}, max_size))
     out.push_back({s, s});
@@ -114,5 +128,8 @@ inline std::vector<size_pair> edge_pairs(std::int64_t tile_n, std::int64_t tile_
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
+#else
+;
+#endif
 
 } // namespace tilegrad

@@ -8,6 +8,7 @@
 #include "tilegrad/memory/tensor.hpp"
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <source_location>
 #include <stdexcept>
@@ -81,19 +82,31 @@ private:
 
 namespace detail {
 
-inline std::string where_string(std::source_location const& loc) {
+TILEGRAD_MACHINERY std::string where_string(std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
   return std::string(loc.file_name()) + ":" + std::to_string(loc.line());
 }
+#else
+;
+#endif
 
-inline std::string tensor_label(char const* name) {
+TILEGRAD_MACHINERY std::string tensor_label(char const* name)
+#if TILEGRAD_MACHINERY_BODIES
+{
   return name && *name ? std::string("'") + name + "'" : std::string("(unnamed)");
 }
+#else
+;
+#endif
 
 /// Throws access_error for an access of `what` ("load", "store", ...) at `offset` elements
-/// from t.data(), which lies outside t.
-template <class T>
-[[noreturn]] void out_of_bounds(tensor<T> const& t, std::int64_t offset, char const* what,
-                                std::source_location const& loc) {
+/// from the start of the tensor whose layout is t, which lies outside it.
+[[noreturn]] TILEGRAD_MACHINERY void out_of_bounds_of(tensor<std::byte const> const& t,
+                                                      std::int64_t offset, char const* what,
+                                                      std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
   program const* p = current_program();
   std::string const prog = p ? p->describe() : std::string("host code");
   std::string const elem = t.coordinates(offset);
@@ -102,6 +115,18 @@ template <class T>
                          t.shape_string() + ", element " + elem + " (offset " +
                          std::to_string(offset) + ") is outside it, at " + where_string(loc),
                      prog, t.name(), elem, loc);
+}
+#else
+;
+#endif
+
+/// out_of_bounds_of for tensor t; only the layout matters, so one function serves every type.
+template <class T>
+[[noreturn]] void out_of_bounds(tensor<T> const& t, std::int64_t offset, char const* what,
+                                std::source_location const& loc) {
+  out_of_bounds_of(tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
+                                           t.shape(), t.strides(), t.name()),
+                   offset, what, loc);
 }
 
 /// Checks one offset (when checking is on).

@@ -373,6 +373,7 @@ extern template class tensor<double>;
 extern template class tensor<double const>;
 extern template class tensor<bf16>;
 extern template class tensor<bf16 const>;
+extern template class tensor<std::byte const>; // layouts, in the machinery
 extern template class owned_tensor<float>;
 extern template class owned_tensor<double>;
 extern template class owned_tensor<bf16>;

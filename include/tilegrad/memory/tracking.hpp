@@ -246,15 +246,26 @@ private:
 
   template <class E>
   void add(tensor<E> const& t) {
+    add_layout(tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
+                                       t.shape(), t.strides(), t.name()),
+               sizeof(E));
+  }
+  /// Tracks the tensor of layout t (its data the tensor's), of elements of `elem` bytes.
+  TILEGRAD_MACHINERY_MEMBER void add_layout(tensor<std::byte const> const& t, std::size_t elem)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     tracked_tensor e;
     e.span = t.span();
-    e.elem = sizeof(E);
-    e.lo = reinterpret_cast<std::byte const*>(t.data());
-    e.hi = e.lo + e.span * static_cast<std::int64_t>(sizeof(E));
+    e.elem = elem;
+    e.lo = t.data();
+    e.hi = e.lo + e.span * static_cast<std::int64_t>(elem);
     e.name = t.name();
-    e.layout = tensor<std::byte const>(e.lo, t.rank(), t.shape(), t.strides(), t.name());
+    e.layout = t;
     tensors_.push_back(std::move(e));
   }
+#else
+  ;
+#endif
 
   std::uint16_t site(std::source_location const& loc) {
     for (std::size_t i = 0; i < sites_.size(); ++i)
@@ -461,8 +472,14 @@ public:
   }
   /// Appends the access to the log.
   void commit(std::uint8_t op, std::source_location const& loc) {
-    if (!log_)
-      return;
+    if (log_)
+      append(op, loc);
+  }
+
+private:
+  TILEGRAD_MACHINERY_MEMBER void append(std::uint8_t op, std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+  {
     if (next_) // lanes masked off wrote no value
       log_->values.resize(static_cast<std::size_t>(next_ - log_->values.data()));
     builder_->finish();
@@ -473,8 +490,10 @@ public:
     log_->accesses.push_back({op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
                               op == op_atomic_add ? values_ : -1, loc});
   }
+#else
+  ;
+#endif
 
-private:
   program_log* log_ = nullptr;
   int tensor_ = -1;
   int pos_ = 0;
