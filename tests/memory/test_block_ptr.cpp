@@ -199,6 +199,44 @@ TYPED_TEST(BlockPtr, TwoDimensionalStores) {
   }
 }
 
+// An expression stored through a block of one row (softmax's rows): evaluated straight into the
+// row, a row cut short by the tensor's end included, whose lanes past the end must not be written.
+// Rows of a contiguous tensor and of a view whose rows are every other row of a larger buffer
+// (the rows between must stay as they were).
+template <class T, int B>
+void store_row_expression(tensor<T> t) {
+  tile<T, B> w;
+  for (int c = 0; c < B; ++c) w(c) = value_at<T>(500 + c);
+  auto const rows = t.size(0), cols = t.size(1);
+  for (std::int64_t r : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{5}, rows - 1, rows})
+    for (std::int64_t o : hanging(B, static_cast<int>(cols))) {
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t k = 0; k < cols; ++k) t(i, k) = sentinel<T>();
+      auto const e = reshape<1, B>(w * T(2) + T(1));
+      store(make_block_ptr<1, B>(t, {r, o}), e, bounds<0, 1>);
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t k = 0; k < cols; ++k) {
+          bool const hit = i == r && k - o >= 0 && k - o < B;
+          T const ref = hit ? T(w(static_cast<int>(k - o)) * T(2) + T(1)) : sentinel<T>();
+          ASSERT_TRUE(same_value(t(i, k), ref))
+              << "B=" << B << " block at (" << r << ", " << o << ") " << at(i, k);
+        }
+    }
+}
+
+TYPED_TEST(BlockPtrFloat, ExpressionStoreIntoARowCutShort) {
+  using T = TypeParam;
+  store_row_expression<T, 16>(this->y.view());
+  store_row_expression<T, 128>(this->y.view());
+  // Every other row of a (2M, N) buffer: the odd rows around each row written stay untouched.
+  owned_tensor<T> buf({2 * M, N}, "buf");
+  tg_mem::fill_with(buf, sentinel<T>());
+  tensor<T> const every_other(buf.data(), 2, {M, N}, {2 * N, 1}, "every_other");
+  store_row_expression<T, 128>(every_other);
+  for (int i = 1; i < 2 * M; i += 2)
+    for (int k = 0; k < N; ++k) ASSERT_TRUE(same_value(buf(i, k), sentinel<T>())) << at(i, k);
+}
+
 // A non-contiguous base: every other column (the column stride is 2, no vector path).
 TYPED_TEST(BlockPtrFloat, StridedBaseTensor) {
   using T = TypeParam;

@@ -6,7 +6,7 @@
 
 #include "tilegrad/core/types.hpp"
 #include "tilegrad/grid/program.hpp"
-#include "tilegrad/memory/pointer.hpp"
+#include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/tile/creation.hpp"
 #include "tilegrad/tile/elementwise.hpp"
@@ -24,16 +24,19 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
                                                 tensor<T> y) {
   static_assert(next_power_of_2(Block) == Block, "softmax_fwd: Block must be a power of two");
   int const row_idx = p.program_id(0);
-  auto const cols = arange<0, Block>();
-  // An int32 bound (cols < Block anyway): the mask stays an int32 comparison.
-  auto const mask = cols < static_cast<int>(std::min<std::int64_t>(x.size(1), Block));
-  auto const row = to<fp32<T>>(load(x + row_idx * x.stride(0) + cols * x.stride(1), mask,
-                                    -std::numeric_limits<float>::infinity()));
-  // Subtract the maximum for stability; masked lanes are -inf and vanish in exp.
-  // The exponentials are kept (each is read twice: for the sum and for the output); the output
-  // goes to memory without a tile of its own.
-  tile<fp32<T>, Block> const num = exp(row - max(row));
-  store(y + row_idx * y.stride(0) + cols * y.stride(1), num / sum(num), mask);
+  // The row as a block of the row's view: a block load copies the row (or reads it in place),
+  // where pointer tiles test a mask lane by lane. Lanes past the row's end read 0: they are
+  // -inf for the maximum and 0 after exp, masked inside the passes that compute those (an int32
+  // bound: the mask stays an int32 comparison).
+  auto const in_row =
+      arange<0, Block>() < static_cast<int>(std::min<std::int64_t>(x.size(1), Block));
+  tile<fp32<T>, Block> const row =
+      to<fp32<T>>(load(make_block_ptr<Block>(x[row_idx], {0}), bounds<0>));
+  // Subtract the maximum for stability. The exponentials are kept (each is read twice: for the
+  // sum and for the output); the output goes to memory without a tile of its own.
+  auto const row_max = max(where(in_row, row, -std::numeric_limits<float>::infinity()));
+  tile<fp32<T>, Block> const num = where(in_row, exp(row - row_max), 0.0f);
+  store(make_block_ptr<Block>(y[row_idx], {0}), num / sum(num), bounds<0>);
 };
 
 /// Backward of softmax_fwd from its output y: dx[i, :] = y[i, :] * (dy[i, :] - s) with s the
@@ -44,13 +47,11 @@ inline constexpr auto softmax_bwd = []<class T>(program const& p, tensor<T const
                                                 tensor<T const> dy, tensor<T> dx) {
   static_assert(next_power_of_2(Block) == Block, "softmax_bwd: Block must be a power of two");
   int const row_idx = p.program_id(0);
-  auto const cols = arange<0, Block>();
-  auto const mask = cols < static_cast<int>(std::min<std::int64_t>(y.size(1), Block));
-  // Masked lanes read 0 in both, so they add nothing to the row's dot product.
-  auto const yr = to<fp32<T>>(load(y + row_idx * y.stride(0) + cols * y.stride(1), mask, 0.0f));
-  auto const gr = to<fp32<T>>(load(dy + row_idx * dy.stride(0) + cols * dy.stride(1), mask, 0.0f));
-  tile<fp32<T>, Block> const out = yr * (gr - sum(gr * yr));
-  store(dx + row_idx * dx.stride(0) + cols * dx.stride(1), out, mask);
+  // Rows as blocks of the rows' views; lanes past the row's end read 0 in both, so they add
+  // nothing to the row's dot product.
+  auto const yr = to<fp32<T>>(load(make_block_ptr<Block>(y[row_idx], {0}), bounds<0>));
+  auto const gr = to<fp32<T>>(load(make_block_ptr<Block>(dy[row_idx], {0}), bounds<0>));
+  store(make_block_ptr<Block>(dx[row_idx], {0}), yr * (gr - sum(gr * yr)), bounds<0>);
 };
 
 } // namespace tilegrad::kernels

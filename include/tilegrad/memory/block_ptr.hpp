@@ -293,6 +293,33 @@ TILEGRAD_INLINE T* dense_block_inside(block_ptr<T, Bs...> const& bp) {
   return bp.data() + mem;
 }
 
+/// For a block of one row whose innermost axis is checked and contiguous: where the row starts
+/// and how many of its lanes lie inside the tensor, when it starts inside and only its end may
+/// pass the tensor's (null otherwise, and for a block inside: dense_block_inside serves it).
+template <class Check, class T, int... Bs>
+TILEGRAD_INLINE T* dense_row_cut(block_ptr<T, Bs...> const& bp, int& n) {
+  constexpr int R = sizeof...(Bs);
+  constexpr int dims[] = {Bs...};
+  if constexpr (shape<Bs...>::rows != 1 || !Check::has(R - 1)) {
+    return nullptr;
+  } else {
+    auto const& shp = bp.shape();
+    auto const& str = bp.strides();
+    auto const& off = bp.offsets();
+    std::int64_t mem = 0;
+    for (int a = 0; a < R - 1; ++a) {
+      if (off[a] < 0 || off[a] >= shp[a]) return nullptr;
+      mem += off[a] * str[a];
+    }
+    std::int64_t const c0 = off[R - 1], left = shp[R - 1] - c0;
+    if (c0 < 0 || left <= 0 || left >= dims[R - 1] || str[R - 1] != 1) return nullptr;
+    mem += c0;
+    if (mem + left > bp.extent()) return nullptr; // (the full form's own shape)
+    n = static_cast<int>(left);
+    return bp.data() + mem;
+  }
+}
+
 } // namespace detail
 
 namespace ad { // reverse mode (ad/memory.hpp) takes over for tensors of adjoint<T>
@@ -500,6 +527,18 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
         auto cast = to<T>(std::forward<E>(value)); // (as the tile below: to<T>, then in)
         detail::assign<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))));
         return;
+      }
+      // A row cut short by the tensor's end (a row shorter than the block): its lanes inside.
+      if constexpr (S::rows == 1) {
+        int n = 0;
+        T* const dst = detail::dense_row_cut<boundary_check<Axes...>>(bp, n);
+        if (dst && h0 == nullptr) {
+          detail::before_write(bp.data(), bp.data() + bp.extent());
+          auto cast = to<T>(std::forward<E>(value));
+          detail::assign_prefix<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))),
+                                   n);
+          return;
+        }
       }
     }
     // Values as one contiguous block (a tile of the right type is used in place).

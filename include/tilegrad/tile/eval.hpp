@@ -63,4 +63,16 @@ TILEGRAD_INLINE void assign(T* dst, E const& e) {
   }
 }
 
+/// dst[c] = e[0, c] for c in [0, n), 0 <= n <= S::inner, for a shape of one row: a row cut short
+/// by the end of a tensor, written without the lanes past it.
+template <class S, class T, class E>
+TILEGRAD_INLINE void assign_prefix(T* dst, E const& e, int n) {
+  static_assert(S::rows == 1 && std::is_same_v<value_of_t<E>, T>);
+  constexpr int W = width_for<T, E>;
+  int c = 0;
+  if constexpr (W > 1)
+    for (; c + W <= n; c += W) simd::store<T, W>(dst + c, e.template load<W>(0, c));
+  for (; c < n; ++c) dst[c] = e.template load<1>(0, c);
+}
+
 } // namespace tilegrad::detail
