@@ -1,10 +1,10 @@
 // What a program of a row kernel costs on one core: the memory-bound kernels of bench_norms and
 // bench_weighted_sum on the sequential executor (no thread pool in the way), one row per program
 // (eight per program for the layer-norm backward, which sums groups of rows), in nanoseconds per
-// row of 1024 floats. M = 32 rows stay in the caches, so the figure is the kernel's own work and
-// bookkeeping; M = 4096 rows (16 MiB per array) come from memory. Beside them, the layer-norm
-// forward as a plain loop per row. Noise on a shared machine is one-sided, so the `min` of the
-// repetitions is the figure to read.
+// row of 1024 floats (and, for the softmax, of 1000 floats in blocks of 1024). M = 32 rows stay in
+// the caches, so the figure is the kernel's own work and bookkeeping; M = 4096 rows (16 MiB per
+// array) come from memory. Beside them, the layer-norm forward as a plain loop per row. Noise on a
+// shared machine is one-sided, so the `min` of the repetitions is the figure to read.
 #include "kernel_bench.hpp"
 
 #include <tilegrad/kernels/layer_norm.hpp>
@@ -85,15 +85,31 @@ void BM_layer_norm_bwd(benchmark::State& state) {
   });
 }
 
+/// The softmax rows of Cols floats in blocks of 1024 (Cols = 1000: every row ends inside its
+/// block, the lanes past it masked).
+template <std::int64_t Cols>
+struct softmax_rows {
+  explicit softmax_rows(int m)
+      : M(m), x({m, Cols}, "x"), y({m, Cols}, "y"), dy({m, Cols}, "dy"), dx({m, Cols}, "dx") {
+    bench::fill(x, 1);
+    bench::fill(dy, 4);
+    fwd();
+  }
+  void fwd() { tg::launch(seq, M, tg::kernels::softmax_fwd<1024>, x.cview(), y.view()); }
+  int M;
+  tg::launch_options seq{.exec = tg::executor::sequential};
+  tg::owned_tensor<float> x, y, dy, dx;
+};
+
+template <std::int64_t Cols>
 void BM_softmax_fwd(benchmark::State& state) {
-  rows r(static_cast<int>(state.range(0)));
-  per_row(state, r.M,
-          [&] { tg::launch(r.seq, r.M, tg::kernels::softmax_fwd<1024>, r.x.cview(), r.y.view()); });
+  softmax_rows<Cols> r(static_cast<int>(state.range(0)));
+  per_row(state, r.M, [&] { r.fwd(); });
 }
 
+template <std::int64_t Cols>
 void BM_softmax_bwd(benchmark::State& state) {
-  rows r(static_cast<int>(state.range(0)));
-  tg::launch(r.seq, r.M, tg::kernels::softmax_fwd<1024>, r.x.cview(), r.y.view());
+  softmax_rows<Cols> r(static_cast<int>(state.range(0)));
   per_row(state, r.M, [&] {
     tg::launch(r.seq, r.M, tg::kernels::softmax_bwd<1024>, r.y.cview(), r.dy.cview(), r.dx.view());
   });
@@ -123,8 +139,10 @@ BENCHMARK(BM_layer_norm_fwd)->Apply(in_cache_and_memory);
 BENCHMARK(BM_layer_norm_fwd_loop)->Apply(in_cache_and_memory);
 BENCHMARK(BM_layer_norm_bwd<256>)->Apply(in_cache_and_memory);
 BENCHMARK(BM_layer_norm_bwd<1024>)->Apply(in_cache_and_memory);
-BENCHMARK(BM_softmax_fwd)->Apply(in_cache_and_memory);
-BENCHMARK(BM_softmax_bwd)->Apply(in_cache_and_memory);
+BENCHMARK(BM_softmax_fwd<1024>)->Apply(in_cache_and_memory);
+BENCHMARK(BM_softmax_fwd<1000>)->Apply(in_cache_and_memory);
+BENCHMARK(BM_softmax_bwd<1024>)->Apply(in_cache_and_memory);
+BENCHMARK(BM_softmax_bwd<1000>)->Apply(in_cache_and_memory);
 BENCHMARK(BM_weighted_sum)->Apply(in_cache_and_memory);
 
 BENCHMARK_MAIN();

@@ -347,14 +347,15 @@ constexpr auto padded_blocks =
 TEST(JvpMemory, BlockPointerPaddingHasZeroTangent) {
   owned<double> x({5, 7}), u({5, 7}), v({5, 7});
   fill(x, 20), fill(u, 21), fill(v, 22);
-  for (auto pad : {tg::padding::zero, tg::padding::nan}) {
+  for (auto pad : {tg::padding::zero, tg::padding::nan, tg::padding::neg_inf}) {
     owned<double> raw({8, 8}), y({8, 8});
     auto run = [&](auto const& kernel) {
       return tg::jvp(tg::grid(2, 2), kernel, tg::tangent_in("x", x, u, v),
                      tg::tangent_out("raw", raw), tg::tangent_out("y", y));
     };
-    auto const r = pad == tg::padding::zero ? run(padded_blocks<tg::padding::zero>)
-                                            : run(padded_blocks<tg::padding::nan>);
+    auto const r = pad == tg::padding::zero  ? run(padded_blocks<tg::padding::zero>)
+                   : pad == tg::padding::nan ? run(padded_blocks<tg::padding::nan>)
+                                             : run(padded_blocks<tg::padding::neg_inf>);
     for (int i = 0; i < 8; ++i)
       for (int j = 0; j < 8; ++j) {
         bool const inside = i < 5 && j < 7;
@@ -367,11 +368,13 @@ TEST(JvpMemory, BlockPointerPaddingHasZeroTangent) {
           ASSERT_NEAR(r["y"](i, j), dy * u(i, j), 1e-14) << i << ", " << j;
           ASSERT_NEAR(r.tangent("y", 1)(i, j), dy * v(i, j), 1e-14) << i << ", " << j;
         } else {
-          // The padding: zero or NaN, with zero tangents.
+          // The padding: zero, NaN or -inf, with zero tangents.
           if (pad == tg::padding::zero)
             ASSERT_EQ(raw(i, j), 0);
-          else
+          else if (pad == tg::padding::nan)
             ASSERT_TRUE(std::isnan(raw(i, j)));
+          else
+            ASSERT_EQ(raw(i, j), -std::numeric_limits<double>::infinity());
           ASSERT_EQ(r["raw"](i, j), 0) << i << ", " << j;
           ASSERT_EQ(r.tangent("raw", 1)(i, j), 0) << i << ", " << j;
           if (pad == tg::padding::zero) { // exp(0) + 0, tangent 0

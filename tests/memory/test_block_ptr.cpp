@@ -47,9 +47,11 @@ std::vector<std::int64_t> inside(int B, int E) { return {0, 1, E - B}; }
 template <class T>
 T padding_value(padding pad) {
   if constexpr (std::is_floating_point_v<T>)
-    return pad == padding::nan ? std::numeric_limits<T>::quiet_NaN() : T(0);
+    return pad == padding::nan       ? std::numeric_limits<T>::quiet_NaN()
+           : pad == padding::neg_inf ? -std::numeric_limits<T>::infinity()
+                                     : T(0);
   else
-    return T(0);
+    return pad == padding::neg_inf ? std::numeric_limits<T>::lowest() : T(0);
 }
 
 template <class T>
@@ -80,7 +82,7 @@ void block_1d(tensor<T> t) {
   constexpr int E = 37;
   for (std::int64_t o : hanging(B, E)) {
     auto const bp = make_block_ptr<B>(tensor<T const>(t), {o});
-    for (padding pad : {padding::zero, padding::nan}) {
+    for (padding pad : {padding::zero, padding::nan, padding::neg_inf}) {
       tile<T, B> const v = load(bp, bounds<0>, pad);
       for (int c = 0; c < B; ++c) {
         std::int64_t const k = o + c;
@@ -132,7 +134,7 @@ void load_2d(tensor<T const> x) {
     for (std::int64_t c0 : cols) {
       auto const bp = make_block_ptr<BM, BN>(x, {r0, c0});
       tile<T, BM, BN> const dflt = load(bp, bounds<Axes...>);
-      for (padding pad : {padding::zero, padding::nan}) {
+      for (padding pad : {padding::zero, padding::nan, padding::neg_inf}) {
         if (!std::is_floating_point_v<T> && pad == padding::nan) continue;
         tile<T, BM, BN> const v = load(bp, bounds<Axes...>, pad);
         for (int i = 0; i < BM; ++i)
@@ -471,7 +473,7 @@ TEST(BlockPtrBf16, LoadCopiesTheInsideElementsAndPads) {
     std::int64_t const rows = t.size(0), cols = t.size(1);
     for (std::int64_t r0 : hanging(5, static_cast<int>(rows)))
       for (std::int64_t c0 : hanging(37, static_cast<int>(cols)))
-        for (padding pad : {padding::zero, padding::nan}) {
+        for (padding pad : {padding::zero, padding::nan, padding::neg_inf}) {
           tile<bf16, 5, 37> const v = load(make_block_ptr<5, 37>(t, {r0, c0}), bounds<0, 1>, pad);
           for (int i = 0; i < 5; ++i)
             for (int j = 0; j < 37; ++j) {
@@ -482,6 +484,8 @@ TEST(BlockPtrBf16, LoadCopiesTheInsideElementsAndPads) {
                 ASSERT_EQ(v(i, j).bits, t(r, c).bits) << what << " " << at(i, j) << " at " << r0 << ", " << c0;
               else if (pad == padding::nan)
                 ASSERT_TRUE(std::isnan(got)) << what << " " << at(i, j);
+              else if (pad == padding::neg_inf)
+                ASSERT_EQ(got, -std::numeric_limits<float>::infinity()) << what << " " << at(i, j);
               else
                 ASSERT_EQ(got, 0.0f) << what << " " << at(i, j);
             }

@@ -1,7 +1,8 @@
 // Row softmax, the classic Triton tutorial kernel: one row per program, the whole row in one
-// block of next_power_of_2(n_cols) lanes, masked past the row's end; and its hand-written
-// backward, one row per program as well. Both take float, double or bf16 tensors: loads convert
-// to fp32<T> (a no-op but for bf16), stores round back to the tensor's type.
+// block of next_power_of_2(n_cols) lanes (a block pointer of the row, padded past its end); and
+// its hand-written backward, one row per program as well. Both take float, double or bf16
+// tensors: loads convert to fp32<T> (a no-op but for bf16), stores round back to the tensor's
+// type.
 #pragma once
 
 #include "tilegrad/core/types.hpp"
@@ -12,9 +13,6 @@
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/reduce.hpp"
 
-#include <algorithm>
-#include <cstdint>
-#include <limits>
 
 namespace tilegrad::kernels {
 
@@ -25,18 +23,16 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
   static_assert(next_power_of_2(Block) == Block, "softmax_fwd: Block must be a power of two");
   int const row_idx = p.program_id(0);
   // The row as a block of the row's view: a block load copies the row (or reads it in place),
-  // where pointer tiles test a mask lane by lane. Lanes past the row's end read 0: they are
-  // -inf for the maximum and 0 after exp, masked inside the passes that compute those (an int32
-  // bound: the mask stays an int32 comparison).
-  auto const in_row =
-      arange<0, Block>() < static_cast<int>(std::min<std::int64_t>(x.size(1), Block));
+  // where pointer tiles test a mask lane by lane. Lanes past the row's end read -inf and vanish
+  // in exp.
   tile<fp32<T>, Block> const row =
-      to<fp32<T>>(load(make_block_ptr<Block>(x[row_idx], {0}), bounds<0>));
+      to<fp32<T>>(load(make_block_ptr<Block>(x[row_idx], {0}), bounds<0>, padding::neg_inf));
   // Subtract the maximum for stability. The exponentials are kept (each is read twice: for the
-  // sum and for the output); the output goes to memory without a tile of its own.
-  auto const row_max = max(where(in_row, row, -std::numeric_limits<float>::infinity()));
-  tile<fp32<T>, Block> const num = where(in_row, exp(row - row_max), 0.0f);
-  store(make_block_ptr<Block>(y[row_idx], {0}), num / sum(num), bounds<0>);
+  // sum and for the output); the output goes to memory without a tile of its own, scaled by the
+  // sum's reciprocal (as PyTorch's CPU softmax does: a division per element costs the forward a
+  // fifth of its time on AVX-512).
+  tile<fp32<T>, Block> const num = exp(row - max(row));
+  store(make_block_ptr<Block>(y[row_idx], {0}), num * (1.0f / sum(num)), bounds<0>);
 };
 
 /// Backward of softmax_fwd from its output y: dx[i, :] = y[i, :] * (dy[i, :] - s) with s the

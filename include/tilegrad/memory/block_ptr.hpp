@@ -40,8 +40,10 @@ struct boundary_check {
 template <int... Axes>
 inline constexpr boundary_check<Axes...> bounds{};
 
-/// What out-of-bounds elements of a checked block load read (Triton's padding_option).
-enum class padding { zero, nan };
+/// What out-of-bounds elements of a checked block load read (Triton's padding_option, and
+/// neg_inf, which Triton lacks: for a maximum or an exp over a row shorter than its block, the
+/// padding that `other=-inf` gives a pointer-tile load).
+enum class padding { zero, nan, neg_inf };
 
 /// A pointer to a block of shape (Bs...) of a tensor, starting at `offsets`.
 ///
@@ -334,14 +336,22 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
 namespace detail {
 
 // The padding value of a block load of V.
+// (An integer tensor has no NaN, and its -inf is its lowest value.)
 template <class V>
 V block_fill(padding pad) {
-  if constexpr (std::numeric_limits<V>::has_quiet_NaN)
-    return pad == padding::nan ? std::numeric_limits<V>::quiet_NaN() : V(0);
-  else if constexpr (std::is_same_v<V, bf16>)
-    return pad == padding::nan ? bf16(std::numeric_limits<float>::quiet_NaN()) : bf16(0.0f);
-  else
+  if constexpr (std::is_same_v<V, bf16>) {
+    return pad == padding::nan       ? bf16(std::numeric_limits<float>::quiet_NaN())
+           : pad == padding::neg_inf ? bf16(-std::numeric_limits<float>::infinity())
+                                     : bf16(0.0f);
+  } else if constexpr (std::numeric_limits<V>::has_quiet_NaN) {
+    return pad == padding::nan       ? std::numeric_limits<V>::quiet_NaN()
+           : pad == padding::neg_inf ? -std::numeric_limits<V>::infinity()
+                                     : V(0);
+  } else if constexpr (std::numeric_limits<V>::is_specialized) {
+    return pad == padding::neg_inf ? std::numeric_limits<V>::lowest() : V(0);
+  } else {
     return V(0);
+  }
 }
 
 // The body of a block load: writes the block to o (Bs... elements, row-major), wherever o is (a
