@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -199,6 +200,31 @@ TYPED_TEST(Borrowed, MoreLiveTilesThanTheListHoldsAllKeepTheirValues) {
   for (int k = 0; k < 80; ++k) tiles.push_back(load(make_block_ptr<R, C>(this->src(), {k % 7, 0})));
   store(make_block_ptr<R, C>(this->dst(), {0, 0}), zeros<T, R, C>());
   for (int k = 0; k < 80; ++k) this->expect_block(tiles[static_cast<std::size_t>(k)], k % 7, 0, T(0), "tile k");
+}
+
+TYPED_TEST(Borrowed, TilesDroppedInAnyOrderLeaveTheOthersTracked) {
+  using T = TypeParam;
+  // The list drops the newest entry without a copy and fills a hole left by an older one with
+  // the newest: after either, every live borrower must still be found by a store.
+  auto load_at = [&](std::int64_t i) { return load(make_block_ptr<R, C>(this->src(), {i, 0})); };
+  std::vector<std::int64_t> const rows{0, 4, 8, 12, 16, 20};
+  for (int drop = 0; drop < 6; ++drop) {
+    std::vector<std::optional<tile<T, R, C>>> tiles;
+    tiles.reserve(rows.size());
+    for (auto i : rows) {
+      tiles.emplace_back(load_at(i));
+      ASSERT_EQ(std::as_const(*tiles.back()).data(), this->at(i, 0));
+    }
+    tiles[static_cast<std::size_t>(drop)].reset(); // one from the middle, or the newest
+    tile<T, R, C> const late = load_at(24);         // takes the freed place
+    ASSERT_EQ(late.data(), this->at(24, 0));
+    store(make_block_ptr<M, N>(this->dst(), {0, 0}), full<T, M, N>(T(-3)));
+    for (std::size_t k = 0; k < rows.size(); ++k)
+      if (tiles[k]) this->expect_block(*tiles[k], rows[k], 0, T(0), "a tile kept");
+    this->expect_block(late, 24, 0, T(0), "the tile loaded last");
+    for (std::int64_t i = 0; i < M; ++i) // the memory back as it was, for the next round
+      for (std::int64_t j = 0; j < N; ++j) this->x(i, j) = value<T>(i, j);
+  }
 }
 
 TYPED_TEST(Borrowed, UsedAtOnceAndAtTheEdges) {

@@ -98,7 +98,11 @@ public:
   TILEGRAD_INLINE void remove(void* storage) {
     for (int i = n_ - 1; i >= 0; --i)
       if (e_[i].storage == storage) {
-        e_[i] = e_[--n_];
+        // The newest entry, the usual case, is dropped without a copy. Copying it onto itself
+        // read 32 bytes just written by narrower stores: a load the store buffer cannot
+        // forward, which waits for every older store to reach the cache, in a row kernel the
+        // row just stored, still on its way from memory.
+        if (i != --n_) e_[i] = e_[n_];
         return;
       }
   }
