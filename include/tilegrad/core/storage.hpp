@@ -16,6 +16,8 @@
 
 namespace tilegrad {
 
+struct bf16;
+
 /// Tag: construct a tile without initialising its elements (they are written next).
 struct uninitialized_t {
   explicit uninitialized_t() = default;
@@ -235,7 +237,10 @@ public:
 private:
   static T* allocate() {
     T* p = static_cast<T*>(block_cache::local().take(N * sizeof(T)));
-    if constexpr (!std::is_trivially_default_constructible_v<T>)
+    // bf16 (16 bits of storage, zero only by its default member initialiser) is not zeroed here:
+    // every constructor of a tile writes all its elements next. (adjoint and dual elements are
+    // still constructed: their defaults mean something.)
+    if constexpr (!std::is_trivially_default_constructible_v<T> && !std::is_same_v<T, bf16>)
       std::uninitialized_value_construct_n(p, N);
     return p;
   }

@@ -102,6 +102,17 @@ auto prescaled(X&& x, double scale) {
     return std::forward<X>(x) * scale;
 }
 
+/// x, a difference of scores, in the units of the scaled scores: x * scale where the operands are
+/// bf16 (their scores are unscaled, see prescaled), x itself in fp32 (q was prescaled). The bf16
+/// forward thus scales inside its exponentials, fused, not in a pass over the scores.
+template <class E, class X>
+auto scaled(X&& x, double scale) {
+  if constexpr (std::is_same_v<E, bf16>)
+    return std::forward<X>(x) * scale;
+  else
+    return std::forward<X>(x);
+}
+
 /// P = exp(scale Q Kᵀ - L) for one block, masked lanes 0, and dS = P (dP - D) scale with
 /// dP = dO Vᵀ: what a backward recomputes from the saved logsumexp, queries down the rows.
 /// Takes kt = scale Kᵀ (bf16: Kᵀ) and vt = Vᵀ, which a key-tile program transposes once for its
@@ -151,15 +162,14 @@ inline constexpr auto flash_attention_fwd =
            [=](int k0, auto& m, auto& l, auto& acc) {
              tile<E, BK, D> const kj = to<E>(load(make_block_ptr<BK, D>(kh, {k0, 0}), bounds<0>));
              tile<E, BK, D> const vj = to<E>(load(make_block_ptr<BK, D>(vh, {k0, 0}), bounds<0>));
-             tile<F, BK, BQ> st = dot(kj, qt);
-             if constexpr (std::is_same_v<E, bf16>)
-               st = st * scale;
+             tile<F, BK, BQ> st = dot(kj, qt); // (bf16: unscaled; m follows st's units)
              if (detail::block_needs_mask<BQ, BK, Causal>(q0, k0, n_k))
                st = where(detail::block_mask<BQ, BK, Causal, true>(q0, k0, n_k), st,
                           detail::neg_inf);
              tile<F, BQ> const m_new = maximum(m, max<0>(st));
-             tile<F, BK, BQ> const pt = exp(st - row(m_new));
-             tile<F, BQ> const alpha = exp(m - m_new); // rescales what earlier tiles summed
+             tile<F, BK, BQ> const pt = exp(detail::scaled<E>(st - row(m_new), scale));
+             // rescales what earlier tiles summed
+             tile<F, BQ> const alpha = exp(detail::scaled<E>(m - m_new, scale));
              l = l * alpha + sum<0>(pt);
              acc *= col(alpha);
              auto const& pe = detail::as_operand<E>(pt);
@@ -167,7 +177,7 @@ inline constexpr auto flash_attention_fwd =
              m = m_new;
            });
       store(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), acc / col(l), bounds<0>);
-      store(make_block_ptr<BQ>(lse[b][h], {q0}), m + log(l), bounds<0>);
+      store(make_block_ptr<BQ>(lse[b][h], {q0}), detail::scaled<E>(m, scale) + log(l), bounds<0>);
     };
 
 /// delta = rowsum(do * o), the D of Algorithm 2, for o, do (B, H, N, D) and delta (B, H, N).
