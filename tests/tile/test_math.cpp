@@ -176,6 +176,42 @@ TYPED_TEST(Math, SpecialValues) {
   }
 }
 
+// exp on vector lanes (a tile of 48 floats: three vectors of 16 on AVX-512) at the ends of the
+// float range, against e^x in double rounded to float: inf past 88.7228, finite below it; the
+// subnormal results between -87.34 and -103.97 within the smallest subnormal; 0 below; NaN and
+// the infinities as libm gives them.
+TEST(MathFloat, ExpOnVectorLanesAtTheEndsOfTheRange) {
+#if TILEGRAD_USE_XSIMD && !defined(__AVX512F__)
+  GTEST_SKIP() << "this target's vector exp is xsimd's, which gives inf above 88.38 and loses "
+                  "subnormal results (docs/ops.md)";
+#endif
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  float const v[] = {-inf,   inf,    nan,     0.0f,     -0.0f,  1000,    -1000,   88.0f,
+                     88.5f,  88.7f,  88.72f,  88.7228f, 88.73f, 89.0f,   100.0f,  -87.0f,
+                     -87.3f, -87.5f, -90.0f,  -95.5f,   -100,   -102.5f, -103.2f, -103.9f,
+                     -104.0f, -104.5f, -110,  1e-30f,   -1e-30f, 0.5f,   -0.5f,   1,
+                     -1,     10,     -10,     20.5f,    -20.5f, 40,      -40,     60,
+                     -60,    70.25f, -70.25f, 80,       -80,    85,      -85,     87.5f};
+  constexpr int n = 48;
+  static_assert(sizeof v / sizeof v[0] == n);
+  tile<float, n> x;
+  for (int i = 0; i < n; ++i)
+    x(i) = v[i];
+  tile<float, n> const e = exp(x);
+  for (int i = 0; i < n; ++i) {
+    float const want = static_cast<float>(std::exp(static_cast<double>(v[i])));
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(e(i))) << "exp(" << v[i] << ") = " << e(i);
+    else if (std::isinf(want) || want == 0)
+      EXPECT_EQ(e(i), want) << "exp(" << v[i] << ")";
+    else if (want < std::numeric_limits<float>::min())
+      EXPECT_NEAR(e(i), want, std::numeric_limits<float>::denorm_min()) << "exp(" << v[i] << ")";
+    else
+      EXPECT_NEAR(e(i), want, tg_test::math_rtol<float> * want) << "exp(" << v[i] << ")";
+  }
+}
+
 } // namespace
 
 } // namespace test_math

@@ -210,6 +210,18 @@ TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
   static_assert(has_bf16_store<W>, "tilegrad: store_bf16 has no vector path on this build");
 #if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
   __m512i const u = _mm512_castps_si512(static_cast<__m512>(v));
+#if defined(__AVX512BF16__)
+  // The CPU's conversion (vcvtneps2bf16) rounds to nearest even and quiets a NaN as bf16(float)
+  // does, in one instruction, but reads a subnormal input as zero: a vector holding one (|bits|
+  // in [1, 0x7fffff]) takes the integer path below.
+  __m512i const mag_less_one =
+      _mm512_sub_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(1));
+  if (_mm512_cmplt_epu32_mask(mag_less_one, _mm512_set1_epi32(0x007fffff)) == 0) [[likely]] {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(static_cast<__m512>(v))));
+    return;
+  }
+#endif
   __m512i const high = _mm512_srli_epi32(u, 16);
   __m512i const bias =
       _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
@@ -224,6 +236,32 @@ TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
   (void)v;
 #endif
 }
+
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+/// e^x on 16 floats: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts), e^r by Cephes'
+/// polynomial, then times 2^n by vscalefps, which also gives inf past the float range, the
+/// subnormal results and 0 below it. Inputs clamped to [-104, 89] first (a NaN stays NaN: maxps
+/// and minps return their second operand when one is NaN). Measured over every 13th float:
+/// at most 1.26 ulp from the correctly rounded e^x, 0.77 of the smallest subnormal below the
+/// normal range, inf, 0 and NaN where e^x has them. (xsimd 8's exp took 3.3 times as long in
+/// cache on a Zen 4, returned inf for x in (88.38, 88.72] where e^x is finite, and lost the
+/// subnormal results.)
+TILEGRAD_INLINE __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+  __m512 const n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
 
 /// Copies `bytes` (a multiple of 64) from src to the 64-byte aligned dst with non-temporal
 /// stores where the target has them: a line written once and not read again soon skips the read

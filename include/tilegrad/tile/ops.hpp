@@ -24,6 +24,14 @@ using std::abs, std::cos, std::erf, std::exp, std::exp2, std::fma, std::fmod, st
 #if TILEGRAD_USE_XSIMD
 using xsimd::abs, xsimd::cos, xsimd::erf, xsimd::exp, xsimd::exp2, xsimd::fma, xsimd::fmod,
     xsimd::log, xsimd::log2, xsimd::sin, xsimd::sqrt, xsimd::tanh;
+#if defined(__AVX512F__)
+// 16 floats take simd::exp16 (faster than xsimd's, and exact near the ends of the float range).
+template <class A>
+  requires(xsimd::batch<float, A>::size == 16)
+TILEGRAD_INLINE xsimd::batch<float, A> exp(xsimd::batch<float, A> const& x) {
+  return xsimd::batch<float, A>(simd::exp16(x));
+}
+#endif
 #endif
 
 template <class V>
