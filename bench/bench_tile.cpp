@@ -1,6 +1,8 @@
 // Tile algebra on the float path, each benchmark beside its baselines in this one binary:
 //   softmax/RxC/*       row softmax: tilegrad (fused), eager (one temporary tile per op), naive
 //   elementwise/RxC/*   y = a * b + c * exp(-d): tilegrad (fused), eager, naive
+//   columns/RxC/*       max and sum along axis 0 (a key tile's statistics in the FlashAttention
+//                       forward): tilegrad, naive
 //   dot/MxNxK/*         C += A @ B: tilegrad acc = dot(a, b, std::move(acc)) (in place) and
 //                       acc = dot(a, b, acc) (acc copied), naive triple loop, OpenBLAS sgemm;
 //                       tilegrad_bf16: A and B bf16 tiles, C float (vs_fp32: its FLOP/s over
@@ -221,6 +223,55 @@ void bm_elementwise(benchmark::State& st) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Column statistics: max<0> and sum<0>
+// ---------------------------------------------------------------------------------------------
+
+template <int R, int C>
+BENCH_NOINLINE void columns_tilegrad(tg::tile<float, R, C> const& x, tg::tile<float, C>& m,
+                                     tg::tile<float, C>& s) {
+  m = tg::max<0>(x);
+  s = tg::sum<0>(x);
+}
+
+template <int R, int C>
+BENCH_NOINLINE void columns_naive(float const* x, float* m, float* s) {
+  for (int j = 0; j < C; ++j)
+    m[j] = s[j] = x[j];
+  for (int i = 1; i < R; ++i)
+    for (int j = 0; j < C; ++j) {
+      m[j] = std::max(m[j], x[i * C + j]);
+      s[j] += x[i * C + j];
+    }
+}
+
+template <int R, int C, variant V>
+void bm_columns(benchmark::State& st) {
+  tg::tile<float, R, C> x;
+  tg::tile<float, C> m, s, m_ref, s_ref;
+  fill_uniform(x, -8.0f, 8.0f, 77u + R);
+  columns_naive<R, C>(x.data(), m_ref.data(), s_ref.data());
+  auto run = [&] {
+    if constexpr (V == variant::tilegrad)
+      columns_tilegrad(x, m, s);
+    else
+      columns_naive<R, C>(x.data(), m.data(), s.data());
+  };
+  run();
+  // (Both add each column's rows in order: the sums agree to the bit.)
+  if (!close(m.data(), m_ref.data(), C, 0.0f) || !close(s.data(), s_ref.data(), C, 0.0f)) {
+    st.SkipWithError("result differs from the naive loop");
+    return;
+  }
+  for (auto _ : st) {
+    benchmark::DoNotOptimize(x);
+    run();
+    benchmark::DoNotOptimize(m);
+    benchmark::DoNotOptimize(s);
+  }
+  st.SetItemsProcessed(st.iterations() * std::int64_t{R} * C);
+}
+
+// ---------------------------------------------------------------------------------------------
 // dot: C (M x N) += A (M x K) @ B (K x N), row-major
 // ---------------------------------------------------------------------------------------------
 
@@ -394,6 +445,13 @@ void register_elementwise() {
   add(base + "naive", bm_elementwise<R, C, variant::naive>);
 }
 
+template <int R, int C>
+void register_columns() {
+  std::string const base = "columns/" + std::to_string(R) + "x" + std::to_string(C) + "/";
+  add(base + "tilegrad", bm_columns<R, C, variant::tilegrad>);
+  add(base + "naive", bm_columns<R, C, variant::naive>);
+}
+
 template <int M, int N, int K>
 void register_dot() {
   std::string const base =
@@ -413,6 +471,8 @@ int main(int argc, char** argv) {
   register_softmax<64, 64>();
   register_softmax<128, 128>();
   register_elementwise<64, 64>();
+  register_columns<64, 64>();
+  register_columns<128, 100>();
   register_dot<16, 16, 16>();
   register_dot<32, 32, 32>();
   register_dot<64, 64, 64>();

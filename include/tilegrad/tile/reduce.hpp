@@ -144,6 +144,26 @@ TILEGRAD_INLINE void reduce_axis(T* out, N const& n) {
         int const r0 = (o * split::extent) * mid + m;
         int c = 0;
         if constexpr (W > 1) {
+          // Four vectors of the row at a time: each column still combines its k in order, but
+          // four chains advance together instead of waiting out the combine's latency in turn
+          // (a max over the 64 rows of a 64 x 64 tile took 3.5x the time).
+          for (; c + 4 * W <= L; c += 4 * W) {
+            auto v0 = n.template load<W>(r0, c);
+            auto v1 = n.template load<W>(r0, c + W);
+            auto v2 = n.template load<W>(r0, c + 2 * W);
+            auto v3 = n.template load<W>(r0, c + 3 * W);
+            for (int k = 1; k < split::extent; ++k) {
+              int const rk = r0 + k * mid;
+              v0 = combine<Op>(v0, n.template load<W>(rk, c));
+              v1 = combine<Op>(v1, n.template load<W>(rk, c + W));
+              v2 = combine<Op>(v2, n.template load<W>(rk, c + 2 * W));
+              v3 = combine<Op>(v3, n.template load<W>(rk, c + 3 * W));
+            }
+            simd::store<T, W>(d + c, v0);
+            simd::store<T, W>(d + c + W, v1);
+            simd::store<T, W>(d + c + 2 * W, v2);
+            simd::store<T, W>(d + c + 3 * W, v3);
+          }
           for (; c + W <= L; c += W) {
             auto v = n.template load<W>(r0, c);
             for (int k = 1; k < split::extent; ++k)
