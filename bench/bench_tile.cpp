@@ -4,7 +4,8 @@
 //   columns/RxC/*       max and sum along axis 0 (a key tile's statistics in the FlashAttention
 //                       forward): tilegrad, naive
 //   dot/MxNxK/*         C += A @ B: tilegrad acc = dot(a, b, std::move(acc)) (in place) and
-//                       acc = dot(a, b, acc) (acc copied), naive triple loop, OpenBLAS sgemm;
+//                       acc = dot(a, b, acc) (acc copied), dot(a, trans(bt), acc) (B given
+//                       transposed, tl.dot(q, tl.trans(k))), naive triple loop, OpenBLAS sgemm;
 //                       tilegrad_bf16: A and B bf16 tiles, C float (vs_fp32: its FLOP/s over
 //                       the float dot's on the same values)
 //   peak/fma            the FMA throughput of one core, the ceiling of every dot figure
@@ -301,6 +302,14 @@ BENCH_NOINLINE void dot_tilegrad(tg::tile<float, M, K> const& a, tg::tile<float,
   c = tg::dot(a, b, std::move(c)); // Triton's acc = tl.dot(a, b, acc), accumulating in place
 }
 
+/// B given transposed, as in Triton's tl.dot(q, tl.trans(k)): dot makes a tile of trans(bt).
+template <int M, int N, int K>
+BENCH_NOINLINE void dot_tilegrad_trans_b(tg::tile<float, M, K> const& a,
+                                         tg::tile<float, N, K> const& bt,
+                                         tg::tile<float, M, N>& c) {
+  c = tg::dot(a, tg::trans(bt), std::move(c));
+}
+
 /// bf16 operands, float accumulator: the dot of a bf16 attention kernel.
 template <int M, int N, int K>
 BENCH_NOINLINE void dot_tilegrad_bf16(tg::tile<tg::bf16, M, K> const& a,
@@ -314,7 +323,14 @@ void gemm_openblas(int m, int n, int k, float const* a, float const* b, float* c
 }
 #endif
 
-enum class gemm_impl { tilegrad, tilegrad_copy_acc, tilegrad_bf16, naive, openblas };
+enum class gemm_impl {
+  tilegrad,
+  tilegrad_copy_acc,
+  tilegrad_trans_b,
+  tilegrad_bf16,
+  naive,
+  openblas
+};
 
 template <int M, int N, int K, gemm_impl I>
 void bm_dot(benchmark::State& st) {
@@ -332,6 +348,7 @@ void bm_dot(benchmark::State& st) {
     a = tg::to<float>(a16);
     b = tg::to<float>(b16);
   }
+  tg::tile<float, N, K> const bt = tg::trans(b); // (the transposed copy of b, made once)
   ref = c;
   gemm_naive<M, N, K>(a.data(), b.data(), ref.data());
 
@@ -340,6 +357,8 @@ void bm_dot(benchmark::State& st) {
       dot_tilegrad(a, b, c);
     } else if constexpr (I == gemm_impl::tilegrad_copy_acc) {
       dot_tilegrad_copy_acc(a, b, c);
+    } else if constexpr (I == gemm_impl::tilegrad_trans_b) {
+      dot_tilegrad_trans_b(a, bt, c);
     } else if constexpr (I == gemm_impl::tilegrad_bf16) {
       dot_tilegrad_bf16(a16, b16, c);
     } else if constexpr (I == gemm_impl::naive) {
@@ -366,6 +385,7 @@ void bm_dot(benchmark::State& st) {
     benchmark::DoNotOptimize(b);
     benchmark::DoNotOptimize(a16);
     benchmark::DoNotOptimize(b16);
+    benchmark::DoNotOptimize(bt);
     run(); // C accumulates A @ B every iteration, as sgemm with beta = 1 does
     benchmark::DoNotOptimize(c);
   }
@@ -458,6 +478,7 @@ void register_dot() {
       "dot/" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + "/";
   add(base + "tilegrad", bm_dot<M, N, K, gemm_impl::tilegrad>);
   add(base + "tilegrad_copy_acc", bm_dot<M, N, K, gemm_impl::tilegrad_copy_acc>);
+  add(base + "tilegrad_trans_b", bm_dot<M, N, K, gemm_impl::tilegrad_trans_b>);
   add(base + "tilegrad_bf16", bm_dot<M, N, K, gemm_impl::tilegrad_bf16>);
   add(base + "naive", bm_dot<M, N, K, gemm_impl::naive>);
 #if TILEGRAD_HAVE_CBLAS

@@ -175,6 +175,67 @@ TYPED_TEST(ShapeOps, AssigningATransposeToItsSource) {
             << "c = permute<2, 0, 1>(c) at (" << i << ", " << j << ", " << k << ")";
 }
 
+// A tile made from trans(x) of a tile in memory is transposed by 16 x 16 blocks on registers
+// where the target has them (float, bf16) and element by element otherwise: every kind of stored
+// source (a small tile read by reference, a heap tile, a temporary held by the expression, a
+// block read in place inside a launch), extents on and off the blocks, and the transpose of a
+// square tile assigned to itself.
+template <class T>
+double as_double(T x) {
+  return static_cast<double>(static_cast<float>(x));
+}
+
+template <class T, int R, int C>
+void check_stored_transposes() {
+  tile<T, R, C> m;
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) // distinct values, exact in bf16 (at most 8 bits of mantissa)
+      m(i, j) = T(static_cast<float>((i * C + j) % 251) - 125.0f);
+  auto expect_transpose_of = [&](tile<T, C, R> const& t, char const* what) {
+    int bad = 0;
+    for (int i = 0; i < C; ++i)
+      for (int j = 0; j < R; ++j)
+        if (!(as_double(t(i, j)) == as_double(m(j, i))) && bad++ < 3)
+          ADD_FAILURE() << what << " " << R << " x " << C << " at (" << i << ", " << j
+                        << "): " << as_double(t(i, j)) << " vs " << as_double(m(j, i));
+  };
+  tile<T, C, R> const from_lvalue = trans(m);
+  expect_transpose_of(from_lvalue, "trans(m)");
+  tile<T, C, R> const from_temporary = trans(tile<T, R, C>(m));
+  expect_transpose_of(from_temporary, "trans(tile(m))");
+  tile<T, C, R> assigned(uninitialized);
+  assigned = trans(m);
+  expect_transpose_of(assigned, "t = trans(m)");
+  std::vector<T> buf(static_cast<std::size_t>(R * C));
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j) buf[static_cast<std::size_t>(i * C + j)] = m(i, j);
+  tile<T, C, R> in_launch(uninitialized);
+  launch(launch_options{.exec = executor::sequential}, grid{1, 1, 1},
+         [&](program const&, tensor<T const> x) {
+           in_launch = tile<T, C, R>(trans(load(make_block_ptr<R, C>(x, {0, 0}))));
+         },
+         tensor<T const>(buf.data(), {R, C}, "x"));
+  expect_transpose_of(in_launch, "trans(load(block)) in a launch");
+  if constexpr (R == C) {
+    tile<T, R, C> sq = m;
+    sq = trans(sq);
+    expect_transpose_of(sq, "x = trans(x)");
+  }
+}
+
+TEST(ShapeOpsTranspose, StoredTilesByBlocksAndElementByElement) {
+  check_stored_transposes<float, 64, 48>();
+  check_stored_transposes<float, 64, 64>();
+  check_stored_transposes<float, 16, 16>();
+  check_stored_transposes<float, 37, 20>();
+  check_stored_transposes<float, 4, 8>(); // 128 bytes: a tile held inline
+  check_stored_transposes<double, 32, 48>();
+  check_stored_transposes<double, 33, 5>();
+  check_stored_transposes<bf16, 64, 64>();
+  check_stored_transposes<bf16, 32, 80>();
+  check_stored_transposes<bf16, 48, 17>();
+}
+
 TEST(ShapeOpsShapes, ColRowExpandDimsAndPermuteShapes) {
   tile<int, 5> u;
   tile<int, 3, 4, 19> x;

@@ -191,20 +191,7 @@ auto cumsum(E&& e) {
   return detail::tile_t<adjoint<T>, C>::from_buffers(yv, ya);
 }
 
-/// dst (C x R) = src (R x C) transposed; by 16 x 16 blocks on vector registers where the target
-/// has them and the extents allow (a lane-by-lane transpose of 64 x 64 costs a quarter of a
-/// 64 x 64 x 64 product).
-template <class T, int R, int C>
-void transpose_into(T* dst, T const* src) {
-  if constexpr (simd::has_transpose16_v<T> && R % 16 == 0 && C % 16 == 0) {
-    for (int i = 0; i < R; i += 16)
-      for (int j = 0; j < C; j += 16)
-        simd::transpose16(dst + j * R + i, R, src + i * C + j, C);
-  } else {
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < C; ++j) dst[j * R + i] = src[i * C + j];
-  }
-}
+using detail::transpose_into;
 
 /// C = op(A) op(B) + acc, each operand as stored: A (M x K), or with TA its transpose x (K x M)
 /// (dot(trans(x), b) reads x in place, as the fast path does); B (K x N), or with TB its

@@ -291,45 +291,67 @@ inline void stream_copy(void* dst, void const* src, std::size_t bytes) {
 template <class T>
 inline constexpr bool has_transpose16_v =
 #if defined(__AVX512F__)
-    std::is_same_v<T, float>;
+    std::is_same_v<T, float> || std::is_same_v<T, bf16>;
 #else
     false;
 #endif
 
-/// dst (16 x 16, row stride ld_dst) = src (16 x 16, row stride ld_src) transposed: three rounds
-/// of shuffles on 16 registers instead of 256 scalar moves.
+#if defined(__AVX512F__)
+/// r[i] becomes row i of the transpose of the 16 x 16 matrix whose rows are r[0..15]: three
+/// rounds of shuffles on 16 registers instead of 256 scalar moves.
+TILEGRAD_INLINE void transpose16_in_registers(__m512 (&r)[16]) {
+  __m512 a[16], b[16];
+  // a[2i], a[2i+1]: rows 2i and 2i+1 interleaved, by 128-bit lane (columns 4L..4L+3).
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // b[4j+c], lane L: column 4L+c of rows 4j..4j+3.
+  for (int j = 0; j < 4; ++j) {
+    __m512d const a0 = _mm512_castps_pd(a[4 * j]), a1 = _mm512_castps_pd(a[4 * j + 1]);
+    __m512d const a2 = _mm512_castps_pd(a[4 * j + 2]), a3 = _mm512_castps_pd(a[4 * j + 3]);
+    b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  // Row 4L+c of the transpose: lane L of b[c], b[4+c], b[8+c], b[12+c].
+  for (int c = 0; c < 4; ++c) {
+    __m512 const u0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44);
+    __m512 const u1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xEE);
+    __m512 const v0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44);
+    __m512 const v1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xEE);
+    r[0 + c] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+    r[4 + c] = _mm512_shuffle_f32x4(u0, v0, 0xDD);
+    r[8 + c] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xDD);
+  }
+}
+#endif
+
+/// dst (16 x 16, row stride ld_dst) = src (16 x 16, row stride ld_src) transposed, on vector
+/// registers where has_transpose16_v<T> (bf16 widened to 32 bits and narrowed back).
 template <class T>
 inline void transpose16(T* dst, std::int64_t ld_dst, T const* src, std::int64_t ld_src) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
-    __m512 r[16], a[16], b[16];
+    __m512 r[16];
     for (int i = 0; i < 16; ++i)
       r[i] = _mm512_loadu_ps(src + i * ld_src);
-    // a[2i], a[2i+1]: rows 2i and 2i+1 interleaved, by 128-bit lane (columns 4L..4L+3).
-    for (int i = 0; i < 8; ++i) {
-      a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    // b[4j+c], lane L: column 4L+c of rows 4j..4j+3.
-    for (int j = 0; j < 4; ++j) {
-      __m512d const a0 = _mm512_castps_pd(a[4 * j]), a1 = _mm512_castps_pd(a[4 * j + 1]);
-      __m512d const a2 = _mm512_castps_pd(a[4 * j + 2]), a3 = _mm512_castps_pd(a[4 * j + 3]);
-      b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-      b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-      b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-      b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-    }
-    // Row 4L+c of the transpose: lane L of b[c], b[4+c], b[8+c], b[12+c].
-    for (int c = 0; c < 4; ++c) {
-      __m512 const u0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44);
-      __m512 const u1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xEE);
-      __m512 const v0 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44);
-      __m512 const v1 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xEE);
-      _mm512_storeu_ps(dst + (0 + c) * ld_dst, _mm512_shuffle_f32x4(u0, v0, 0x88));
-      _mm512_storeu_ps(dst + (4 + c) * ld_dst, _mm512_shuffle_f32x4(u0, v0, 0xDD));
-      _mm512_storeu_ps(dst + (8 + c) * ld_dst, _mm512_shuffle_f32x4(u1, v1, 0x88));
-      _mm512_storeu_ps(dst + (12 + c) * ld_dst, _mm512_shuffle_f32x4(u1, v1, 0xDD));
-    }
+    transpose16_in_registers(r);
+    for (int i = 0; i < 16; ++i)
+      _mm512_storeu_ps(dst + i * ld_dst, r[i]);
+    return;
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    static_assert(sizeof(bf16) == 2);
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = _mm512_castsi512_ps(_mm512_cvtepu16_epi32(
+          _mm256_loadu_si256(reinterpret_cast<__m256i const*>(src + i * ld_src))));
+    transpose16_in_registers(r);
+    for (int i = 0; i < 16; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * ld_dst),
+                          _mm512_cvtepi32_epi16(_mm512_castps_si512(r[i])));
     return;
   }
 #endif

@@ -116,22 +116,6 @@ void gemm(T* c, T const* a, T const* b) {
   }
 }
 
-// trans(x) of a tile already in memory, as dot's left operand: read in place, not copied.
-template <class T, class E>
-struct stored_transpose : std::false_type {};
-template <class T, class S>
-struct stored_transpose<T, permute_node<tile_ref<T, S>, 1, 0>> : std::true_type {
-  static T const* data(permute_node<tile_ref<T, S>, 1, 0> const& n) { return n.e.p; }
-};
-template <class T, class S>
-struct stored_transpose<T, permute_node<tile_view<T, S>, 1, 0>> : std::true_type {
-  static T const* data(permute_node<tile_view<T, S>, 1, 0> const& n) { return n.e.data(); }
-};
-template <class T, int... Ns>
-struct stored_transpose<T, permute_node<tile<T, Ns...>, 1, 0>> : std::true_type {
-  static T const* data(permute_node<tile<T, Ns...>, 1, 0> const& n) { return n.e.data(); }
-};
-
 template <class T, class E>
 TILEGRAD_INLINE decltype(auto) materialize(E&& e) {
   using D = std::remove_cvref_t<E>;

@@ -63,6 +63,21 @@ TILEGRAD_INLINE void assign(T* dst, E const& e) {
   }
 }
 
+/// dst (C x R) = src (R x C) transposed; by 16 x 16 blocks on vector registers where the target
+/// has them (simd::has_transpose16_v) and the extents allow: a lane-by-lane transpose of 64 x 64
+/// floats cost a quarter of a 64 x 64 x 64 product.
+template <class T, int R, int C>
+void transpose_into(T* dst, T const* src) {
+  if constexpr (simd::has_transpose16_v<T> && R % 16 == 0 && C % 16 == 0) {
+    for (int i = 0; i < R; i += 16)
+      for (int j = 0; j < C; j += 16)
+        simd::transpose16(dst + j * R + i, R, src + i * C + j, C);
+  } else {
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < C; ++j) dst[j * R + i] = src[i * C + j];
+  }
+}
+
 /// dst[c] = e[0, c] for c in [0, n), 0 <= n <= S::inner, for a shape of one row: a row cut short
 /// by the end of a tensor, written without the lanes past it.
 template <class S, class T, class E>

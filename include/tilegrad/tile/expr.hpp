@@ -356,4 +356,25 @@ struct permute_node : node_base {
   }
 };
 
+namespace detail {
+
+// trans(x) of a tile already in memory: dot reads it in place as its left operand, and a tile made
+// from it is transposed by blocks (detail::transpose_into).
+template <class T, class E>
+struct stored_transpose : std::false_type {};
+template <class T, class S>
+struct stored_transpose<T, permute_node<tile_ref<T, S>, 1, 0>> : std::true_type {
+  static T const* data(permute_node<tile_ref<T, S>, 1, 0> const& n) { return n.e.p; }
+};
+template <class T, class S>
+struct stored_transpose<T, permute_node<tile_view<T, S>, 1, 0>> : std::true_type {
+  static T const* data(permute_node<tile_view<T, S>, 1, 0> const& n) { return n.e.data(); }
+};
+template <class T, int... Ns>
+struct stored_transpose<T, permute_node<tile<T, Ns...>, 1, 0>> : std::true_type {
+  static T const* data(permute_node<tile<T, Ns...>, 1, 0> const& n) { return n.e.data(); }
+};
+
+} // namespace detail
+
 } // namespace tilegrad

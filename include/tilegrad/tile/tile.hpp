@@ -140,7 +140,15 @@ private:
   template <class E>
   void assign_from(E const& e) {
     auto n = detail::convert_as<T>(detail::as_node(e));
-    detail::assign<shape_type>(data(), n);
+    using N = decltype(n);
+    if constexpr (detail::stored_transpose<T, N>::value) {
+      // trans(x) of a tile in memory: by blocks on registers, not element by element (the
+      // operator= of a transpose of this very tile makes a new tile first).
+      detail::transpose_into<T, shape_type::dim(1), shape_type::dim(0)>(
+          data(), detail::stored_transpose<T, N>::data(n));
+    } else {
+      detail::assign<shape_type>(data(), n);
+    }
   }
 
   template <class... I>
