@@ -302,19 +302,30 @@ void gemm(float* c, bf16 const* a, int lda, std::uint32_t const* bp) {
   }
 }
 
-/// A (M x K, row-major) from its transpose at (K x M, row-major): rows 2p and 2p + 1 packed into
-/// pairs (pairs x M words), then the words transposed by 16 x 16 blocks (M x pairs words: A's
-/// rows, each pair in place).
+/// A (M x K, row-major) from its transpose at (K x M, row-major): for each 16 x 16 block of
+/// words (16 pairs of k by 16 rows of A), rows 2p and 2p + 1 of `at` interleaved into pairs (as
+/// pack_row_pairs does) and the block transposed on registers, with no buffer in between.
 template <int M, int K>
 void transpose_in(bf16* dst, bf16 const* at) {
+  static_assert(K % 32 == 0 && M % 16 == 0, "amx::transpose_in: whole 16 x 16 blocks of words");
   constexpr int KP = K / 2;
-  tile_storage<std::uint32_t, KP * M> pairs;
-  bf16dot::pack_row_pairs<K, M>(pairs.get(), at);
-  auto const* src = reinterpret_cast<float const*>(pairs.get());
+  __m512i const idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   auto* out = reinterpret_cast<float*>(dst);
   for (int p0 = 0; p0 < KP; p0 += 16)
-    for (int i0 = 0; i0 < M; i0 += 16)
-      simd::transpose16(out + i0 * KP + p0, KP, src + p0 * M + i0, M);
+    for (int i0 = 0; i0 < M; i0 += 16) {
+      __m512 r[16];
+      for (int p = 0; p < 16; ++p) {
+        bf16 const* even = at + (2 * (p0 + p)) * M + i0;
+        __m512i const both = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<__m256i const*>(even))),
+            _mm256_loadu_si256(reinterpret_cast<__m256i const*>(even + M)), 1);
+        r[p] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(idx, both));
+      }
+      simd::transpose16_in_registers(r);
+      for (int i = 0; i < 16; ++i)
+        _mm512_storeu_ps(out + (i0 + i) * KP + p0, r[i]);
+    }
 }
 
 } // namespace amx
