@@ -216,9 +216,10 @@ auto dot(A&& a, B&& b) {
   using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
   if constexpr (adjoint_scalar<value_of_t<A>> || adjoint_scalar<value_of_t<B>>) {
     return ad::dot(std::forward<A>(a), std::forward<B>(b));
-  } else { // the products written, not added to zeros
-    return detail::dot_impl<detail::bf16_dot_kernel, true>(
-        std::forward<A>(a), std::forward<B>(b), tile<T, SA::dim(0), SB::dim(1)>(uninitialized));
+  } else { // the products written, not added to zeros (acc a zero broadcast: only its shape)
+    using zero = broadcast_node<scalar_node<T>, shape<SA::dim(0), SB::dim(1)>>;
+    return detail::dot_impl<detail::bf16_dot_kernel, true>(std::forward<A>(a), std::forward<B>(b),
+                                                           zero{{}, {{}, T(0)}});
   }
 }
 
