@@ -214,9 +214,14 @@ TILEGRAD_INLINE void store_bf16(bf16* p, vec_t<float, W> const& v) {
   // The CPU's conversion (vcvtneps2bf16) rounds to nearest even and quiets a NaN as bf16(float)
   // does, in one instruction, but reads a subnormal input as zero: a vector holding one (|bits|
   // in [1, 0x7fffff]) takes the integer path below.
+#if defined(__AVX512DQ__)
+  __mmask16 const subnormal = _mm512_fpclass_ps_mask(static_cast<__m512>(v), 0x20);
+#else
   __m512i const mag_less_one =
       _mm512_sub_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(1));
-  if (_mm512_cmplt_epu32_mask(mag_less_one, _mm512_set1_epi32(0x007fffff)) == 0) [[likely]] {
+  __mmask16 const subnormal = _mm512_cmplt_epu32_mask(mag_less_one, _mm512_set1_epi32(0x007fffff));
+#endif
+  if (subnormal == 0) [[likely]] {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(static_cast<__m512>(v))));
     return;
