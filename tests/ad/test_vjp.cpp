@@ -779,4 +779,87 @@ TEST(VjpMemory, ViewsIntoATensorAddressItsOwnElements) {
     }
 }
 
+/// Numbers of a row broadcast across it, six times in one expression (more than a record sums
+/// per row before it walks each one's tree separately), one of them a rank-0 sum, some of them
+/// expressions of other rows' numbers: y = x col(s) + exp(x - col(m)) col(1 / (s^2 + 1)) +
+/// col(z) x + col(z s) + sum(x) (every element of the block, padding included) and
+/// y2 = sum<1>(x col(z) + col(m)), the sum of an expression walked without materialising it.
+/// Rows of 100 columns in blocks of 128: whole vectors and single lanes in each row.
+constexpr auto row_broadcasts = []<class T>(tg::program const&, tg::tensor<T const> x,
+                                            tg::tensor<T const> z, tg::tensor<T> y,
+                                            tg::tensor<T> y2) {
+  auto const xv = tg::load(tg::make_block_ptr<8, 128>(x, {0, 0}), tg::bounds<0, 1>);
+  auto const zv = tg::load(tg::make_block_ptr<8>(z, {0}), tg::bounds<0>);
+  auto const s = tg::sum<1>(xv);
+  auto const m = tg::max<1>(xv);
+  auto const all = tg::sum(xv);
+  auto const out = xv * tg::col(s) + tg::exp(xv - tg::col(m)) * tg::col(1.0 / (s * s + 1.0)) +
+                   tg::col(zv) * xv + tg::col(zv * s) + all;
+  tg::store(tg::make_block_ptr<8, 128>(y, {0, 0}), out, tg::bounds<0, 1>);
+  tg::store(tg::make_block_ptr<8>(y2, {0}), tg::sum<1>(xv * tg::col(zv) + tg::col(m)),
+            tg::bounds<0>);
+};
+
+TEST(VjpBroadcast, NumbersOfARowBroadcastAcrossItAgainstDifferencesAndJvp) {
+  constexpr int R = 5, C = 100;
+  tg::owned_tensor<double> x({R, C}, "x"), z({R}, "z"), y({R, C}, "y"), y2({R}, "y2"),
+      w({R, C}, "w"), w2({R}, "w2");
+  fill(x, 31);
+  fill(z, 32);
+  fill(w, 33);
+  fill(w2, 34);
+  auto const g = tg::vjp(1, row_broadcasts, tg::in("x", x), tg::in("z", z), tg::out("y", y, w),
+                         tg::out("y2", y2, w2));
+  auto loss = [&](tg::owned_tensor<double> const& xs, tg::owned_tensor<double> const& zs) {
+    tg::owned_tensor<double> ys({R, C}), y2s({R});
+    tg::launch(1, row_broadcasts, xs.cview(), zs.cview(), ys.view(), y2s.view());
+    double l = 0;
+    for (std::int64_t i = 0; i < ys.numel(); ++i) l += ys.data()[i] * w.data()[i];
+    for (std::int64_t i = 0; i < y2s.numel(); ++i) l += y2s.data()[i] * w2.data()[i];
+    return l;
+  };
+  auto difference = [&](tg::owned_tensor<double>& t, std::int64_t i) {
+    double const keep = t.data()[i], h = 1e-6;
+    t.data()[i] = keep + h;
+    double const up = loss(x, z);
+    t.data()[i] = keep - h;
+    double const down = loss(x, z);
+    t.data()[i] = keep;
+    return (up - down) / (2 * h);
+  };
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    double const want = difference(x, i);
+    ASSERT_NEAR(g["x"].data()[i], want, 1e-6 * (1 + std::abs(want))) << "dx element " << i;
+  }
+  for (std::int64_t i = 0; i < z.numel(); ++i) {
+    double const want = difference(z, i);
+    ASSERT_NEAR(g["z"].data()[i], want, 1e-6 * (1 + std::abs(want))) << "dz element " << i;
+  }
+  // Forward mode along (ux, uz) against reverse mode along (w, w2).
+  tg::owned_tensor<double> ux({R, C}, "ux"), uz({R}, "uz"), yt({R, C}, "y"), y2t({R}, "y2");
+  fill(ux, 35);
+  fill(uz, 36);
+  auto const t = tg::jvp(1, row_broadcasts, tg::tangent_in("x", x, ux), tg::tangent_in("z", z, uz),
+                         tg::tangent_out("y", yt), tg::tangent_out("y2", y2t));
+  double jvp_side = 0, vjp_side = 0;
+  for (std::int64_t i = 0; i < yt.numel(); ++i) jvp_side += t["y"].data()[i] * w.data()[i];
+  for (std::int64_t i = 0; i < y2t.numel(); ++i) jvp_side += t["y2"].data()[i] * w2.data()[i];
+  for (std::int64_t i = 0; i < x.numel(); ++i) vjp_side += ux.data()[i] * g["x"].data()[i];
+  for (std::int64_t i = 0; i < z.numel(); ++i) vjp_side += uz.data()[i] * g["z"].data()[i];
+  EXPECT_NEAR(jvp_side, vjp_side, 1e-10 * (1 + std::abs(jvp_side)));
+  // The float instantiation.
+  tg::owned_tensor<float> xf({R, C}, "x"), zf({R}, "z"), yf({R, C}, "y"), y2f({R}, "y2"),
+      wf({R, C}, "w"), w2f({R}, "w2");
+  std::copy(x.begin(), x.end(), xf.begin());
+  std::copy(z.begin(), z.end(), zf.begin());
+  std::copy(w.begin(), w.end(), wf.begin());
+  std::copy(w2.begin(), w2.end(), w2f.begin());
+  auto const gf = tg::vjp(1, row_broadcasts, tg::in("x", xf), tg::in("z", zf),
+                          tg::out("y", yf, wf), tg::out("y2", y2f, w2f));
+  for (char const* name : {"x", "z"})
+    for (std::int64_t i = 0; i < g[name].numel(); ++i)
+      ASSERT_NEAR(gf[name].data()[i], g[name].data()[i], 1e-3 * (1 + std::abs(g[name].data()[i])))
+          << "float d" << name << " element " << i;
+}
+
 } // namespace test_vjp

@@ -221,6 +221,81 @@ TILEGRAD_INLINE T sum_lanes(simd::vec_t<T, W> const& g) {
 template <int W, class N, class V>
 TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g);
 
+/// The adjoints that reach, over one row of a recorded expression, each broadcast of a single
+/// lane across the row (a row's maximum, mean or sum, a scale: `x - max(x)`, `y * col(s)`).
+/// Without it every vector of the row sums its lanes and walks the tree below the broadcast;
+/// with it the row's vectors are added lane by lane and the walk happens once per row (flush).
+/// Active on the thread while a record walks its tree (row_sink_scope); the rows' sums are then
+/// taken in another order, deterministically.
+template <class T, int W>
+struct row_sink {
+  using vec = simd::vec_t<T, W>;
+  // Four sums per broadcast, taken by the vectors of the row in turn (vector k of the row adds
+  // to sum k % 4), so consecutive vectors do not wait on each other's addition.
+  static constexpr int ways = 4;
+  struct slot {
+    void const* node;
+    void (*flush)(void const* node, int row, T g);
+    int row;
+    vec acc[ways];
+  };
+  static constexpr int capacity = 4;
+  slot slots[capacity];
+  int used = 0;
+
+  /// Adds g, lanes [c, c + W) of output row `row`, for `node`; false where every slot holds
+  /// another node.
+  TILEGRAD_INLINE bool add(void const* node, int row, int c, vec const& g,
+                           void (*walk)(void const*, int, T)) {
+    int const way = (c / W) % ways;
+    for (int i = 0; i < used; ++i)
+      if (slots[i].node == node && slots[i].row == row) {
+        slots[i].acc[way] = slots[i].acc[way] + g;
+        return true;
+      }
+    if (used == capacity)
+      return false;
+    slot& s = slots[used++];
+    s.node = node;
+    s.flush = walk;
+    s.row = row;
+    for (int k = 0; k < ways; ++k)
+      s.acc[k] = vec(T(0));
+    s.acc[way] = g;
+    return true;
+  }
+  /// Walks below each broadcast with what its lanes received, in the order they first did.
+  void flush() {
+    for (int i = 0; i < used; ++i) {
+      vec const* a = slots[i].acc;
+      slots[i].flush(slots[i].node, slots[i].row, sum_lanes<T, W>((a[0] + a[1]) + (a[2] + a[3])));
+    }
+    used = 0;
+  }
+};
+
+template <class T, int W>
+inline thread_local row_sink<T, W>* active_row_sink = nullptr;
+
+/// Makes `sink` the thread's row sink for (T, W) for its lifetime.
+template <class T, int W>
+struct row_sink_scope {
+  row_sink<T, W>* previous;
+  explicit row_sink_scope(row_sink<T, W>& sink) : previous(active_row_sink<T, W>) {
+    active_row_sink<T, W> = &sink;
+  }
+  ~row_sink_scope() { active_row_sink<T, W> = previous; }
+  row_sink_scope(row_sink_scope const&) = delete;
+  row_sink_scope& operator=(row_sink_scope const&) = delete;
+};
+
+/// The walk below broadcast node D of the adjoint g its row's lanes received.
+template <class D>
+void flush_broadcast(void const* node, int row, value_of_t<D> g) {
+  auto const& n = *static_cast<D const*>(node);
+  backprop<1>(n.e, D::child_row(row), 0, g);
+}
+
 /// Stands for "the result of this node is not at hand: recompute it".
 struct no_result {};
 
@@ -304,9 +379,14 @@ TILEGRAD_INLINE void backprop(N const& n, int r, int c, V const& g) {
   } else if constexpr (requires { n.e; } && requires { D::child_row(0); }) { // broadcast
     using C = shape_of_t<decltype(n.e)>;
     using S = shape_of_t<D>;
-    if constexpr (C::inner == 1 && S::inner != 1)
-      backprop<1>(n.e, D::child_row(r), 0, sum_lanes<value_of_t<D>, W>(g));
-    else
+    if constexpr (C::inner == 1 && S::inner != 1) {
+      using T = value_of_t<D>;
+      if constexpr (W > 1 && std::is_same_v<V, simd::vec_t<T, W>>)
+        if (row_sink<T, W>* sink = active_row_sink<T, W>)
+          if (sink->add(&n, r, c, g, &flush_broadcast<D>))
+            return;
+      backprop<1>(n.e, D::child_row(r), 0, sum_lanes<T, W>(g));
+    } else
       backprop<W>(n.e, D::child_row(r), c, g);
   } else if constexpr (requires { n.es; }) {
     backprop_map<W>(n, r, c, g, std::make_index_sequence<decltype(n.es)::size>{});
@@ -401,13 +481,17 @@ struct expr_record final : record {
   void backward() override {
     constexpr int W = detail::width_for<T, P>;
     constexpr int L = S::inner;
+    [[maybe_unused]] row_sink<T, W> sink;
+    [[maybe_unused]] row_sink_scope<T, W> scope(sink);
     for (int r = 0; r < S::rows; ++r) {
       T const* g = adj + r * L;
       T const* y = value + r * L;
       int c = 0;
-      if constexpr (W > 1)
+      if constexpr (W > 1) {
         for (; c + W <= L; c += W)
           backprop_root<W>(primal, r, c, simd::load<T, W>(g + c), simd::load<T, W>(y + c));
+        sink.flush();
+      }
       for (; c < L; ++c)
         if (g[c] != T(0)) backprop_root<1>(primal, r, c, g[c], y[c]);
     }

@@ -74,19 +74,25 @@ struct sum_expr_record final : record {
     using split = detail::axis_split<C, A>;
     constexpr int W = detail::width_for<T, P>;
     constexpr int L = C::inner;
+    [[maybe_unused]] row_sink<T, W> sink;
+    [[maybe_unused]] row_sink_scope<T, W> scope(sink);
     for (int r = 0; r < C::rows; ++r) {
       int c = 0;
       if constexpr (A == C::rank - 1) { // the row is one sum
         T const g = ya[r];
-        if constexpr (W > 1)
+        if constexpr (W > 1) {
           for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::splat<T, W>(g));
+          sink.flush();
+        }
         if (g != T(0))
           for (; c < L; ++c) backprop<1>(primal, r, c, g);
       } else { // the row's lanes go to consecutive sums
         int const f = r * L;
         T const* g = ya + f / (split::extent * split::inner) * split::inner + f % split::inner;
-        if constexpr (W > 1)
+        if constexpr (W > 1) {
           for (; c + W <= L; c += W) backprop<W>(primal, r, c, simd::load<T, W>(g + c));
+          sink.flush();
+        }
         for (; c < L; ++c)
           if (g[c] != T(0)) backprop<1>(primal, r, c, g[c]);
       }
