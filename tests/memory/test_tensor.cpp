@@ -7,6 +7,7 @@
 #include <tilegrad/memory/tensor.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <set>
 #include <stdexcept>
@@ -314,6 +315,39 @@ TEST(Tensor, AllocateBlockZeroesWhatItSaysAndAlignsLargeBlocks) {
     EXPECT_EQ(nonzero, 0u) << bytes;
     if (bytes > 0) p[bytes - 1] = 1; // the last byte is ours
     detail::free_block(p, bytes);
+  }
+}
+
+// Blocks from kept_block_cache::smallest up to a huge page are kept when freed and handed out
+// again for a size of the same class (core/pages.hpp): dirty when given back, a kept block must
+// come out zeroed when asked, whole to its last byte, and never for a larger size.
+TEST(Tensor, KeptBlocksComeBackZeroedAndWhole) {
+  using detail::kept_block_cache;
+  std::size_t const bytes = kept_block_cache::smallest + 3 * kept_block_cache::granule + 100;
+  auto* const p = static_cast<unsigned char*>(detail::allocate_block(bytes, true));
+  std::memset(p, 0xAB, bytes);
+  detail::free_block(p, bytes);
+  std::size_t const same_class = bytes + 200; // rounds up to the same multiple of the granule
+  auto* const q = static_cast<unsigned char*>(detail::allocate_block(same_class, true));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(q) % 64, 0u);
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < same_class; ++i) nonzero += q[i] != 0;
+  EXPECT_EQ(nonzero, 0u) << "a kept block handed out dirty";
+  q[same_class - 1] = 1; // the last byte is ours
+  // A larger size does not get the block q frees.
+  detail::free_block(q, same_class);
+  std::size_t const larger = bytes + 2 * kept_block_cache::granule;
+  auto* const r = static_cast<unsigned char*>(detail::allocate_block(larger, true));
+  nonzero = 0;
+  for (std::size_t i = 0; i < larger; ++i) nonzero += r[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+  r[larger - 1] = 1;
+  detail::free_block(r, larger);
+  // Owned tensors of that size, made and dropped again and again, start at zero every time.
+  for (int round = 0; round < 3; ++round) {
+    owned_tensor<float> t({static_cast<std::int64_t>(bytes / sizeof(float))}, "t");
+    for (std::int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data()[i], 0.0f) << round << ", " << i;
+    std::fill(t.begin(), t.end(), 7.0f);
   }
 }
 
