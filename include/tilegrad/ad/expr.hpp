@@ -289,6 +289,18 @@ struct row_sink_scope {
   row_sink_scope& operator=(row_sink_scope const&) = delete;
 };
 
+/// A row sink active for a record's walk, where its lanes vectorise (W > 1); nothing otherwise.
+template <class T, int W>
+struct row_sink_guard {
+  row_sink<T, W> sink;
+  row_sink_scope<T, W> scope{sink};
+  void flush() { sink.flush(); }
+};
+template <class T>
+struct row_sink_guard<T, 1> {
+  void flush() {}
+};
+
 /// The walk below broadcast node D of the adjoint g its row's lanes received.
 template <class D>
 void flush_broadcast(void const* node, int row, value_of_t<D> g) {
@@ -481,8 +493,7 @@ struct expr_record final : record {
   void backward() override {
     constexpr int W = detail::width_for<T, P>;
     constexpr int L = S::inner;
-    [[maybe_unused]] row_sink<T, W> sink;
-    [[maybe_unused]] row_sink_scope<T, W> scope(sink);
+    [[maybe_unused]] row_sink_guard<T, W> sink;
     for (int r = 0; r < S::rows; ++r) {
       T const* g = adj + r * L;
       T const* y = value + r * L;

@@ -12,6 +12,7 @@
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/tape.hpp"
 #include "tilegrad/ad/tile.hpp"
+#include "tilegrad/core/config.hpp"
 #include "tilegrad/grid/loop.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
@@ -31,14 +32,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TILEGRAD_LOOP_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TILEGRAD_LOOP_ASAN 1
-#endif
-#endif
-#ifdef TILEGRAD_LOOP_ASAN
+#ifdef TILEGRAD_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -147,7 +141,7 @@ struct kernel_frames {
   bool holds(std::uintptr_t a) const { return a >= lo && a < hi; }
 };
 inline kernel_frames frames_of(void const* body, program const* p) {
-#ifdef TILEGRAD_LOOP_ASAN
+#ifdef TILEGRAD_ASAN
   if (void* fs = __asan_get_current_fake_stack()) {
     void *beg = nullptr, *end = nullptr;
     if (__asan_addr_is_in_fake_stack(fs, const_cast<void*>(body), &beg, &end))

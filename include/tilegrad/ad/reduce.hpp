@@ -74,8 +74,7 @@ struct sum_expr_record final : record {
     using split = detail::axis_split<C, A>;
     constexpr int W = detail::width_for<T, P>;
     constexpr int L = C::inner;
-    [[maybe_unused]] row_sink<T, W> sink;
-    [[maybe_unused]] row_sink_scope<T, W> scope(sink);
+    [[maybe_unused]] row_sink_guard<T, W> sink;
     for (int r = 0; r < C::rows; ++r) {
       int c = 0;
       if constexpr (A == C::rank - 1) { // the row is one sum

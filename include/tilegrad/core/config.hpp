@@ -75,6 +75,16 @@
 #define TILEGRAD_MACHINERY_BODIES 1
 #endif
 
+// TILEGRAD_ASAN: this file is compiled under AddressSanitizer (GCC or Clang). The few places that
+// keep memory of their own (kept blocks, a loop's frame bounds) behave differently under it.
+#if defined(__SANITIZE_ADDRESS__)
+#define TILEGRAD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TILEGRAD_ASAN 1
+#endif
+#endif
+
 namespace tilegrad {
 inline namespace v0 {}
 } // namespace tilegrad

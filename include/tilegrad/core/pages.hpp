@@ -4,6 +4,8 @@
 // page costs one fault where 4 KiB pages cost 512.
 #pragma once
 
+#include "tilegrad/core/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -22,14 +24,6 @@ inline constexpr std::size_t large_block_bytes = std::size_t{2} << 20;
 constexpr std::size_t mapped_bytes(std::size_t bytes) {
   return (bytes + large_block_bytes - 1) / large_block_bytes * large_block_bytes;
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-#define TILEGRAD_PAGES_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TILEGRAD_PAGES_ASAN 1
-#endif
-#endif
 
 /// Blocks from 128 KiB up to a huge page: the C library maps each on its own and unmaps it when it
 /// is freed, so a vjp called again and again on the same shapes (a test, a benchmark, a training
@@ -103,7 +97,7 @@ inline void* allocate_block(std::size_t bytes, bool zero) {
     return reinterpret_cast<void*>(start);
   }
 #endif
-#ifndef TILEGRAD_PAGES_ASAN
+#ifndef TILEGRAD_ASAN
   if (bytes >= kept_block_cache::smallest) {
     void* p = kept_blocks().take(bytes);
     if (!p)
@@ -125,7 +119,7 @@ inline void free_block(void* p, std::size_t bytes) noexcept {
     return;
   }
 #endif
-#ifndef TILEGRAD_PAGES_ASAN
+#ifndef TILEGRAD_ASAN
   if (bytes >= kept_block_cache::smallest && kept_blocks().keep(p, bytes))
     return;
 #endif
