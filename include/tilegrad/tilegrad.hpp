@@ -34,6 +34,7 @@
 #include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/copy.hpp"
+#include "tilegrad/memory/hints.hpp"
 #include "tilegrad/memory/pointer.hpp"
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/tile/creation.hpp"

@@ -192,6 +192,32 @@ TILEGRAD_INLINE vec_t<To, W> convert(V const& v) {
   }
 }
 
+/// Whether store_stream<T, W> writes with a non-temporal store on this build (else a plain store).
+template <class T, int W>
+inline constexpr bool has_stream_store =
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+    (std::is_same_v<T, float> || std::is_same_v<T, double>) && W * sizeof(T) == 64;
+#else
+    false;
+#endif
+
+/// Stores v at p, 64-byte aligned, with a non-temporal store where has_stream_store<T, W>: the
+/// line skips the read for ownership and the caches. Other threads may read it only after this
+/// thread's stream_fence().
+template <class T, int W>
+TILEGRAD_INLINE void store_stream(T* p, vec_t<T, W> const& v) {
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+  if constexpr (has_stream_store<T, W>) {
+    if constexpr (std::is_same_v<T, float>)
+      _mm512_stream_ps(p, static_cast<__m512>(v));
+    else
+      _mm512_stream_pd(p, static_cast<__m512d>(v));
+    return;
+  }
+#endif
+  store<T, W>(p, v);
+}
+
 /// Whether store_bf16<W> has a vector path on this build (else a conversion to bf16 goes lane by
 /// lane, through bf16(float)).
 template <int W>
@@ -390,6 +416,20 @@ inline void stream_fence() {
 #else
   std::atomic_thread_fence(std::memory_order_release);
 #endif
+}
+
+/// Set while this thread has non-temporal stores (store_stream) not yet fenced.
+inline bool& stream_pending() {
+  thread_local bool pending = false;
+  return pending;
+}
+
+/// Fences this thread's non-temporal stores if it made any since the last fence.
+TILEGRAD_INLINE void finish_streaming() {
+  if (bool& p = stream_pending(); p) [[unlikely]] {
+    stream_fence();
+    p = false;
+  }
 }
 
 } // namespace tilegrad::simd

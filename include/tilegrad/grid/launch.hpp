@@ -360,7 +360,18 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
 #endif
 
 /// Runs run(linear) for every linear id in [0, n) with the executor of opts.
+///
+/// Non-temporal stores (a block stored with a streaming hint) are weakly ordered: they must be
+/// fenced before another thread is told they are done. A fence per program waited for each
+/// program's stores to reach memory (a row kernel lost what the stores saved), so the launch
+/// fences once, on the calling thread, when every program has run. A worker thread tells the
+/// caller its program is done by a locked read-modify-write (TBB's and OpenMP's completion
+/// counts), which on x86, the only target with streaming stores here, waits for every earlier
+/// store, non-temporal ones included (Intel SDM vol. 3A, 8.1.2 and 8.2.2; AMD APM vol. 2, 7.4).
 inline void run_programs(launch_options const& opts, std::int64_t n, program_runner run) {
+  struct fence_at_end {
+    ~fence_at_end() { simd::finish_streaming(); }
+  } fence;
   switch (opts.exec) {
   case executor::tbb:
 #if TILEGRAD_USE_TBB

@@ -8,6 +8,7 @@
 #include "tilegrad/core/types.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
+#include "tilegrad/memory/hints.hpp"
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/tile/creation.hpp"
 #include "tilegrad/tile/elementwise.hpp"
@@ -32,7 +33,9 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
   // sum's reciprocal (as PyTorch's CPU softmax does: a division per element costs the forward a
   // fifth of its time on AVX-512).
   tile<fp32<T>, Block> const num = exp(row - max(row));
-  store(make_block_ptr<Block>(y[row_idx], {0}), num * (1.0f / sum(num)), bounds<0>);
+  // (Written once, not read by this launch: streamed past the caches, as layer_norm_fwd's y.)
+  store(make_block_ptr<Block>(y[row_idx], {0}), num * (1.0f / sum(num)), bounds<0>,
+        eviction_policy::evict_first);
 };
 
 /// Backward of softmax_fwd from its output y: dx[i, :] = y[i, :] * (dy[i, :] - s) with s the
@@ -47,7 +50,8 @@ inline constexpr auto softmax_bwd = []<class T>(program const& p, tensor<T const
   // nothing to the row's dot product.
   auto const yr = to<fp32<T>>(load(make_block_ptr<Block>(y[row_idx], {0}), bounds<0>));
   auto const gr = to<fp32<T>>(load(make_block_ptr<Block>(dy[row_idx], {0}), bounds<0>));
-  store(make_block_ptr<Block>(dx[row_idx], {0}), yr * (gr - sum(gr * yr)), bounds<0>);
+  store(make_block_ptr<Block>(dx[row_idx], {0}), yr * (gr - sum(gr * yr)), bounds<0>,
+        eviction_policy::evict_first);
 };
 
 } // namespace tilegrad::kernels

@@ -8,6 +8,7 @@
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/core/types.hpp"
 #include "tilegrad/memory/checked.hpp"
+#include "tilegrad/memory/hints.hpp"
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/memory/tracking.hpp"
 #include "tilegrad/tile/elementwise.hpp"
@@ -447,11 +448,23 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
 
 } // namespace detail
 
-/// load(bp[, bounds<axes...>[, padding]]): the block; elements outside the tensor on checked
-/// axes read the padding (zero or NaN) and are not accessed.
+namespace detail {
+/// After non-temporal stores: in a program, the launch fences them once the program returns
+/// (program_runner); outside one, now.
+inline void streamed() {
+  if (current_program() != nullptr)
+    simd::stream_pending() = true;
+  else
+    simd::stream_fence();
+}
+} // namespace detail
+
+/// load(bp[, bounds<axes...>[, padding[, hints]]]): the block; elements outside the tensor on
+/// checked axes read the padding (zero or NaN) and are not accessed. The cache hints are taken
+/// and have no effect on a load (the CPU's caches give it nothing to choose).
 template <class T, int... Bs, int... Axes>
 TILEGRAD_INLINE auto load(block_ptr<T, Bs...> const& bp, boundary_check<Axes...> = {},
-                          padding pad = padding::zero,
+                          padding pad = padding::zero, cache_hints = {},
                           std::source_location loc = std::source_location::current()) {
   if constexpr (adjoint_scalar<T>) {
     return ad::load_block(bp, boundary_check<Axes...>{}, pad, loc);
@@ -514,11 +527,15 @@ TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
 
 } // namespace detail
 
-/// store(bp, value[, bounds<axes...>]): writes the block (value cast to the tensor's type);
-/// elements outside the tensor on checked axes are not written.
+/// store(bp, value[, bounds<axes...>[, hints]]): writes the block (value cast to the tensor's
+/// type); elements outside the tensor on checked axes are not written. With a streaming hint
+/// (cache_modifier::cs or eviction_policy::evict_first) an expression written straight into
+/// float or double rows starting on 64-byte boundaries goes there with non-temporal stores
+/// (AVX-512): no read of the lines it overwrites, and the caches keep what they held. For output
+/// that is not read again soon; stored data read back soon comes from memory instead.
 template <class T, int... Bs, tile_expression E, int... Axes>
 void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {},
-           std::source_location loc = std::source_location::current()) {
+           cache_hints hints = {}, std::source_location loc = std::source_location::current()) {
   static_assert(!std::is_const_v<T>, "tilegrad: store through a block pointer of a const tensor");
   using S = shape<Bs...>;
   static_assert(detail::require_same_shape<S, shape_of_t<E>>);
@@ -535,7 +552,12 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
       if (T* const dst = detail::dense_block_inside(bp); dst && h0 == nullptr) {
         detail::before_write(bp.data(), bp.data() + bp.extent());
         auto cast = to<T>(std::forward<E>(value)); // (as the tile below: to<T>, then in)
-        detail::assign<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))));
+        if (hints.streaming()) {
+          detail::assign_streaming<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))));
+          detail::streamed();
+        } else {
+          detail::assign<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))));
+        }
         return;
       }
       // A row cut short by the tensor's end (a row shorter than the block): its lanes inside.
@@ -545,8 +567,14 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
         if (dst && h0 == nullptr) {
           detail::before_write(bp.data(), bp.data() + bp.extent());
           auto cast = to<T>(std::forward<E>(value));
-          detail::assign_prefix<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))),
-                                   n);
+          if (hints.streaming()) {
+            detail::assign_prefix_streaming<S>(
+                dst, detail::convert_as<T>(detail::as_node(std::move(cast))), n);
+            detail::streamed();
+          } else {
+            detail::assign_prefix<S>(dst, detail::convert_as<T>(detail::as_node(std::move(cast))),
+                                     n);
+          }
           return;
         }
       }

@@ -6,6 +6,7 @@
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/tile/expr.hpp"
 
+#include <cstdint>
 #include <type_traits>
 
 namespace tilegrad::detail {
@@ -78,6 +79,33 @@ void transpose_into(T* dst, T const* src) {
   }
 }
 
+/// assign<S>(dst, e) with non-temporal stores (simd::store_stream) where the target has them and
+/// a row covers whole 64-byte lines (it starts on a line and its length is a multiple of 64
+/// bytes); otherwise as assign. (A line written partly by non-temporal stores and partly by
+/// plain ones, such as the line two rows of 1000 floats share, cost more than plain stores.)
+/// The caller fences (simd::stream_fence) before other threads read dst.
+template <class S, class T, class E>
+TILEGRAD_INLINE void assign_streaming(T* dst, E const& e) {
+  static_assert(std::is_same_v<value_of_t<E>, T>);
+  constexpr int W = width_for<T, E>;
+  if constexpr (simd::has_stream_store<T, W> && S::inner * sizeof(T) % 64 == 0) {
+    constexpr int N = S::inner;
+    constexpr int vec_end = N / W * W;
+    for (int r = 0; r < S::rows; ++r) {
+      T* d = dst + r * N;
+      if (reinterpret_cast<std::uintptr_t>(d) % 64 == 0) {
+        for (int c = 0; c < vec_end; c += W)
+          simd::store_stream<T, W>(d + c, e.template load<W>(r, c));
+      } else {
+        for (int c = 0; c < vec_end; c += W) simd::store<T, W>(d + c, e.template load<W>(r, c));
+      }
+      for (int c = vec_end; c < N; ++c) d[c] = e.template load<1>(r, c);
+    }
+  } else {
+    assign<S>(dst, e);
+  }
+}
+
 /// dst[c] = e[0, c] for c in [0, n), 0 <= n <= S::inner, for a shape of one row: a row cut short
 /// by the end of a tensor, written without the lanes past it.
 template <class S, class T, class E>
@@ -88,6 +116,21 @@ TILEGRAD_INLINE void assign_prefix(T* dst, E const& e, int n) {
   if constexpr (W > 1)
     for (; c + W <= n; c += W) simd::store<T, W>(dst + c, e.template load<W>(0, c));
   for (; c < n; ++c) dst[c] = e.template load<1>(0, c);
+}
+
+/// assign_prefix<S>(dst, e, n) with non-temporal stores where the target has them and the n
+/// elements cover whole 64-byte lines (as assign_streaming).
+template <class S, class T, class E>
+TILEGRAD_INLINE void assign_prefix_streaming(T* dst, E const& e, int n) {
+  static_assert(S::rows == 1 && std::is_same_v<value_of_t<E>, T>);
+  constexpr int W = width_for<T, E>;
+  if constexpr (simd::has_stream_store<T, W>) {
+    if (reinterpret_cast<std::uintptr_t>(dst) % 64 == 0 && n % W == 0) {
+      for (int c = 0; c < n; c += W) simd::store_stream<T, W>(dst + c, e.template load<W>(0, c));
+      return;
+    }
+  }
+  assign_prefix<S>(dst, e, n);
 }
 
 } // namespace tilegrad::detail
