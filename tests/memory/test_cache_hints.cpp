@@ -98,9 +98,14 @@ void same_with_and_without_hints(tg::launch_options const& o) {
 
 TEST(CacheHints, StoresGiveTheValuesOfPlainStoresOnEveryExecutor) {
   same_with_and_without_hints<float>({.exec = tg::executor::sequential});
+  same_with_and_without_hints<double>({.exec = tg::executor::sequential});
+#if TILEGRAD_USE_TBB
   same_with_and_without_hints<float>({.exec = tg::executor::tbb, .num_threads = 2});
-  same_with_and_without_hints<float>({.exec = tg::executor::openmp, .num_threads = 2});
   same_with_and_without_hints<double>({.exec = tg::executor::tbb, .num_threads = 2});
+#endif
+#if TILEGRAD_USE_OPENMP
+  same_with_and_without_hints<float>({.exec = tg::executor::openmp, .num_threads = 2});
+#endif
 }
 
 TEST(CacheHints, BlocksOfSeveralRowsAndStoresFromHostCode) {
