@@ -69,15 +69,16 @@ inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T co
   // Normalise and apply the affine map.
   xb = row_block;
   auto yb = make_block_ptr<1, BlockN>(y, {row_idx, 0});
+  cache_hints const out_hint = output_hint(y.size(0) * y.size(1) * std::int64_t{sizeof(T)});
   auto wb = make_block_ptr<BlockN>(w, {0});
   auto bb = make_block_ptr<BlockN>(b, {0});
   for (int i = 0; i < col_tiles; ++i) {
     tile<fp32<T>, 1, BlockN> const xv = load(xb, bounds<1>);
     tile<fp32<T>, BlockN> const wv = load(wb, bounds<0>);
     tile<fp32<T>, BlockN> const bv = load(bb, bounds<0>);
-    // y is written once and read by the next layer, not by this launch: streamed past the
-    // caches (no read of the lines it overwrites; measured in docs/performance.md).
-    store(yb, (xv - mu) * r * row(wv) + row(bv), bounds<1>, eviction_policy::evict_first);
+    // y is written once and read by the next layer, not by this launch: a large y is streamed
+    // past the caches (no read of the lines it overwrites; output_hint, memory/hints.hpp).
+    store(yb, (xv - mu) * r * row(wv) + row(bv), bounds<1>, out_hint);
     xb = xb.advance(0, BlockN);
     yb = yb.advance(0, BlockN);
     wb = wb.advance(BlockN);

@@ -33,9 +33,10 @@ inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const
   // sum's reciprocal (as PyTorch's CPU softmax does: a division per element costs the forward a
   // fifth of its time on AVX-512).
   tile<fp32<T>, Block> const num = exp(row - max(row));
-  // (Written once, not read by this launch: streamed past the caches, as layer_norm_fwd's y.)
+  // (Written once, not read by this launch: a large y is streamed past the caches, as
+  // layer_norm_fwd's.)
   store(make_block_ptr<Block>(y[row_idx], {0}), num * (1.0f / sum(num)), bounds<0>,
-        eviction_policy::evict_first);
+        output_hint(y.size(0) * y.size(1) * std::int64_t{sizeof(T)}));
 };
 
 /// Backward of softmax_fwd from its output y: dx[i, :] = y[i, :] * (dy[i, :] - s) with s the
@@ -51,7 +52,7 @@ inline constexpr auto softmax_bwd = []<class T>(program const& p, tensor<T const
   auto const yr = to<fp32<T>>(load(make_block_ptr<Block>(y[row_idx], {0}), bounds<0>));
   auto const gr = to<fp32<T>>(load(make_block_ptr<Block>(dy[row_idx], {0}), bounds<0>));
   store(make_block_ptr<Block>(dx[row_idx], {0}), yr * (gr - sum(gr * yr)), bounds<0>,
-        eviction_policy::evict_first);
+        output_hint(dx.size(0) * dx.size(1) * std::int64_t{sizeof(T)}));
 };
 
 } // namespace tilegrad::kernels

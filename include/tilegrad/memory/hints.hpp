@@ -3,6 +3,8 @@
 // or eviction_policy::evict_first is written with non-temporal stores where it can be.
 #pragma once
 
+#include <cstdint>
+
 namespace tilegrad {
 
 /// Triton's cache_modifier: ".ca", ".cg", ".cv" for loads; ".wb", ".cg", ".cs", ".wt" for stores.
@@ -29,5 +31,17 @@ struct cache_hints {
     return cache == cache_modifier::cs || eviction == eviction_policy::evict_first;
   }
 };
+
+/// Outputs from this size on are streamed by the library's kernels (output_hint).
+inline constexpr std::int64_t large_output_bytes = std::int64_t{32} << 20;
+
+/// The hint for an output of `bytes` that a launch writes once and does not read: evict_first
+/// from large_output_bytes on, none below. Streaming a small output sends to memory what the
+/// caches would have kept for its reader (on the 16-core Xeon a layer norm of 32 rows of 1024
+/// floats took 1.5x as long streamed, one of 4096 rows of 1024, 16 MiB, up to 20 % longer);
+/// 4096 rows of 4096, 64 MiB, took 20-30 % less at one thread (docs/performance.md).
+constexpr cache_hints output_hint(std::int64_t bytes) {
+  return bytes >= large_output_bytes ? cache_hints(eviction_policy::evict_first) : cache_hints();
+}
 
 } // namespace tilegrad
