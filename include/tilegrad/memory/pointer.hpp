@@ -9,6 +9,7 @@
 #include "tilegrad/core/types.hpp"
 #include "tilegrad/memory/affine.hpp"
 #include "tilegrad/memory/checked.hpp"
+#include "tilegrad/memory/hints.hpp"
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/memory/tracking.hpp"
 #include "tilegrad/tile/elementwise.hpp"
@@ -380,15 +381,17 @@ TILEGRAD_INLINE auto mask_node(M&& m) {
 } // namespace detail
 
 /// load(p): the elements at the addresses of p (no mask: every address must be inside).
+/// Each form of load and store takes cache hints last (Triton's cache_modifier and
+/// eviction_policy, memory/hints.hpp), which change nothing through pointer tiles.
 template <class T, class Off>
-auto load(ptr_tile<T, Off> const& p,
+auto load(ptr_tile<T, Off> const& p, cache_hints = {},
           std::source_location loc = std::source_location::current()) {
   return detail::load_impl(p, detail::no_mask{}, detail::no_mask{}, loc);
 }
 
 /// load(p, mask): masked-off lanes read 0 and are not accessed.
 template <class T, class Off, tile_expression M>
-auto load(ptr_tile<T, Off> const& p, M&& mask,
+auto load(ptr_tile<T, Off> const& p, M&& mask, cache_hints = {},
           std::source_location loc = std::source_location::current()) {
   return detail::load_impl(p, detail::mask_node(std::forward<M>(mask)), detail::no_mask{}, loc);
 }
@@ -396,7 +399,7 @@ auto load(ptr_tile<T, Off> const& p, M&& mask,
 /// load(p, mask, other): masked-off lanes read `other` (a number or a tile) and are not accessed.
 template <class T, class Off, tile_expression M, class O>
   requires(tile_expression<O> || scalar_operand<O>)
-auto load(ptr_tile<T, Off> const& p, M&& mask, O&& other,
+auto load(ptr_tile<T, Off> const& p, M&& mask, O&& other, cache_hints = {},
           std::source_location loc = std::source_location::current()) {
   return detail::load_impl(p, detail::mask_node(std::forward<M>(mask)),
                            detail::as_node(std::forward<O>(other)), loc);
@@ -405,7 +408,7 @@ auto load(ptr_tile<T, Off> const& p, M&& mask, O&& other,
 /// store(p, value): writes value (broadcast to p's shape, cast to the tensor's type).
 template <class T, class Off, class V>
   requires(tile_expression<V> || scalar_operand<V>)
-void store(ptr_tile<T, Off> const& p, V&& value,
+void store(ptr_tile<T, Off> const& p, V&& value, cache_hints = {},
            std::source_location loc = std::source_location::current()) {
   detail::store_impl(p, detail::as_node(std::forward<V>(value)), detail::no_mask{}, loc);
 }
@@ -413,7 +416,7 @@ void store(ptr_tile<T, Off> const& p, V&& value,
 /// store(p, value, mask): masked-off lanes write nothing and are not accessed.
 template <class T, class Off, class V, tile_expression M>
   requires(tile_expression<V> || scalar_operand<V>)
-void store(ptr_tile<T, Off> const& p, V&& value, M&& mask,
+void store(ptr_tile<T, Off> const& p, V&& value, M&& mask, cache_hints = {},
            std::source_location loc = std::source_location::current()) {
   detail::store_impl(p, detail::as_node(std::forward<V>(value)),
                      detail::mask_node(std::forward<M>(mask)), loc);
