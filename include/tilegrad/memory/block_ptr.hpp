@@ -449,8 +449,8 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
 } // namespace detail
 
 namespace detail {
-/// After non-temporal stores: in a program, the launch fences them once the program returns
-/// (program_runner); outside one, now.
+/// After non-temporal stores: in a program, the launch fences them once its programs have run
+/// (run_programs); outside one, now.
 inline void streamed() {
   if (current_program() != nullptr)
     simd::stream_pending() = true;
