@@ -198,10 +198,34 @@ auto cumsum(E&& e) {
 
 using detail::transpose_into;
 
+/// Whether v is inf or NaN (v - v is 0 for every finite v): a loop the compiler vectorises.
+template <class T>
+inline bool any_non_finite(T const* v, int n) {
+  bool bad = false;
+  for (int i = 0; i < n; ++i)
+    bad |= !(v[i] - v[i] == T(0));
+  return bad;
+}
+
+/// v with its inf and NaN elements replaced by 0, on the tape.
+template <class T>
+T const* finite_part(tape& tp, T const* v, int n) {
+  T* c = tp.alloc<T>(n);
+  for (int i = 0; i < n; ++i)
+    c[i] = v[i] - v[i] == T(0) ? v[i] : T(0);
+  return c;
+}
+
 /// C = op(A) op(B) + acc, each operand as stored: A (M x K), or with TA its transpose x (K x M)
 /// (dot(trans(x), b) reads x in place, as the fast path does); B (K x N), or with TB its
 /// transpose y (N x K). The backward is four products at most, each on operands as stored or one
 /// transposed copy: dA = dC op(B)^T, dB = op(A)^T dC (dx and dy their transposes).
+///
+/// A term whose adjoint is exactly zero contributes exactly zero, as in every elementwise rule:
+/// an inf or NaN in a row of A that is never stored (a padded query row of attention, whose
+/// scores are all -inf) must not reach dB through 0 * NaN. An operand holding inf or NaN goes to
+/// the product with those elements as 0, and each of them is then added alone where it meets a
+/// nonzero adjoint (an operand of finite values, the usual case, costs one vectorised scan).
 template <class T, int M, int N, int K, bool TA, bool TB>
 struct dot_record final : record {
   T const *av, *bv;
@@ -220,6 +244,41 @@ struct dot_record final : record {
       av = a;
       bv = b;
     }
+    T const* const a_all = av;
+    T const* const b_all = bv;
+    bool const a_bad = ba && any_non_finite(av, M * K);
+    bool const b_bad = aa && any_non_finite(bv, K * N);
+    if (a_bad)
+      av = finite_part(tp, av, M * K);
+    if (b_bad)
+      bv = finite_part(tp, bv, K * N);
+    products(tp, av, bv);
+    if (b_bad) // dA(i, k) += dC(i, j) op(B)(k, j) for each non-finite op(B)(k, j)
+      for (int k = 0; k < K; ++k)
+        for (int j = 0; j < N; ++j) {
+          T const x = TB ? b_all[j * K + k] : b_all[k * N + j];
+          if (x - x == T(0))
+            continue;
+          for (int i = 0; i < M; ++i)
+            if (T const d = ca[i * N + j]; d != T(0))
+              (TA ? aa[k * M + i] : aa[i * K + k]) += d * x;
+        }
+    if (a_bad) // dB(k, j) += op(A)(i, k) dC(i, j) for each non-finite op(A)(i, k)
+      for (int i = 0; i < M; ++i)
+        for (int k = 0; k < K; ++k) {
+          T const x = TA ? a_all[k * M + i] : a_all[i * K + k];
+          if (x - x == T(0))
+            continue;
+          for (int j = 0; j < N; ++j)
+            if (T const d = ca[i * N + j]; d != T(0))
+              (TB ? ba[j * K + k] : ba[k * N + j]) += x * d;
+        }
+    if (acca)
+      for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
+  }
+
+private:
+  void products(tape& tp, T const* av, T const* bv) const {
     if (aa) {
       if constexpr (!TA) { // dA (M x K) += dC op(B)^T
         if constexpr (TB) {
@@ -251,8 +310,6 @@ struct dot_record final : record {
         }
       }
     }
-    if (acca)
-      for (int i = 0; i < M * N; ++i) acca[i] += ca[i];
   }
 };
 
