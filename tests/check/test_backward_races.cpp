@@ -311,6 +311,54 @@ TEST(LaunchRaces, ForwardKernelRaceCheckedThroughTheLaunchOption) {
   }
 }
 
+TEST(LaunchRaces, AtomicsOfOneKindCommuteOfTwoKindsOrExchangesDoNot) {
+  // Program p applies `first` to y[0..3] if p is even, `second` if odd: max then add is not add
+  // then max, and of two exchanges the later one wins.
+  enum kind { add, max, min, xchg };
+  auto apply = [](kind k, auto ptrs, auto v) {
+    if (k == add)
+      (void)tg::atomic_add(ptrs, v);
+    else if (k == max)
+      (void)tg::atomic_max(ptrs, v);
+    else if (k == min)
+      (void)tg::atomic_min(ptrs, v);
+    else
+      (void)tg::atomic_xchg(ptrs, v);
+  };
+  auto run = [&](kind first, kind second, int programs) {
+    tg::owned_tensor<float> y({4}, "y");
+    auto const k = [=]<class T>(tg::program const& p, tg::tensor<T> out) {
+      auto const i = tg::arange<0, 4>();
+      apply(p.program_id(0) % 2 == 0 ? first : second, out + i,
+            tg::full<float, 4>(float(p.program_id(0) + 1)));
+    };
+    std::string what;
+    for (auto lo : launch_cases()) {
+      lo.check_races = true;
+      try {
+        tg::launch(lo, programs, k, y.view());
+      } catch (tg::race_error const& e) {
+        what = e.what();
+        EXPECT_EQ(e.tensor(), "y");
+        EXPECT_EQ(e.element(), "(0)");
+        EXPECT_EQ(e.program(), "program (1, 0, 0)");
+        EXPECT_EQ(e.other_program(), "program (0, 0, 0)");
+      }
+    }
+    return what;
+  };
+  for (kind k : {add, max, min})
+    EXPECT_EQ(run(k, k, 7), "") << k;
+  EXPECT_EQ(run(xchg, xchg, 1), ""); // one program alone
+  for (auto [a, b] : {std::pair{max, add}, {add, min}, {min, max}, {xchg, xchg}, {add, xchg}}) {
+    std::string const what = run(a, b, 7);
+    EXPECT_NE(what.find("program (1, 0, 0) updates atomically"), std::string::npos)
+        << a << " " << b << ": " << what;
+    EXPECT_NE(what.find("program (0, 0, 0) updates it with another atomic"), std::string::npos)
+        << a << " " << b << ": " << what;
+  }
+}
+
 TEST(LaunchRaces, CorrectKernelsPassAndComputeTheSame) {
   std::int64_t const n = 40;
   tg::owned_tensor<float> q({n, D}), k({n, D}), v({n, D}), o1({n, D}), o2({n, D}), dq({n, D}),

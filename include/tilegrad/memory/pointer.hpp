@@ -532,7 +532,12 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
     if constexpr (std::is_floating_point_v<T>)
       rec.value(static_cast<double>(v));
   });
-  rec.commit(add ? op_atomic_add : op_atomic, loc);
+  std::string_view const w(what);
+  rec.commit(add                   ? op_atomic_add
+             : w == "atomic_max" ? op_atomic_max
+             : w == "atomic_min" ? op_atomic_min
+                                 : op_atomic,
+             loc);
 }
 
 template <class T, class Off, class Val, class Mask, class F>

@@ -30,10 +30,14 @@
 
 namespace tilegrad::detail {
 
-// What a program did to an element, as flags. Atomics other than atomic_add (max, min, xchg,
-// cas) are kept apart: only atomic_add's reordering is excused by the determinism check.
+// What a program did to an element, as flags. Each kind of atomic is kept apart: atomics of one
+// kind commute (add with add, max with max, min with min), of two kinds they do not (max then
+// add is not add then max), and an exchange (atomic_xchg, atomic_cas: op_atomic) commutes with
+// nothing. Only atomic_add's reordering is excused by the determinism check.
 inline constexpr std::uint8_t op_load = 1, op_store = 2, op_atomic_add = 4, op_atomic = 8;
-inline constexpr std::uint8_t op_write = op_store | op_atomic_add | op_atomic;
+inline constexpr std::uint8_t op_atomic_max = 32, op_atomic_min = 64;
+inline constexpr std::uint8_t op_atomics = op_atomic_add | op_atomic | op_atomic_max | op_atomic_min;
+inline constexpr std::uint8_t op_write = op_store | op_atomics;
 /// Written on the host by tilegrad::copy (memory/copy.hpp), from another traced element.
 inline constexpr std::uint8_t op_copy = 16;
 
@@ -280,7 +284,7 @@ private:
   }
 
   static int weight(std::uint8_t ops) {
-    return ops & op_store ? 3 : ops & (op_atomic_add | op_atomic) ? 2 : ops & op_load ? 1 : 0;
+    return ops & op_store ? 3 : ops & op_atomics ? 2 : ops & op_load ? 1 : 0;
   }
 
   std::string describe(std::uint32_t id) const {
@@ -316,15 +320,19 @@ private:
 #endif
 
   /// What makes `op` by one program conflict with `ops` done by another (null: nothing). Order
-  /// matters wherever a store meets anything, or loads meet atomics; atomics commute.
+  /// matters wherever a store meets anything, loads meet atomics, or atomics of two kinds (or an
+  /// exchange) meet; atomics of one kind commute.
   static char const* conflict(std::uint8_t ops, std::uint8_t op) {
-    bool const atomic = op & (op_atomic_add | op_atomic);
     if (ops & op_store)
       return op == op_store ? "stores it too" : "stores it";
-    if (ops & (op_atomic_add | op_atomic)) {
-      if (!atomic)
+    if (ops & op_atomics) {
+      if (!(op & op_atomics))
         return "updates it atomically";
-      return ops & op_load ? "loads it" : nullptr;
+      if (ops & op_load)
+        return "loads it";
+      if ((ops & op_atomics) != op || op == op_atomic)
+        return "updates it with another atomic";
+      return nullptr;
     }
     if (ops & op_load)
       return op == op_load ? nullptr : "loads it";
