@@ -195,6 +195,36 @@ TYPED_TEST(Tensor, LayoutEdgeCases) {
   tensor<T> colmajor(buf.data(), {5, 7}, {1, 5});
   EXPECT_FALSE(colmajor.is_contiguous());
   check_contains(colmajor, -1, 40);
+  // Extent-1 axes whose stride ties with a longer axis's, or lies between the others: every
+  // addressed offset is contained and named by the coordinates that address it (an extent-1
+  // axis unravelled first took the longer axis's share: (1, 0, 0) for offset 8, out of bounds).
+  struct layout {
+    int rank;
+    extents shape, strides;
+  };
+  for (auto const& [rank, shape, strides] : {layout{3, {1, 4, 4}, {8, 8, 1}},
+                                             layout{3, {4, 1, 4}, {8, 1, 1}},
+                                             layout{3, {4, 1, 3}, {8, 5, 1}},
+                                             layout{4, {1, 3, 1, 4}, {4, 8, 8, 1}},
+                                             layout{4, {2, 1, 1, 3}, {12, 12, 3, 1}}}) {
+    tensor<T> v(buf.data(), rank, shape, strides);
+    check_contains(v, -2, v.span() + 3);
+    std::int64_t idx[4] = {0, 0, 0, 0};
+    for (;;) {
+      std::int64_t off = 0;
+      std::string want = "(";
+      for (int a = 0; a < v.rank(); ++a) {
+        off += idx[a] * v.stride(a);
+        want += (a ? ", " : "") + std::to_string(idx[a]);
+      }
+      EXPECT_EQ(v.coordinates(off), want + ")") << v.shape_string() << " offset " << off;
+      int a = v.rank() - 1;
+      while (a >= 0 && ++idx[a] == v.size(a))
+        idx[a--] = 0;
+      if (a < 0)
+        break;
+    }
+  }
   // An empty view addresses nothing.
   tensor<T> empty(buf.data(), {0, 5});
   EXPECT_EQ(empty.numel(), 0);

@@ -191,10 +191,17 @@ public:
 private:
   std::array<std::int64_t, max_tensor_rank> unravel(std::int64_t offset) const {
     // Unravel along axes by decreasing stride; an offset outside the view still gets
-    // coordinates (some past their extent), which is what a message about it needs.
+    // coordinates (some past their extent), which is what a message about it needs. Axes of
+    // extent 1 go last, whatever their stride: their coordinate is 0, and one whose stride ties
+    // with a longer axis's (shape (1, 4, 4), strides (8, 8, 1)) must not take that axis's share.
     std::array<int, max_tensor_rank> order{0, 1, 2, 3};
+    auto const before = [&](int a, int b) {
+      if ((shape_[a] == 1) != (shape_[b] == 1))
+        return shape_[b] == 1;
+      return strides_[a] > strides_[b];
+    };
     for (int i = 1; i < rank_; ++i) // insertion sort of at most 4 axes
-      for (int j = i; j > 0 && strides_[order[j - 1]] < strides_[order[j]]; --j)
+      for (int j = i; j > 0 && before(order[j], order[j - 1]); --j)
         std::swap(order[j - 1], order[j]);
     std::array<std::int64_t, max_tensor_rank> c{};
     std::int64_t rem = offset;
