@@ -359,6 +359,53 @@ TEST(LaunchRaces, AtomicsOfOneKindCommuteOfTwoKindsOrExchangesDoNot) {
   }
 }
 
+TEST(LaunchRaces, ViewsOfOneBufferAreTrackedByElement) {
+  // One buffer of 2 x 32 floats passed as several views; program 0 stores buf[32..64) through
+  // the view `w`, program 1 then reaches the same elements through another view.
+  std::int64_t const n = 32;
+  enum how { store_through_whole, load_through_const, load_straddling, interleaved };
+  auto run = [&](how h) {
+    tg::owned_tensor<float> buf({2 * n}, "buf"), out({n}, "out");
+    tg::tensor<float> whole(buf.data(), {2 * n}, "whole"), w(buf.data() + n, {n}, "w");
+    // The even and the odd elements: two writable views whose memory interleaves.
+    tg::tensor<float> even(buf.data(), {n}, {2}, "even"), odd(buf.data() + 1, {n}, {2}, "odd");
+    auto const k = [h]<class T>(tg::program const& p, tg::tensor<T const> all, tg::tensor<T> w,
+                                tg::tensor<T> whole, tg::tensor<T> even, tg::tensor<T> odd,
+                                tg::tensor<T> out) {
+      auto const i = tg::arange<0, 32>();
+      if (h == interleaved) { // each program its own elements: no race
+        tg::store((p.program_id(0) == 0 ? even : odd) + i * 2, 1.0f);
+        return;
+      }
+      if (p.program_id(0) == 0)
+        tg::store(w + i, 1.0f);
+      else if (h == store_through_whole)
+        tg::store(whole + (32 + i), 2.0f);
+      else if (h == load_through_const)
+        tg::store(out + i, tg::load(all + (32 + i)));
+      else // elements 33..64 of a view one element longer than buf's: past w's end
+        tg::store(out + i, tg::load(all + (33 + i), i < 31, 0.0f));
+    };
+    tg::tensor<float const> all(buf.data(), {2 * n}, "all");
+    try {
+      tg::launch({.check_races = true}, 2, k, all, w, whole, even, odd, out.view());
+    } catch (tg::race_error const& e) {
+      EXPECT_EQ(e.program(), "program (1, 0, 0)");
+      EXPECT_EQ(e.other_program(), "program (0, 0, 0)");
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::string const a = run(store_through_whole);
+  EXPECT_NE(a.find("program (1, 0, 0) stores it"), std::string::npos) << a;
+  EXPECT_NE(a.find("program (0, 0, 0) stores it too"), std::string::npos) << a;
+  std::string const b = run(load_through_const);
+  EXPECT_NE(b.find("program (1, 0, 0) loads it"), std::string::npos) << b;
+  std::string const c = run(load_straddling);
+  EXPECT_NE(c.find("program (1, 0, 0) loads it"), std::string::npos) << c;
+  EXPECT_EQ(run(interleaved), "");
+}
+
 TEST(LaunchRaces, CorrectKernelsPassAndComputeTheSame) {
   std::int64_t const n = 40;
   tg::owned_tensor<float> q({n, D}), k({n, D}), v({n, D}), o1({n, D}), o2({n, D}), dq({n, D}),

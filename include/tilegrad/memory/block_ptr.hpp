@@ -395,11 +395,12 @@ TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, paddin
 // bounds): one function for every block shape and element type, so tracking adds no code per
 // access site beyond the call.
 TILEGRAD_NOINLINE inline void record_block(access_hooks const& h, void const* base,
-                                           std::size_t elem, int rank, int const* dims,
+                                           std::size_t elem, std::int64_t extent, int rank,
+                                           int const* dims,
                                            std::int64_t const* shape, std::int64_t const* strides,
                                            std::int64_t const* offsets, unsigned checked_axes,
                                            std::uint8_t op, std::source_location const& loc) {
-  access_recorder rec(h, base, elem);
+  access_recorder rec(h, base, elem, extent);
   if (!rec.active())
     return;
   int rows = 1;
@@ -442,7 +443,7 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
   unsigned axes = 0;
   for (int a = 0; a < static_cast<int>(sizeof...(Bs)); ++a)
     axes |= Check::has(a) ? 1u << a : 0u;
-  record_block(h, bp.data(), sizeof(T), static_cast<int>(sizeof...(Bs)), dims,
+  record_block(h, bp.data(), sizeof(T), bp.extent(), static_cast<int>(sizeof...(Bs)), dims,
                bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc);
 }
 

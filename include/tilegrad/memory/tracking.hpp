@@ -185,16 +185,37 @@ struct add_sum {
   std::uint32_t n;
 };
 
-/// A tensor the kernel of a tracked launch may write (it takes it as a non-const view).
+/// A view of a tracked tensor's memory, for naming its elements: its data() is `shift` elements
+/// past the memory's first.
+struct tracked_view {
+  char const* name = "";
+  tensor<std::byte const> layout; // shape and strides
+  std::int64_t shift = 0;
+};
+
+/// A tensor the kernel of a tracked launch may write (it takes it as a non-const view). Writable
+/// views whose memory overlaps (a packed buffer passed as several views, a view and a slice of
+/// it) are one tracked tensor: their elements are tracked by address, and named through the
+/// view that holds them.
 struct tracked_tensor {
   std::byte const* lo = nullptr; // its memory: lo + elem * [0, span)
   std::byte const* hi = nullptr;
   std::size_t elem = 0;
   std::int64_t span = 0;
-  char const* name = "";
-  tensor<std::byte const> layout;    // shape and strides, for naming elements
+  char const* name = "";             // the first view's
+  std::vector<tracked_view> views;   // every view, the first first
   zeroed_array<element_state> state; // allocated when the check first meets it
   zeroed_array<add_sum> sums;        // allocated at its first atomic_add
+
+  /// The name of the view holding element el (from lo) and its coordinates there.
+  std::pair<char const*, std::string> element(std::int64_t el) const {
+    for (auto const& v : views)
+      if (v.layout.contains(el - v.shift))
+        return {v.name, v.layout.coordinates(el - v.shift)};
+    if (views.empty())
+      return {name, std::to_string(el)};
+    return {name, views[0].layout.coordinates(el - views[0].shift)};
+  }
 };
 
 /// A race the check found: the message and its parts.
@@ -221,13 +242,18 @@ public:
           add(a);
   }
 
-  /// The tracked tensor whose memory holds base (the data() of a view the kernel accesses),
-  /// with elements of `elem` bytes; -1 if none.
-  int find(void const* base, std::size_t elem) const {
+  /// The tracked tensor whose memory meets that of a view the kernel accesses, [base, base +
+  /// extent elements) of `elem` bytes (extent < 0: unknown, base alone), at whole elements from
+  /// its start; -1 if none. (A const view of memory a writable one also covers is read there.)
+  int find(void const* base, std::size_t elem, std::int64_t extent = -1) const {
     auto const* b = static_cast<std::byte const*>(base);
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      if (b >= tensors_[i].lo && b < tensors_[i].hi && tensors_[i].elem == elem)
+    auto const* e = extent < 0 ? b + 1 : b + extent * static_cast<std::int64_t>(elem);
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      auto const& t = tensors_[i];
+      if (b < t.hi && e > t.lo && t.elem == elem &&
+          (b - t.lo) % static_cast<std::ptrdiff_t>(elem) == 0)
         return static_cast<int>(i);
+    }
     return -1;
   }
   tracked_tensor const& tensor_at(int i) const { return tensors_[static_cast<std::size_t>(i)]; }
@@ -264,7 +290,27 @@ private:
     e.lo = t.data();
     e.hi = e.lo + e.span * static_cast<std::int64_t>(elem);
     e.name = t.name();
-    e.layout = t;
+    e.views.push_back({t.name(), t, 0});
+    // Merge with every tracked tensor whose memory overlaps at whole elements.
+    auto const step = static_cast<std::ptrdiff_t>(elem);
+    for (std::size_t i = 0; i < tensors_.size();) {
+      tracked_tensor& o = tensors_[i];
+      if (o.elem != elem || !(o.lo < e.hi && e.lo < o.hi) || (o.lo - e.lo) % step != 0) {
+        ++i;
+        continue;
+      }
+      std::byte const* const lo = std::min(o.lo, e.lo);
+      for (auto& v : e.views) v.shift += (e.lo - lo) / step;
+      for (auto& v : o.views) v.shift += (o.lo - lo) / step;
+      o.views.insert(o.views.end(), e.views.begin(), e.views.end());
+      e.views = std::move(o.views);
+      e.name = o.name;
+      e.hi = std::max(o.hi, e.hi);
+      e.lo = lo;
+      e.span = (e.hi - e.lo) / step;
+      tensors_.erase(tensors_.begin() + static_cast<std::ptrdiff_t>(i));
+      i = 0; // the union may meet one passed over
+    }
     tensors_.push_back(std::move(e));
   }
 #else
@@ -304,10 +350,11 @@ private:
     race_found r;
     r.program = describe(me);
     r.other = describe(other);
-    r.tensor = t.name;
-    r.element = t.layout.coordinates(el);
+    auto [view, coordinates] = t.element(el);
+    r.tensor = view;
+    r.element = std::move(coordinates);
     r.where = at;
-    r.message = "tilegrad::launch: race on tensor " + tensor_label(t.name) + ", element " +
+    r.message = "tilegrad::launch: race on tensor " + tensor_label(view) + ", element " +
                 r.element + ": " + r.program + " " + mine + " it at " + where_string(at) +
                 ", and " + r.other + " " + theirs +
                 (site_other ? " at " + where_string(sites_[site_other - 1u]) : std::string()) +
@@ -387,7 +434,20 @@ private:
         run const& r = log.runs[ri];
         std::int64_t const last = r.element(r.count - 1);
         std::int64_t const lo = std::min(r.offset, last), hi = std::max(r.offset, last) + 1;
-        if (lo < 0 || hi > t.span) { // an alias reaching past the tensor: not tracked
+        if (lo < 0 || hi > t.span) { // a view reaching past the tracked memory: its part inside
+          for (int k = 0; k < r.count; ++k) {
+            std::int64_t const el = r.element(k);
+            if (el < 0 || el >= t.span)
+              continue;
+            t.state.touch(el, el + 1);
+            if (v) {
+              t.sums.touch(el, el + 1);
+              t.sums.get()[el].abs += v[k];
+              ++t.sums.get()[el].n;
+            }
+            if (!apply(st[el], me, a.op, at, t, el, a))
+              return;
+          }
           if (v)
             v += r.count;
           continue;
@@ -440,10 +500,11 @@ private:
 /// stores and atomics: lane(pos, offset, n) for n contiguous elements.
 class access_recorder {
 public:
-  access_recorder(access_hooks const& h, void const* base, std::size_t elem) {
+  access_recorder(access_hooks const& h, void const* base, std::size_t elem,
+                  std::int64_t extent = -1) {
     if (!h.tracker)
       return;
-    int const t = h.tracker->find(base, elem);
+    int const t = h.tracker->find(base, elem, extent);
     if (t < 0)
       return;
     tensor_ = t;
