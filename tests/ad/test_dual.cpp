@@ -215,6 +215,43 @@ TEST(DualScalar, TiesAndKinks) {
   EXPECT_EQ(abs(-a).d[1], 4);
 }
 
+TEST(DualScalar, AZeroTangentContributesZeroWhateverTheValue) {
+  // Constants (tangent 0) at -inf, 0 or NaN meet a constant 1 (a masked lane's `other`) and a
+  // value with tangents: each term whose tangent is 0 adds exactly 0, as a zero adjoint does in
+  // reverse mode (not -inf * 0 = NaN); the term of the value with tangents stays.
+  double const inf = std::numeric_limits<double>::infinity();
+  dual<double, 2> w(0.75), one(1.0), m(-inf), z(0.0), n(std::numeric_limits<double>::quiet_NaN());
+  w.d[0] = 2, w.d[1] = -3;
+  for (auto const& c : {m, z, n}) {
+    auto const p = c * one, q = one * c, r = c / one, f = fma(c, one, w);
+    auto const cw = c * w, wc = w * c;
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(p.d[k], 0) << c.v << " " << k;
+      EXPECT_EQ(q.d[k], 0) << c.v << " " << k;
+      EXPECT_EQ(r.d[k], 0) << c.v << " " << k;
+      EXPECT_EQ(f.d[k], w.d[k]) << c.v << " " << k; // the product's terms drop, c's stays
+      double const want = c.v * w.d[k];             // c's own term only: -inf, 0 or NaN
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(cw.d[k]) && std::isnan(wc.d[k])) << k;
+      } else {
+        EXPECT_EQ(cw.d[k], want) << c.v << " " << k;
+        EXPECT_EQ(wc.d[k], want) << c.v << " " << k;
+      }
+    }
+  }
+  // Dividing a value with tangents by a constant 0, or a constant by a constant 0.
+  EXPECT_EQ((z / z).d[0], 0);
+  EXPECT_TRUE(std::isinf((w / z).d[0])); // w's own tangent over 0: inf, as the math says
+  // Unary rules whose derivative is infinite or NaN there: log and sqrt at 0, exp and log at -inf.
+  for (auto const& y : {log(z), sqrt(z), exp(m), log(m), rsqrt(z)})
+    for (int k = 0; k < 2; ++k) EXPECT_EQ(y.d[k], 0);
+  // Values with tangents are unchanged: the product and quotient rules as before.
+  dual<double, 2> a(1.5);
+  a.d[0] = 0.25, a.d[1] = -1;
+  EXPECT_EQ((a * w).d[1], -1 * 0.75 + 1.5 * -3);
+  EXPECT_DOUBLE_EQ((a / w).d[0], (0.25 - (1.5 / 0.75) * 2) / 0.75);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dual tiles
 // ---------------------------------------------------------------------------------------------

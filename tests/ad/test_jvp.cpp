@@ -386,6 +386,43 @@ TEST(JvpMemory, BlockPointerPaddingHasZeroTangent) {
   }
 }
 
+// s = sum(exp(x * w)) over a row of 5 in blocks of 8, the masked lanes -inf (other) times w's
+// 1 (other): constants with tangent 0, which must not make the row's tangent NaN. Once through
+// pointer tiles, once through block pointers (x padded with -inf, w's padding replaced by 1).
+constexpr auto masked_row_products = []<class T>(tg::program const&, tg::tensor<T const> x,
+                                                 tg::tensor<T const> w, tg::tensor<T> s) {
+  auto const c = tg::arange<0, 8>();
+  auto const m = c < x.size(0);
+  tg::tile<tg::fp32<T>, 8> const v =
+      tg::load(x + c, m, -INFINITY) * tg::load(w + c, m, 1.0f);
+  tg::store(s + 0, tg::sum(tg::exp(v)));
+  tg::tile<tg::fp32<T>, 8> const vb =
+      tg::load(tg::make_block_ptr<8>(x, {0}), tg::bounds<0>, tg::padding::neg_inf) *
+      tg::where(m, tg::load(tg::make_block_ptr<8>(w, {0}), tg::bounds<0>), 1.0f);
+  tg::store(s + 1, tg::sum(tg::exp(vb)));
+};
+
+TEST(JvpMemory, MaskedInfiniteConstantsTimesValuesWithTangents) {
+  owned<double> x({5}, "x"), w({5}, "w"), s({2}, "s"), ux({5}), uw({5});
+  fill(x, 30), fill(w, 31), fill(ux, 32), fill(uw, 33);
+  auto const r = tg::jvp(1, masked_row_products, tg::tangent_in("x", x, ux),
+                         tg::tangent_in("w", w, uw), tg::tangent_out("s", s));
+  double want = 0;
+  for (int i = 0; i < 5; ++i)
+    want += std::exp(x(i) * w(i)) * (ux(i) * w(i) + x(i) * uw(i));
+  // Central differences in double along (ux, uw).
+  double const h = 1e-6;
+  owned<double> xu = moved(x, h, ux), wu = moved(w, h, uw), xd = moved(x, -h, ux),
+                wd = moved(w, -h, uw), su({2}), sd({2});
+  tg::launch(1, masked_row_products, xu.cview(), wu.cview(), su.view());
+  tg::launch(1, masked_row_products, xd.cview(), wd.cview(), sd.view());
+  for (int j = 0; j < 2; ++j) {
+    ASSERT_TRUE(std::isfinite(r["s"](j))) << j;
+    EXPECT_NEAR(r["s"](j), want, 1e-12 * (1 + std::abs(want))) << j;
+    EXPECT_NEAR(r["s"](j), (su(j) - sd(j)) / (2 * h), 1e-7) << j;
+  }
+}
+
 // Every program adds 1.5 * x[row, :] into y (row-sum of 13 programs, a tail of 37 - 32 lanes);
 // every program also takes the element-wise max into z.
 constexpr auto atomic_rows = []<class T>(tg::program const& p, tg::tensor<T const> x,

@@ -406,6 +406,43 @@ TEST(LaunchRaces, ViewsOfOneBufferAreTrackedByElement) {
   EXPECT_EQ(run(interleaved), "");
 }
 
+TEST(LaunchRaces, AWriteThroughACapturedViewIsRefused) {
+  // Every program adds its row into dw with load + add + store through a view the kernel
+  // captures: lost updates the race check cannot see, as dw is not an argument of the launch.
+  tg::owned_tensor<float> x({12, 16}, "x"), dw({16}, "dw"), y({12, 16}, "y");
+  tg::tensor<float> dwv = dw.view();
+  auto const k = [dwv]<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const c = tg::arange<0, 16>();
+    auto const row = tg::load(x + (p.program_id(0) * x.stride(0) + c));
+    tg::store(y + (p.program_id(0) * y.stride(0) + c), row);
+    if constexpr (std::is_same_v<T, float>)
+      tg::store(dwv + c, tg::load(dwv + c) + row);
+  };
+  int const line = __LINE__ - 2; // the store into dwv
+  for (auto lo : launch_cases()) {
+    lo.check_races = true;
+    try {
+      tg::launch(lo, 12, k, x.cview(), y.view());
+      ADD_FAILURE() << "no error";
+    } catch (tg::access_error const& e) {
+      std::string const what = e.what();
+      EXPECT_EQ(e.tensor(), "dw");
+      EXPECT_NE(what.find(") writes tensor 'dw' at "), std::string::npos) << what; // some program
+      EXPECT_NE(what.find("test_backward_races.cpp:" + std::to_string(line)), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("does not take as an argument"), std::string::npos) << what;
+    }
+  }
+  // Reading through a captured view, and launches that do not check races, are left alone.
+  auto const reads = [dwv]<class T>(tg::program const& p, tg::tensor<T> y) {
+    auto const c = tg::arange<0, 16>();
+    tg::store(y + (p.program_id(0) * y.stride(0) + c), tg::load(dwv + c));
+  };
+  EXPECT_NO_THROW(tg::launch({.check_races = true}, 12, reads, y.view()));
+  EXPECT_NO_THROW(tg::launch(tg::launch_options{.exec = tg::executor::sequential}, 12, k,
+                             x.cview(), y.view()));
+}
+
 TEST(LaunchRaces, CorrectKernelsPassAndComputeTheSame) {
   std::int64_t const n = 40;
   tg::owned_tensor<float> q({n, D}), k({n, D}), v({n, D}), o1({n, D}), o2({n, D}), dq({n, D}),

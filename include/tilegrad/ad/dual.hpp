@@ -67,18 +67,23 @@ struct dual {
       r.d[k] = a.d[k] - b.d[k];
     return r;
   }
+  // A zero tangent contributes exactly zero, as a zero adjoint does in reverse mode: a masked
+  // lane's -inf `other` (tangent 0) times a weight that has a tangent is a constant, whose
+  // tangent is 0, not (-inf) * 0.
   friend constexpr dual operator*(dual const& a, dual const& b) {
     dual r;
     r.v = a.v * b.v;
     for (int k = 0; k < N; ++k)
-      r.d[k] = a.d[k] * b.v + a.v * b.d[k];
+      r.d[k] = (a.d[k] == T(0) ? T(0) : a.d[k] * b.v) + (b.d[k] == T(0) ? T(0) : a.v * b.d[k]);
     return r;
   }
   friend constexpr dual operator/(dual const& a, dual const& b) {
     dual r;
     r.v = a.v / b.v;
     for (int k = 0; k < N; ++k)
-      r.d[k] = (a.d[k] - r.v * b.d[k]) / b.v;
+      r.d[k] = a.d[k] == T(0) && b.d[k] == T(0)
+                   ? T(0)
+                   : (a.d[k] - (b.d[k] == T(0) ? T(0) : r.v * b.d[k])) / b.v;
     return r;
   }
   friend constexpr dual& operator+=(dual& a, dual const& b) { return a = a + b; }
@@ -102,13 +107,14 @@ concept dual_scalar = requires {
 };
 
 namespace detail {
-// The chain rule for a unary function: value y, derivative dy/dx at x.
+// The chain rule for a unary function: value y, derivative dy/dx at x; a zero tangent stays
+// zero where dy/dx is infinite or NaN (log at 0, sqrt at 0, a masked lane's -inf).
 template <class T, int N>
 constexpr dual<T, N> chain(dual<T, N> const& x, T y, T dydx) {
   dual<T, N> r;
   r.v = y;
   for (int k = 0; k < N; ++k)
-    r.d[k] = dydx * x.d[k];
+    r.d[k] = x.d[k] == T(0) ? T(0) : dydx * x.d[k];
   return r;
 }
 } // namespace detail
@@ -189,7 +195,8 @@ dual<T, N> fma(dual<T, N> const& a, dual<T, N> const& b, dual<T, N> const& c) {
   dual<T, N> r;
   r.v = std::fma(a.v, b.v, c.v);
   for (int k = 0; k < N; ++k)
-    r.d[k] = a.d[k] * b.v + a.v * b.d[k] + c.d[k];
+    r.d[k] = (a.d[k] == T(0) ? T(0) : a.d[k] * b.v) + (b.d[k] == T(0) ? T(0) : a.v * b.d[k]) +
+             c.d[k];
   return r;
 }
 /// On ties the first operand (and its tangent) wins, as the tile ops have it.

@@ -395,13 +395,13 @@ TILEGRAD_INLINE void load_block_into(V* o, block_ptr<T, Bs...> const& bp, paddin
 // bounds): one function for every block shape and element type, so tracking adds no code per
 // access site beyond the call.
 TILEGRAD_NOINLINE inline void record_block(access_hooks const& h, void const* base,
-                                           std::size_t elem, std::int64_t extent, int rank,
-                                           int const* dims,
+                                           std::size_t elem, std::int64_t extent, char const* name,
+                                           int rank, int const* dims,
                                            std::int64_t const* shape, std::int64_t const* strides,
                                            std::int64_t const* offsets, unsigned checked_axes,
                                            std::uint8_t op, std::source_location const& loc) {
-  access_recorder rec(h, base, elem, extent);
-  if (!rec.active())
+  access_recorder rec(h, base, elem, extent, name);
+  if (!rec.wanted(op))
     return;
   int rows = 1;
   for (int a = 0; a < rank - 1; ++a)
@@ -443,8 +443,8 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
   unsigned axes = 0;
   for (int a = 0; a < static_cast<int>(sizeof...(Bs)); ++a)
     axes |= Check::has(a) ? 1u << a : 0u;
-  record_block(h, bp.data(), sizeof(T), bp.extent(), static_cast<int>(sizeof...(Bs)), dims,
-               bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc);
+  record_block(h, bp.data(), sizeof(T), bp.extent(), bp.name(), static_cast<int>(sizeof...(Bs)),
+               dims, bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc);
 }
 
 } // namespace detail

@@ -298,8 +298,8 @@ template <class S, class T, class Off, class Mask>
 TILEGRAD_NOINLINE void record_lanes(access_hooks const& h, ptr_tile<T, Off> const& p,
                                     Mask const& mask, std::uint8_t op,
                                     std::source_location const& loc) {
-  access_recorder rec(h, p.base.data(), sizeof(T), p.extent);
-  if (!rec.active())
+  access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
+  if (!rec.wanted(op))
     return;
   constexpr int W = access_width<std::remove_const_t<T>, Mask, no_mask>;
   for_each_access<S, W>(
@@ -522,7 +522,7 @@ template <class S, class T, class Off, class Val, class Mask, class F>
 TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, Off> const& p,
                                      Val const& val, Mask const& mask, F& f, char const* what,
                                      std::source_location const& loc) {
-  access_recorder rec(h, p.base.data(), sizeof(T), p.extent);
+  access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
   bool const add = std::string_view(what) == "atomic_add";
   if (std::is_floating_point_v<T> && add)
     rec.expect_values(S::size);

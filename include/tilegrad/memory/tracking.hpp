@@ -36,7 +36,8 @@ namespace tilegrad::detail {
 // nothing. Only atomic_add's reordering is excused by the determinism check.
 inline constexpr std::uint8_t op_load = 1, op_store = 2, op_atomic_add = 4, op_atomic = 8;
 inline constexpr std::uint8_t op_atomic_max = 32, op_atomic_min = 64;
-inline constexpr std::uint8_t op_atomics = op_atomic_add | op_atomic | op_atomic_max | op_atomic_min;
+inline constexpr std::uint8_t op_atomics =
+    op_atomic_add | op_atomic | op_atomic_max | op_atomic_min;
 inline constexpr std::uint8_t op_write = op_store | op_atomics;
 /// Written on the host by tilegrad::copy (memory/copy.hpp), from another traced element.
 inline constexpr std::uint8_t op_copy = 16;
@@ -495,18 +496,41 @@ private:
   std::optional<race_found> race_;
 };
 
+/// Throws access_error for a write by a program of a tracked launch to a tensor `name` that
+/// the launch does not take (a view the kernel captures): its races would go unseen.
+[[noreturn]] TILEGRAD_MACHINERY void untracked_write(char const* name,
+                                                     std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("host code");
+  throw access_error("tilegrad::launch: " + prog + " writes tensor " + tensor_label(name) +
+                         " at " + where_string(loc) +
+                         ", which the launch does not take as an argument: a launch that checks "
+                         "races (check_backward's backward launches, launch_options::check_races) "
+                         "tracks the tensors passed to the kernel. Pass it to the kernel as an "
+                         "argument instead of capturing it.",
+                     prog, name, "", loc);
+}
+#else
+;
+#endif
+
 /// Gathers the lanes of one access of the running program into its log when the access goes to
-/// a tracked tensor, and does nothing otherwise. Called as the lane hook of the loops of loads,
-/// stores and atomics: lane(pos, offset, n) for n contiguous elements.
+/// a tracked tensor, and does nothing otherwise (a write to no tracked tensor throws). Called as
+/// the lane hook of the loops of loads, stores and atomics: lane(pos, offset, n) for n contiguous
+/// elements.
 class access_recorder {
 public:
-  access_recorder(access_hooks const& h, void const* base, std::size_t elem,
-                  std::int64_t extent = -1) {
+  access_recorder(access_hooks const& h, void const* base, std::size_t elem, std::int64_t extent,
+                  char const* name) {
     if (!h.tracker)
       return;
     int const t = h.tracker->find(base, elem, extent);
-    if (t < 0)
+    if (t < 0) {
+      untracked_ = name;
       return;
+    }
     tensor_ = t;
     log_ = h.log;
     auto const& e = h.tracker->tensor_at(t);
@@ -517,9 +541,14 @@ public:
   access_recorder& operator=(access_recorder const&) = delete;
 
   bool active() const { return log_ != nullptr; }
+  /// Whether the access must still visit its lanes: it records them, or it is a write of `op` to
+  /// an untracked tensor, refused if a lane is written (commit).
+  bool wanted(std::uint8_t op) const { return log_ || (untracked_ && (op & op_write)); }
   void operator()(int, std::int64_t off, int n) {
-    if (!log_ || n <= 0)
+    if (!log_ || n <= 0) {
+      touched_ |= n > 0;
       return;
+    }
     if (n == 1)
       builder_->add(pos_, off + shift_);
     else
@@ -543,6 +572,8 @@ public:
   void commit(std::uint8_t op, std::source_location const& loc) {
     if (log_)
       append(op, loc);
+    else if (untracked_ && touched_ && (op & op_write))
+      untracked_write(untracked_, loc);
   }
 
 private:
@@ -564,6 +595,8 @@ private:
 #endif
 
   program_log* log_ = nullptr;
+  char const* untracked_ = nullptr; // the name of an untracked tensor accessed
+  bool touched_ = false;            // whether a lane of it was
   int tensor_ = -1;
   int pos_ = 0;
   std::int64_t shift_ = 0, values_ = -1;
