@@ -57,6 +57,9 @@ namespace detail {
 template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);
 template saved_values make_saved_values<double>(std::string, tensor<double>, double const*);
 template saved_values make_saved_values<bf16>(std::string, tensor<bf16>, double const*);
+template kept_contents keep_contents<float>(std::string, tensor<float>);
+template kept_contents keep_contents<double>(std::string, tensor<double>);
+template kept_contents keep_contents<bf16>(std::string, tensor<bf16>);
 template check_report check_backward_core<float>(grid const&, forward_parts<float>&,
                                                  backward_ref<float>, check_options const&);
 template check_report check_backward_core<double>(grid const&, forward_parts<double>&,

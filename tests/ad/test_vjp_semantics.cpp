@@ -282,6 +282,52 @@ TEST(VjpRaces, ReadingAnAtomicallyUpdatedElement) {
   EXPECT_NE(std::string(e.what()).find("updates it atomically"), std::string::npos) << e.what();
 }
 
+TEST(VjpAtomics, OldValuesThatReachAnOutputAreRefusedNotDropped) {
+  // y = old * z with old what atomic_add returned: d y / d acc0 = z, which reverse mode (taking
+  // old values as constants) would silently drop. The sweep refuses it, naming the atomic; a
+  // program that discards the old values, or uses them only where no cotangent reaches, is fine.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> z,
+                       tg::tensor<T> acc, tg::tensor<T> y, bool use_old) {
+    auto const o = p.program_id(0) + tg::arange<0, 1>();
+    auto const old = tg::atomic_add(acc + o, tg::load(x + o));
+    if (use_old)
+      tg::store(y + o, old * tg::load(z + o));
+    else // a comparison with an old value carries no derivative
+      tg::store(y + o, tg::where(old > 1e30, tg::load(z + o) * 2.0, tg::load(z + o)));
+  };
+  tg::owned_tensor<double> x({3}, "x"), z({3}, "z"), acc({3}, "acc"), y({3}, "y"), wa({3}, "wa"),
+      wy({3}, "wy");
+  fill(x, 21);
+  fill(z, 22);
+  fill(wa, 23);
+  fill(wy, 24);
+  for (bool use_old : {false, true}) {
+    fill(acc, 25);
+    auto run = [&] {
+      return tg::vjp(3, k, tg::in("x", x), tg::in("z", z), tg::inout("acc", acc, wa),
+                     tg::out("y", y, wy), use_old);
+    };
+    if (!use_old) {
+      auto g = run();
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(g["acc"](i), wa(i)) << i;
+        EXPECT_EQ(g["z"](i), wy(i)) << i;
+      }
+      continue;
+    }
+    try {
+      (void)run();
+      ADD_FAILURE() << "vjp dropped the old values' share of the gradient";
+    } catch (std::invalid_argument const& e) {
+      std::string const what = e.what();
+      EXPECT_NE(what.find("uses the old values atomic_add returned (tensor 'acc'"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("test_vjp_semantics.cpp"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(VjpRaces, ManyReadersOfAnUnwrittenTensorAndRepeatedOwnStoresAreNotRaces) {
   auto k = []<class T>(tg::program const& p, tg::tensor<T> shared, tg::tensor<T const> x,
                        tg::tensor<T> y) {

@@ -352,7 +352,7 @@ TEST(LaunchRaces, AtomicsOfOneKindCommuteOfTwoKindsOrExchangesDoNot) {
   EXPECT_EQ(run(xchg, xchg, 1), ""); // one program alone
   for (auto [a, b] : {std::pair{max, add}, {add, min}, {min, max}, {xchg, xchg}, {add, xchg}}) {
     std::string const what = run(a, b, 7);
-    EXPECT_NE(what.find("program (1, 0, 0) updates atomically"), std::string::npos)
+    EXPECT_NE(what.find("program (1, 0, 0) atomically updates"), std::string::npos)
         << a << " " << b << ": " << what;
     EXPECT_NE(what.find("program (0, 0, 0) updates it with another atomic"), std::string::npos)
         << a << " " << b << ": " << what;

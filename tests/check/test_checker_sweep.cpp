@@ -148,6 +148,35 @@ std::string dims(std::initializer_list<std::pair<char const*, std::int64_t>> nam
   return s;
 }
 
+// Inputs whose conditioning varies from row to row, as real activations' does: the values of
+// each row (each run of `cols` values the checker draws for a tensor named in `names`, which it
+// draws in row-major order) are uniform in [-1, 1) times a factor 10^U(lo, hi) of the row's own,
+// plus, one row in `offset_one_in`, an offset of +-10^U(1, 4); other tensors are uniform in
+// [-2, 2). The forward's roundings then reach some rows' gradients amplified a thousand times and
+// others not at all: the error bound's k must follow the rows (per band), not pool them.
+tg::input_generator uneven_rows(std::vector<std::string> names, std::int64_t cols, double lo,
+                                double hi, int offset_one_in = 0) {
+  struct row_state {
+    std::int64_t drawn = 0;
+    double factor = 1, offset = 0;
+  };
+  return [names = std::move(names), cols, lo, hi, offset_one_in,
+          rows = std::map<std::string, row_state>{}](std::string const& name,
+                                                     std::mt19937_64& rng) mutable {
+    std::uniform_real_distribution<double> u(-1, 1);
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      return 2 * u(rng);
+    row_state& r = rows[name];
+    if (r.drawn++ % cols == 0) {
+      r.factor = std::pow(10.0, std::uniform_real_distribution<double>(lo, hi)(rng));
+      bool const shifted =
+          offset_one_in > 0 && std::uniform_int_distribution<int>(1, offset_one_in)(rng) == 1;
+      r.offset = shifted ? std::copysign(std::pow(10.0, 1 + 3 * std::abs(u(rng))), u(rng)) : 0;
+    }
+    return r.offset + r.factor * u(rng);
+  };
+}
+
 tg::check_options one_seed(unsigned seed, tg::input_generator inputs = {}) {
   return {.seeds = 1, .first_seed = seed, .inputs = std::move(inputs)};
 }
@@ -159,6 +188,7 @@ struct attention_case {
   bool causal = false, two_pass = false;
   std::int64_t batch = 1, heads = 1, n = 1, nk = 1;
   unsigned seed = 0;
+  bool uneven = false; // query rows of uneven sizes (uneven_rows), else uniform in [-2, 2)
   std::string name() const {
     char b[160];
     std::snprintf(b, sizeof b, "d=%d %s %s B=%lld H=%lld N=%lld Nk=%lld seed=%u", d,
@@ -205,7 +235,7 @@ tg::check_report check_attention(attention_case const& c, corruption_of<T> const
       },
       // The bf16 atomic-dQ backward adds dq into a float buffer and rounds it into dq with
       // tg::copy, which the determinism check follows back to the atomic additions.
-      one_seed(c.seed, tg::uniform(-2, 2)));
+      one_seed(c.seed, c.uneven ? uneven_rows({"q"}, D, -1, 0.8) : tg::uniform(-2, 2)));
 }
 
 template <class T, int D>
@@ -292,7 +322,8 @@ constexpr int LnBlockN = 32, LnRows = 8, LnGroups = 4;
 // A row of one column normalises to xhat = x - mean = 0 exactly: y = b whatever x and w, so the
 // gradients of x (by cancellation) and of w (every term times xhat = 0) are exactly zero. The
 // checker reports a zero reference as a likely capture; at N = 1 it is the truth, a warning.
-tg::check_report check_layer_norm(std::int64_t m, std::int64_t n, unsigned seed) {
+tg::check_report check_layer_norm(std::int64_t m, std::int64_t n, unsigned seed,
+                                  tg::input_generator inputs = {}) {
   tg::owned_tensor<float> x({m, n}), w({n}), b({n}), y({m, n}), mean({m}), rstd({m});
   tg::tensor<float const> const mu = mean.cview(), rs = rstd.cview();
   return tg::check_backward(
@@ -311,7 +342,7 @@ tg::check_report check_layer_norm(std::int64_t m, std::int64_t n, unsigned seed)
         ctx.set_gradient("w", dw);
         ctx.set_gradient("b", db);
       },
-      {.seeds = 1, .first_seed = seed, .zero_reference_fails = n > 1});
+      {.seeds = 1, .first_seed = seed, .inputs = std::move(inputs), .zero_reference_fails = n > 1});
 }
 
 } // namespace
@@ -499,6 +530,43 @@ TEST(CheckerSweep, LayerNormBackwardPassesEveryRun) {
     auto const seed = static_cast<unsigned>(i);
     s.record("layer norm", dims({{"M", m}, {"N", n}, {"seed", seed}}),
              check_layer_norm(m, n, seed));
+  }
+  s.finish();
+}
+
+TEST(CheckerSweep, RowsOfUnevenConditioningPassEveryRun) {
+  // Correct backwards where the fp32 reference is thousands of units off in a few rows and within
+  // a few in the rest: layer norm with rows of sizes 1e-2 to 10 and one in four shifted by up to
+  // 1e4, softmax with rows scaled up to 20, attention with query rows scaled 0.1 to 6.
+  std::mt19937 rng(2033);
+  sweep s;
+  for (int i = 0; i < runs(); ++i) {
+    auto const seed = static_cast<unsigned>(i);
+    std::int64_t m = pick_size(rng, {LnRows, LnRows * LnGroups}, max_n());
+    std::int64_t n = pick_size(rng, {LnBlockN}, max_n());
+    fit({&m, &n}, 1 << 20);
+    s.record("uneven rows: layer norm", dims({{"M", m}, {"N", n}, {"seed", seed}}),
+             check_layer_norm(m, n, seed, uneven_rows({"x"}, n, -2, 1, 4)));
+
+    std::int64_t const rows = pick_size(rng, {1}, max_n());
+    std::int64_t const cols = pick_size(rng, {SoftmaxBlock}, SoftmaxBlock);
+    tg::owned_tensor<float> x({rows, cols}), y({rows, cols});
+    s.record("uneven rows: softmax", dims({{"rows", rows}, {"cols", cols}, {"seed", seed}}),
+             tg::check_backward(
+                 tg::forward(static_cast<int>(rows), tk::softmax_fwd<SoftmaxBlock>, tg::in("x", x),
+                             tg::out("y", y)),
+                 [](tg::backward_context<float>& ctx) {
+                   auto const yv = ctx.output("y");
+                   tg::owned_tensor<float> dx(yv.shape().data(), 2);
+                   tg::launch(ctx.options(), static_cast<int>(yv.size(0)),
+                              tk::softmax_bwd<SoftmaxBlock>, yv, ctx.cotangent("y"), dx.view());
+                   ctx.set_gradient("x", dx);
+                 },
+                 one_seed(seed, uneven_rows({"x"}, cols, -1, 1.3))));
+
+    auto c = draw_attention(rng, {64}, seed);
+    c.uneven = true;
+    s.record("uneven rows: " + attention_kernel(c, "fp32"), c.name(), check_attention(c));
   }
   s.finish();
 }

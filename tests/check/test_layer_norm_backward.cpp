@@ -14,6 +14,7 @@
 #include "../support/mismatch_region.hpp"
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -33,6 +34,7 @@ enum class bug {
   column_bound_off_by_one, // dx and the partials' block pointers made with N - 1 columns
   last_row_masked,         // dy masked with rows < M - 1
   last_group_dropped,      // the reduction skips the last group's partial row
+  odd_rows_off,            // dx of every odd row 1e-4 too large (scaled on the host)
 };
 
 // layer_norm_bwd with one mistake, chosen at run time: every variant shares one instantiation
@@ -117,9 +119,13 @@ struct layer_norm_backward {
     std::int64_t const m = x.size(0), n = x.size(1);
     int const groups = tg::cdiv<int>(m, Rows);
     tg::owned_tensor<float> dx({m, n}), pdw({groups, n}), pdb({groups, n}), dw({n}), db({n});
-    if (b == bug::none || b == bug::last_group_dropped)
+    if (b == bug::none || b == bug::last_group_dropped || b == bug::odd_rows_off)
       tg::launch(ctx.options(), groups, tg::kernels::layer_norm_bwd<BlockN, Rows>, x, w, mean, rstd,
                  dy, dx.view(), pdw.view(), pdb.view());
+    if (b == bug::odd_rows_off)
+      for (std::int64_t r = 1; r < m; r += 2)
+        for (std::int64_t c = 0; c < n; ++c)
+          dx(r, c) *= 1.0001f;
     else
       tg::launch(ctx.options(), groups, broken_bwd, x, w, mean, rstd, dy, dx.view(), pdw.view(),
                  pdb.view(), static_cast<int>(b));
@@ -204,6 +210,47 @@ TEST(CheckLayerNorm, RowsOfTwoAndThreeColumnsPassOnTheSecondLook) {
     EXPECT_FALSE(masked.gradient("w")->ok);
     EXPECT_TRUE(test_support::mismatches_in(masked.gradient("w"), 0, 0, 0, n - 1));
   }
+}
+
+TEST(CheckLayerNorm, OneBadlyConditionedRowRaisesKOnlyInItsBand) {
+  // Row 37 of x is 1e4 plus values in [-1, 1): the float forward's mean is off by about u * 1e4,
+  // 1e4 times u * the row's spread, and the fp32 reference's dx there by over a thousand units.
+  // k is taken per band of rows, so that row's k does not spread to the others: a backward with
+  // every odd row of dx 1e-4 too large fails everywhere else, while the correct one passes.
+  std::int64_t const m = 256, n = 64, bad = 37;
+  tg::owned_tensor<float> x({m, n}), w({n}), bias({n}), y({m, n}), mean({m}), rstd({m});
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t c = 0; c < n; ++c)
+      x(r, c) = r == bad ? 1e4f + u(rng) : u(rng);
+  auto run = [&](bug b, int k_bands) {
+    return tg::check_backward(tg::forward(static_cast<int>(m), tg::kernels::layer_norm_fwd<BlockN>,
+                                          tg::in("x", x), tg::in("w", w), tg::in("b", bias),
+                                          tg::out("y", y), mean.view(), rstd.view(), eps),
+                              layer_norm_backward{b, mean.cview(), rstd.cview()},
+                              {.seeds = 2, .k_bands = k_bands, .given = {"x"}});
+  };
+  auto const ok = run(bug::none, 16);
+  EXPECT_BACKWARD_OK(ok);
+  auto const* dx = ok.gradient("x");
+  ASSERT_TRUE(dx && dx->tol.band_k);
+  ASSERT_EQ(dx->tol.bands.count, 16);
+  // The band of row 37 (rows 32-47) has the large k; the others keep the default.
+  EXPECT_GT(dx->tol.k_at(bad * n), 1000) << ok;
+  EXPECT_EQ(dx->tol.k_at(0), 32) << ok;
+  EXPECT_EQ(dx->tol.k_at((m - 1) * n), 32) << ok;
+  EXPECT_NE(ok.str().find("the largest in rows 32-47"), std::string::npos) << ok;
+
+  auto const off = run(bug::odd_rows_off, 16);
+  EXPECT_FALSE(off.gradient("x")->ok) << off;
+  EXPECT_TRUE(off.gradient("w")->ok) << off;
+  // The odd rows outside the badly conditioned band fail (120 rows of 64; elements of dx near
+  // zero hide a relative error of 1e-4).
+  EXPECT_GE(off.gradient("x")->mismatches, 100 * n) << off;
+  // With one k per gradient (the rule before bands), the large k hides the bug.
+  auto const pooled = run(bug::odd_rows_off, 1);
+  EXPECT_TRUE(pooled.gradient("x")->ok) << pooled;
 }
 
 TEST(CheckLayerNorm, MeanAndRstdMarkedOutGetAHintNamingBoth) {

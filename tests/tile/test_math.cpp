@@ -212,6 +212,33 @@ TEST(MathFloat, ExpOnVectorLanesAtTheEndsOfTheRange) {
   }
 }
 
+// exp2 on vector lanes through the top binade, where 2^x is still finite (2^127.99 in float,
+// 2^1023.99 in double), and past it; against std::exp2.
+template <class F>
+void expect_exp2_at_the_top() {
+  constexpr int top = std::numeric_limits<F>::max_exponent; // 128 or 1024
+  F const v[] = {F(top - 3), F(top - 2),   F(top - 1.5),  F(top - 1),   F(top - 0.5), F(top - 0.01),
+                 F(top),     F(top + 0.5), F(-top + 2),   F(0.5),       F(-0.5),      F(1),
+                 F(10.25),   F(-10.25),    F(top - 1.25), F(top - 1.75)};
+  constexpr int n = sizeof v / sizeof v[0];
+  tile<F, n> x;
+  for (int i = 0; i < n; ++i)
+    x(i) = v[i];
+  tile<F, n> const e = exp2(x);
+  for (int i = 0; i < n; ++i) {
+    F const want = std::exp2(v[i]);
+    if (std::isinf(want))
+      EXPECT_EQ(e(i), want) << "exp2(" << v[i] << ")";
+    else
+      EXPECT_NEAR(e(i), want, tg_test::math_rtol<F> * want) << "exp2(" << v[i] << ")";
+  }
+}
+
+TEST(MathFloat, Exp2OnVectorLanesThroughTheTopBinade) {
+  expect_exp2_at_the_top<float>();
+  expect_exp2_at_the_top<double>();
+}
+
 } // namespace
 
 } // namespace test_math

@@ -232,13 +232,13 @@ TILEGRAD_MACHINERY void check_write(program_state const& st, tensor_entry const&
     if (st.earlier(stamp_program(old))) {
       bool const old_atomic = (old & atomic_stamp) != 0;
       if (atomic && !old_atomic)
-        race(e, el, me, stamp_program(old), "updates atomically", "stores it", loc, launch_dims());
+        race(e, el, me, stamp_program(old), "atomically updates", "stores it", loc, launch_dims());
       if (!atomic && (old_atomic || stamp_program(old) != me))
         race(e, el, me, stamp_program(old), "stores",
              old_atomic ? "updates it atomically" : "stores it too", loc, launch_dims());
     }
     if (std::uint32_t const rd = other_reader(e, el, atomic ? 0 : me))
-      race(e, el, me, rd, atomic ? "updates atomically" : "stores", "loads it", loc, launch_dims());
+      race(e, el, me, rd, atomic ? "atomically updates" : "stores", "loads it", loc, launch_dims());
   }
 }
 #else
@@ -436,9 +436,39 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
   record_write<T>(*st, *e, p.base.data(), access_kind::store, v.adjoints(), loc);
 }
 
+/// The old values an atomic returned. Reverse mode does not differentiate them: they hold what
+/// other programs added before, in an order no gradient follows (and a program adding alone
+/// would need its own additions replayed). Where they reach what the program stores, the
+/// gradient would silently lack their share, so the sweep refuses it instead.
+template <class T>
+struct atomic_old_values_record final : record {
+  T const* adj;
+  int n;
+  char const* what;
+  char const* tensor;
+  std::source_location loc;
+  atomic_old_values_record(T const* a, int size, char const* w, char const* t,
+                           std::source_location const& l)
+      : adj(a), n(size), what(w), tensor(t), loc(l) {}
+  void backward() override {
+    for (int i = 0; i < n; ++i)
+      if (adj[i] != T(0)) {
+        program const* p = detail::current_program();
+        throw std::invalid_argument(
+            "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
+            " uses the old values " + what + " returned (tensor " + detail::tensor_label(tensor) +
+            ", at " + detail::where_string(loc) +
+            ") in what reaches its outputs: reverse mode takes an atomic's old values as "
+            "constants, so this gradient would lack their share. Load the values before the "
+            "atomic, or compute what is needed without them.");
+      }
+  }
+};
+
 /// Atomics on a tensor of adjoint<T>: the update is done on the primal values; atomic_add is
 /// differentiated (each contribution receives the output cotangent), the others are not and
-/// refuse a tensor that has a cotangent. The old values come back as constants.
+/// refuse a tensor that has a cotangent. The old values come back without a derivative (using
+/// them in what reaches an output is refused by the sweep: atomic_old_values_record).
 template <class A, class Off, class Val, class Mask, class F>
 auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&& f,
                 char const* what, std::source_location const& loc) {
@@ -469,9 +499,16 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
                       additive ? v.adjoints() : nullptr, loc);
     }
   }
-  T* ov = current_tape().alloc<T>(S::size);
+  tape& tp = current_tape();
+  T* ov = tp.alloc<T>(S::size);
   std::memcpy(ov, old.data(), sizeof(T) * S::size);
-  return detail::tile_t<adjoint<T>, S>::from_buffers(ov, nullptr);
+  T* oa = nullptr;
+  if (program_state* st = current_state(); st && tp.recording()) {
+    tensor_entry const* e = st->find(p.base.data());
+    oa = tp.alloc_zero<T>(S::size);
+    tp.push<atomic_old_values_record<T>>(oa, S::size, what, e ? e->name : p.base.name(), loc);
+  }
+  return detail::tile_t<adjoint<T>, S>::from_buffers(ov, oa);
 }
 
 template <class A, int... Bs>

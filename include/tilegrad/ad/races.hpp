@@ -114,7 +114,8 @@ inline void check_wave_program(std::vector<tensor_entry>& entries,
     case access_kind::atomic:
       for (int k = 0; k < a.r.count; ++k)
         if (std::uint32_t const s = stamp(k); !(s & atomic_stamp))
-          race(e, a.r.element(k), me, stamp_program(s), "updates atomically", "stores it", a.loc, dims);
+          race(e, a.r.element(k), me, stamp_program(s), "atomically updates", "stores it", a.loc,
+               dims);
       break;
     case access_kind::load:
       if (!e.readers) {

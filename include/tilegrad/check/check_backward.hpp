@@ -74,6 +74,14 @@ inline std::mt19937_64 rng_for(unsigned seed, unsigned stream) {
   return std::mt19937_64(seq);
 }
 
+// A value in a message, to 7 significant digits (std::to_string prints 1e-9 as 0.000000).
+inline std::string number(double v) {
+  std::ostringstream os;
+  os.precision(7);
+  os << v;
+  return os.str();
+}
+
 inline std::string coordinates_of(erased_gradient const& g, std::int64_t i) {
   auto c = unravel(i, g.shape, g.rank);
   return tuple_string(c.data(), g.rank);
@@ -205,6 +213,8 @@ struct forward_parts {
       reference32;
   /// the tensors the forward writes that the backward may read, with their float64 values
   callable_ref<std::vector<saved_values>(std::deque<owned_tensor<double>> const&)> saved_of;
+  /// the contents of every float tensor of the forward, which a backward must leave as they are
+  callable_ref<std::vector<kept_contents>()> keep_all;
 };
 
 template <class T>
@@ -361,14 +371,41 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         fwd.args);
     return saved;
   };
+  // The contents of every float tensor of the forward, as the backward is about to find them.
+  auto keep_all = [&] {
+    std::vector<detail::kept_contents> kept;
+    auto keep = [&]<class E>(std::string what, tensor<E> const& t) {
+      using M = std::remove_const_t<E>;
+      kept.push_back(
+          detail::keep_contents(std::move(what), tensor<M>(const_cast<M*>(t.data()), t.rank(),
+                                                           t.shape(), t.strides(), t.name())));
+    };
+    std::apply(
+        [&](auto const&... a) {
+          auto visit = [&]<class X>(X const& x) {
+            using K = detail::arg_kind<X>;
+            if constexpr (K::in || K::passive)
+              keep("input '" + std::string(x.name) + "'", x.t);
+            else if constexpr (K::out)
+              keep("output '" + std::string(x.name) + "' of the forward", x.t);
+            else if constexpr (K::float_tensor)
+              keep(*x.name() ? "unmarked tensor '" + std::string(x.name()) + "' of the forward"
+                             : std::string("an unmarked tensor of the forward"),
+                   x);
+          };
+          (visit(a), ...);
+        },
+        fwd.args);
+    return kept;
+  };
   auto reference64 = [&](std::vector<owned_tensor<T>> const& cots,
                          std::deque<owned_tensor<double>>& keep,
                          bool magnitudes) { return reference(cots, keep, magnitudes); };
   auto reference32 = [&](std::vector<owned_tensor<T>> const& cots,
                          std::deque<owned_tensor<fp32<T>>>& keep) { return reference(cots, keep); };
   // Copies: `reference` reads `outs`.
-  forward_parts<T> parts{ins,         passives,    outs,        others,  std::move(unmarked),
-                         run_forward, reference64, reference32, saved_of};
+  forward_parts<T> parts{ins,         passives,    outs,        others,   std::move(unmarked),
+                         run_forward, reference64, reference32, saved_of, keep_all};
   return check_backward_core(fwd.g, parts, backward, o);
 }
 
@@ -529,6 +566,12 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     inputs_named.push_back(p);
   auto const outputs_named = named_views(outs);
 
+  // The bands of rows the error_bound rule takes k over, per input marked in.
+  auto bands_of = [&](std::size_t q) {
+    auto const& t = ins[q].t;
+    return row_bands(t.numel(), t.rank() ? t.size(t.rank() - 1) : 1, o.k_bands, 512);
+  };
+
   // What each seed produced; compared once every seed has run.
   struct pending {
     std::size_t seed_index = 0;
@@ -590,7 +633,14 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       std::optional<std::string> error;
       detail::launch_observer launches;
     };
+    // Every tensor it is given is kept and compared after it ran: a backward that writes into an
+    // input, an output of the forward or a cotangent fails (the references are computed from them
+    // afterwards, and the backward runs again on them), and what it wrote is put back.
     auto run_backward = [&](std::vector<owned_tensor<T>> const& c) {
+      std::vector<detail::kept_contents> kept = f.keep_all();
+      for (std::size_t j = 0; j < c.size(); ++j)
+        kept.push_back(
+            detail::keep_contents("the cotangent of '" + outs[j].name + "'", c[j].view()));
       backward_run r;
       typename backward_context<T>::named cn;
       for (std::size_t j = 0; j < outs.size(); ++j)
@@ -607,12 +657,23 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         }
       }
       r.got = std::move(ctx.gradients());
+      for (auto& k : kept)
+        if (std::string const at = k.check_and_restore(); !at.empty()) {
+          std::string const msg =
+              "the backward wrote into " + at +
+              " (put back): the checker computes the references from the forward's tensors and "
+              "the cotangents after the backward has run, and runs it again on them; a backward "
+              "must leave them as it found them (write into a copy)";
+          if (std::find(sr.problems.begin(), sr.problems.end(), msg) == sr.problems.end())
+            sr.problems.push_back(msg);
+        }
       return r;
     };
     // The second look (error_bound): when an element is over this seed's bound (the final one,
-    // pooled over the seeds, is no smaller), the backward runs twice more with the values it
-    // reads from the forward moved by their rounding errors, up or down at random; how far each
-    // gradient element moves, the largest of the two, may be added k_saved times to its bound.
+    // pooled over the seeds, is no smaller), the backward runs four more times with the values it
+    // reads from the forward moved by their rounding errors (and by twice them), up or down at
+    // random; how far each gradient element moves, the largest, may be added k_saved times to
+    // its bound.
     auto second_look = [&](gradient_set const& got, pending const& pd,
                            std::deque<owned_tensor<double>> const& keep) {
       std::vector<std::vector<double>> moved;
@@ -621,7 +682,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         erased_gradient const* e = got.find(ins[q].name);
         if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
           continue;
-        auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q]);
+        auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
+                                      nullptr, bands_of(q));
         for (std::size_t i = 0; i < e->values.size() && !over; ++i)
           over = !(detail::abs_err(e->values[i], pd.ref64[q][i]) <=
                    t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i)));
@@ -632,25 +694,38 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (saved.empty())
         return moved;
       moved.assign(ins.size(), {});
-      auto rng = detail::rng_for(seed, 3000);
-      for (int r = 0; r < 2; ++r) {
+      // Two patterns of signs, each run with the moves and with the moves doubled: an element's
+      // move counts only where doubling the moves doubles it, as a rounding error's effect does.
+      // A comparison with a saved value (x == max) that the move flips moves an element by the
+      // whole of its gradient, twice the move or not, and allows nothing.
+      auto run_moved = [&](int pattern, double times) -> std::optional<gradient_set> {
+        auto rng = detail::rng_for(seed, 3000 + static_cast<unsigned>(pattern));
         for (auto& s : saved)
-          s.jitter(rng);
+          s.jitter(rng, times);
         backward_run j = run_backward(cots);
         for (auto& s : saved)
           s.restore();
         if (j.error)
+          return std::nullopt;
+        return std::move(j.got);
+      };
+      for (int pattern = 0; pattern < 2; ++pattern) {
+        auto const once = run_moved(pattern, 1), twice = run_moved(pattern, 2);
+        if (!once || !twice)
           return std::vector<std::vector<double>>{};
         for (std::size_t q = 0; q < ins.size(); ++q) {
           erased_gradient const* e = got.find(ins[q].name);
-          erased_gradient const* e2 = j.got.find(ins[q].name);
-          if (!e || !e2 || e2->values.size() != e->values.size())
+          erased_gradient const* e1 = once->find(ins[q].name);
+          erased_gradient const* e2 = twice->find(ins[q].name);
+          if (!e || !e1 || !e2 || e1->values.size() != e->values.size() ||
+              e2->values.size() != e->values.size())
             continue;
           moved[q].resize(e->values.size(), 0.0);
           for (std::size_t i = 0; i < e->values.size(); ++i) {
-            double const d = std::abs(e2->values[i] - e->values[i]);
-            if (std::isfinite(d)) // a NaN after the move allows nothing
-              moved[q][i] = std::max(moved[q][i], d);
+            double const d1 = e1->values[i] - e->values[i], d2 = e2->values[i] - e->values[i];
+            // a NaN after the move allows nothing
+            if (std::isfinite(d1) && std::isfinite(d2) && std::abs(d2 - 2 * d1) <= std::abs(d1))
+              moved[q][i] = std::max(moved[q][i], std::abs(d1));
           }
         }
       }
@@ -705,6 +780,11 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       continue;
     }
     for (auto const& n : g64->unread()) {
+      bool const empty = std::any_of(ins.begin(), ins.end(), [&](auto const& x) {
+        return x.name == n && x.t.numel() == 0;
+      }); // nothing to read
+      if (empty)
+        continue;
       auto msg = "the reference never read '" + n +
                  "': does the kernel capture it instead of taking it as an argument?";
       if (o.zero_reference_fails)
@@ -772,14 +852,20 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
 
   // The reference's own relative error at the working precision, the largest over the seeds:
   // one seed of a small tensor can be lucky (a few elements rounding the same way).
-  std::vector<double> pooled(ins.size(), 0.0), pooled_units(ins.size(), 0.0);
+  // Under error_bound, the units it is off by, per band of rows.
+  std::vector<double> pooled(ins.size(), 0.0);
+  std::vector<std::vector<double>> pooled_units(ins.size());
   for (auto const& pd : later)
     for (std::size_t q = 0; q < ins.size(); ++q) {
       if (double const scale = detail::max_abs(pd.ref64[q]); scale > 0)
         pooled[q] = std::max(pooled[q], detail::max_abs_diff(pd.ref32[q], pd.ref64[q]) / scale);
-      if (!pd.mag[q].empty())
-        pooled_units[q] = std::max(pooled_units[q], detail::error_units(pd.ref32[q], pd.ref64[q],
-                                                                        pd.mag[q], dtype.eps / 2));
+      if (pd.mag[q].empty())
+        continue;
+      auto const units = detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
+                                             bands_of(q), dtype.eps / 2 * dtype.min_normal);
+      pooled_units[q].resize(units.size(), 0.0);
+      for (std::size_t b = 0; b < units.size(); ++b)
+        pooled_units[q][b] = std::max(pooled_units[q][b], units[b]);
     }
 
   for (auto& pd : later) {
@@ -828,8 +914,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         continue;
       }
       auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q],
-                                      pd.mag[q].empty() ? nullptr : &pd.mag[q], pooled_units[q],
-                                      q < pd.saved.size() ? &pd.saved[q] : nullptr);
+                                      pd.mag[q].empty() ? nullptr : &pd.mag[q], &pooled_units[q],
+                                      q < pd.saved.size() ? &pd.saved[q] : nullptr, bands_of(q));
       tols.emplace_back(n.name, tol);
       auto r = compare_gradient(*e, ref64, tol, o);
       // A bf16 input's gradient may be handed back wider (kept in float, say).
@@ -873,7 +959,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           continue; // reported as NaN/Inf already
         if (!(std::abs(z->values[u]) <= tol->bound(0))) {
           sr.problems.push_back("not linear in the cotangent: with zero cotangents '" + e.name +
-                                "' is " + std::to_string(z->values[u]) + " at " +
+                                "' is " + detail::number(z->values[u]) + " at " +
                                 detail::coordinates_of(e, i));
           break;
         }
@@ -884,9 +970,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           continue;
         if (!(std::abs(t2->values[u] - 2 * e.values[u]) <= 2 * tol->bound(e.values[u], i))) {
           sr.problems.push_back("not linear in the cotangent: doubling the cotangents makes '" +
-                                e.name + "' " + std::to_string(t2->values[u]) + " at " +
+                                e.name + "' " + detail::number(t2->values[u]) + " at " +
                                 detail::coordinates_of(e, i) + ", not 2 * " +
-                                std::to_string(e.values[u]));
+                                detail::number(e.values[u]));
           break;
         }
       }

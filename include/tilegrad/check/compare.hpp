@@ -26,6 +26,39 @@ inline double abs_err(double got, double want) {
   return std::isfinite(e) ? e : std::numeric_limits<double>::infinity();
 }
 
+} // namespace detail
+
+/// The bands of rows over which the error_bound rule takes its k: runs of whole rows of a
+/// gradient's 2-D view (every axis but the last folded), at most `max_bands` of them and each of
+/// at least `min_elements` elements (a smaller tensor is one band), so that one badly conditioned
+/// row raises k only in its band while every band holds enough elements to measure the
+/// reference's own error by.
+struct row_bands {
+  std::int64_t cols = 1, rows_per_band = 1, elements = 1, count = 1;
+
+  row_bands() = default;
+  row_bands(std::int64_t numel, std::int64_t cols_, int max_bands, std::int64_t min_elements)
+      : cols(std::max<std::int64_t>(cols_, 1)) {
+    std::int64_t const rows = std::max<std::int64_t>(numel / cols, 1);
+    rows_per_band = 1;
+    while (rows_per_band * std::max(max_bands, 1) < rows)
+      rows_per_band *= 2; // a power of two, as the block map's cells: they line up with tiles
+    while (rows_per_band < rows && rows_per_band * cols < min_elements)
+      rows_per_band *= 2;
+    rows_per_band = std::min(rows_per_band, rows);
+    elements = rows_per_band * cols;
+    count = (rows + rows_per_band - 1) / rows_per_band;
+  }
+  /// The band of flat element i.
+  std::int64_t of(std::int64_t i) const { return std::min(i / elements, count - 1); }
+  /// The rows of the 2-D view band b covers, first and last, for a tensor of numel elements.
+  std::int64_t first_row(std::int64_t b) const { return b * rows_per_band; }
+  std::int64_t last_row(std::int64_t b, std::int64_t numel) const {
+    return std::min((b + 1) * rows_per_band, std::max<std::int64_t>(numel / cols, 1)) - 1;
+  }
+};
+
+namespace detail {
 inline std::vector<std::int64_t> unravel(std::int64_t i, extents const& shape, int rank) {
   std::vector<std::int64_t> c(static_cast<std::size_t>(rank));
   for (int a = rank - 1; a >= 0; --a) {
@@ -41,13 +74,17 @@ inline double max_abs(std::vector<double> const& v) {
     m = std::max(m, std::abs(x));
   return m;
 }
-// The largest |a - b| / (unit * m) over the elements where m > 0 (a empty: 0).
-inline double error_units(std::vector<double> const& a, std::vector<double> const& b,
-                          std::vector<double> const& m, double unit) {
-  double r = 0;
+// The largest |a - b| / (unit * m + underflow) over the elements where m > 0, per band (a empty:
+// zeros).
+inline std::vector<double> error_units(std::vector<double> const& a, std::vector<double> const& b,
+                                       std::vector<double> const& m, double unit,
+                                       row_bands const& bands, double underflow) {
+  std::vector<double> r(static_cast<std::size_t>(bands.count), 0.0);
   for (std::size_t i = 0; i < a.size() && i < m.size(); ++i)
-    if (m[i] > 0)
-      r = std::max(r, abs_err(a[i], b[i]) / (unit * m[i]));
+    if (m[i] > 0) {
+      double& u = r[static_cast<std::size_t>(bands.of(static_cast<std::int64_t>(i)))];
+      u = std::max(u, abs_err(a[i], b[i]) / (unit * m[i] + underflow));
+    }
   return r;
 }
 inline double max_abs_diff(std::vector<double> const& a, std::vector<double> const& b) {
@@ -78,9 +115,14 @@ struct tolerance {
   double ref32_err_seed = 0; ///< this seed's own max|g_ref32 - g_ref64| (ref32_err may pool)
   double scale = 0;          ///< max|g_ref64| (baseline, normwise)
   double atol = 0, rtol = 0; // atol_rtol, normwise
-  // error_bound: element i may be off by k_bound * unit * magnitude[i] (+ floor_abs)
-  double k_bound = 0, unit = 0;
+  // error_bound: element i may be off by k_at(i) * (unit * magnitude[i] + underflow) (+ floor_abs)
+  double k_bound = 0, unit = 0; ///< k_bound: the largest k of any band
+  /// error_bound: unit * the dtype's smallest normal, what a rounding below it loses
+  double underflow = 0;
   double ref_units = 0; ///< max |g_ref32 - g_ref64| / (unit * magnitude), over the seeds
+  /// error_bound: k and the reference's units per band of rows (empty: k_bound everywhere).
+  row_bands bands;
+  std::shared_ptr<std::vector<double> const> band_k, band_units;
   std::shared_ptr<std::vector<double> const> magnitude; ///< |J|^T |w|, per element
   double max_magnitude = 0;
   /// error_bound, second look: how far the kernel's gradient moves, per element, when the
@@ -94,8 +136,9 @@ struct tolerance {
   double bound(double want, std::int64_t i = -1) const {
     switch (rule) {
     case pass_rule::error_bound:
-      return k_bound * unit *
-                 (i < 0 || !magnitude ? max_magnitude : (*magnitude)[static_cast<std::size_t>(i)]) +
+      return k_at(i) * (unit * (i < 0 || !magnitude ? max_magnitude
+                                                    : (*magnitude)[static_cast<std::size_t>(i)]) +
+                        underflow) +
              (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) + floor;
     case pass_rule::baseline:
       return k * ref32_err + floor;
@@ -105,15 +148,36 @@ struct tolerance {
       return atol + rtol * std::abs(want);
     }
   }
+  /// error_bound: the k of element i (flat index; -1: the largest).
+  double k_at(std::int64_t i) const {
+    return i < 0 || !band_k ? k_bound : (*band_k)[static_cast<std::size_t>(bands.of(i))];
+  }
   TILEGRAD_MACHINERY_MEMBER std::string describe() const
 #if TILEGRAD_MACHINERY_BODIES
   {
     std::ostringstream os;
     os.precision(3);
     if (rule == pass_rule::error_bound) {
-      os << "|err| <= k " << k_bound << " * u " << unit << " * (|J|^T |w|) elementwise";
-      if (ref_units > 0)
-        os << " (the fp32 reference is " << ref_units << " units off at worst)";
+      double k_min = k_bound;
+      std::size_t b_max = 0;
+      for (std::size_t b = 0; band_k && b < band_k->size(); ++b) {
+        k_min = std::min(k_min, (*band_k)[b]);
+        if ((*band_k)[b] > (*band_k)[b_max])
+          b_max = b;
+      }
+      if (k_min == k_bound) {
+        os << "|err| <= k " << k_bound << " * u " << unit << " * (|J|^T |w|) elementwise";
+        if (ref_units > 0)
+          os << " (the fp32 reference is " << ref_units << " units off at worst)";
+      } else {
+        // k per band of rows: say where it is largest and why.
+        auto const numel = static_cast<std::int64_t>(magnitude ? magnitude->size() : 0);
+        auto const b = static_cast<std::int64_t>(b_max);
+        os << "|err| <= k * u " << unit << " * (|J|^T |w|) elementwise, k per band of "
+           << bands.rows_per_band << " row(s): " << k_min << " to " << k_bound
+           << ", the largest in rows " << bands.first_row(b) << "-" << bands.last_row(b, numel)
+           << " (the fp32 reference is " << (*band_units)[b_max] << " units off there)";
+      }
       if (saved)
         os << " + " << k_saved
            << " * (how far the gradient moves when the values the backward reads from the forward "
@@ -150,6 +214,7 @@ struct gradient_report {
   /// error_bound the |J|^T |w| it was formed from.
   double worst_ratio = 0, worst_ratio_bound = 0, worst_ratio_magnitude = 0;
   double worst_ratio_saved = 0; ///< the saved values' share of that bound (second look), if any
+  double worst_ratio_k = 0;     ///< error_bound: the k of that element's band
   element_error at_worst_ratio;
   std::int64_t mismatches = 0, nonfinite = 0;
   std::vector<element_error> worst; ///< the largest errors first
@@ -166,19 +231,24 @@ struct gradient_report {
 /// @param pooled_rel the largest max|g_ref32 - g_ref64| / max|g_ref64| over all seeds, which
 ///   stands in for this seed's when larger
 /// @param magnitude error_bound: |J|^T |w| per element (the magnitude sweep of the reference)
+/// @param pooled_units error_bound: per band, the largest units the reference is off by over
+///   all seeds, which stand in for this seed's when larger
+/// @param bands error_bound: the bands of rows k is taken over (one band: one k per gradient)
 /// @param saved error_bound: per element, how far the kernel's gradient moved when the values it
 ///   reads from the forward moved by their rounding errors (the second look; null: none)
 inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
                                 std::vector<double> const& ref64, std::vector<double> const& ref32,
                                 double pooled_rel = 0,
                                 std::vector<double> const* magnitude = nullptr,
-                                double pooled_units = 0,
-                                std::vector<double> const* saved = nullptr) {
+                                std::vector<double> const* pooled_units = nullptr,
+                                std::vector<double> const* saved = nullptr,
+                                row_bands const& bands = {}) {
   tolerance t;
   t.rule = o.rule.value_or(dtype.rule);
   t.scale = detail::max_abs(ref64);
   if (t.rule == pass_rule::error_bound) {
     t.unit = dtype.eps / 2;
+    t.underflow = t.unit * dtype.min_normal;
     t.floor = o.floor_abs;
     if (magnitude) {
       t.magnitude = std::make_shared<std::vector<double> const>(*magnitude);
@@ -187,10 +257,22 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
     // The forward's own roundings (an exp amplifies its argument's) reach the gradient through
     // values the magnitude sweep takes as exact; the reference at the working precision suffers
     // them too, so the kernel may be k times as many units off as the reference is.
-    t.ref_units = std::max(pooled_units, magnitude ? detail::error_units(ref32, ref64, *magnitude,
-                                                                        t.unit)
-                                                   : 0.0);
-    t.k_bound = std::max(o.k_bound.value_or(dtype.k_bound), o.k * t.ref_units);
+    // Per band of rows, so that one badly conditioned row raises k only in its band.
+    std::vector<double> units(static_cast<std::size_t>(bands.count), 0.0);
+    if (magnitude)
+      units = detail::error_units(ref32, ref64, *magnitude, t.unit, bands, t.underflow);
+    std::vector<double> ks(units.size());
+    double const k0 = o.k_bound.value_or(dtype.k_bound);
+    for (std::size_t b = 0; b < units.size(); ++b) {
+      if (pooled_units && b < pooled_units->size())
+        units[b] = std::max(units[b], (*pooled_units)[b]);
+      ks[b] = std::max(k0, o.k * units[b]);
+      t.ref_units = std::max(t.ref_units, units[b]);
+    }
+    t.k_bound = std::max(k0, o.k * t.ref_units);
+    t.bands = bands;
+    t.band_k = std::make_shared<std::vector<double> const>(std::move(ks));
+    t.band_units = std::make_shared<std::vector<double> const>(std::move(units));
     if (saved && !saved->empty()) {
       t.saved = std::make_shared<std::vector<double> const>(*saved);
       t.k_saved = o.k_saved;
@@ -277,6 +359,7 @@ inline gradient_report compare_gradient(erased_gradient const& got,
       r.worst_ratio_magnitude = (*tol.magnitude)[static_cast<std::size_t>(i_ratio)];
     if (tol.saved)
       r.worst_ratio_saved = tol.k_saved * (*tol.saved)[static_cast<std::size_t>(i_ratio)];
+    r.worst_ratio_k = tol.k_at(i_ratio);
   }
   auto const k =
       std::min<std::size_t>(static_cast<std::size_t>(std::max(o.worst, 0)), order.size());

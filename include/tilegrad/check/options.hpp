@@ -49,6 +49,9 @@ struct dtype_rules {
   /// stored outputs the backward reads, the stored gradient): correct softmax and FlashAttention
   /// backwards stay within 2.3 units, one 3% off exceeds 6.2 (docs/checking.md has the sweeps).
   double k_bound;
+  /// The smallest normal number of the dtype: below it a rounding loses an absolute
+  /// eps / 2 * min_normal (the spacing of the subnormals), whatever the size of the terms.
+  double min_normal;
 };
 
 /// The pass rules' constants for a working dtype (float, double or bf16). Every dtype is checked
@@ -63,11 +66,12 @@ constexpr dtype_rules rules_for() {
                 "tilegrad::check_backward: the float tensors are float, double or bf16");
   constexpr double units = dtype_rules::normwise_units;
   if constexpr (std::is_same_v<T, bf16>)
-    return {"bfloat16", 0x1p-7, pass_rule::error_bound, 1e-5, 1.6e-2, units * 0x1p-8, 4};
+    return {"bfloat16", 0x1p-7, pass_rule::error_bound, 1e-5, 1.6e-2, units * 0x1p-8, 4, 0x1p-126};
   else if constexpr (std::is_same_v<T, float>)
-    return {"float32", 0x1p-23, pass_rule::error_bound, 1e-5, 1.3e-6, units * 0x1p-24, 32};
+    return {"float32", 0x1p-23, pass_rule::error_bound, 1e-5, 1.3e-6, units * 0x1p-24,
+            32,        0x1p-126};
   else
-    return {"float64", 0x1p-52, pass_rule::error_bound, 1e-7, 1e-7, units * 0x1p-53, 32};
+    return {"float64", 0x1p-52, pass_rule::error_bound, 1e-7, 1e-7, units * 0x1p-53, 32, 0x1p-1022};
 }
 
 /// Draws one input element; called in row-major order, per tensor, with a generator seeded
@@ -98,6 +102,11 @@ struct check_options {
   /// their rounding errors, and each element may also be off by k_saved times how far it moved
   /// (0: no second look). See docs/checking.md, "The forward's roundings".
   double k_saved = 2;
+  /// error_bound: k = max(k_bound, k * the units g_ref32 is off by) is taken per band of rows of
+  /// each gradient's 2-D view (every axis but the last folded): at most k_bands bands, each of at
+  /// least 512 elements (a smaller gradient is one band), so that one badly conditioned row
+  /// raises k only in its band. 1: one k per gradient.
+  int k_bands = 16;
   /// baseline: the multiple of the reference's own fp32 error the kernel may have.
   double k = 3;
   /// baseline: floor = floor_ulps * epsilon(working dtype) * max|g_ref64| + floor_abs, the

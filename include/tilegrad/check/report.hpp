@@ -138,7 +138,7 @@ private:
       if (!g.at_worst_ratio.at.empty()) {
         os << "      closest to its bound: " << g.at_worst_ratio.where() << " err "
            << g.at_worst_ratio.abs_err() << (g.worst_ratio <= 1 ? " <= " : " > ") << "bound "
-           << g.worst_ratio_bound << " = " << g.tol.k_bound << " * " << g.tol.unit << " * "
+           << g.worst_ratio_bound << " = " << g.worst_ratio_k << " * " << g.tol.unit << " * "
            << g.worst_ratio_magnitude << " (|J|^T |w| there)";
         if (g.worst_ratio_saved > 0)
           os << " + " << g.worst_ratio_saved << " (the forward's roundings, second look)";

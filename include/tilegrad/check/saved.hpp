@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -40,12 +42,55 @@ double ulp_of(double v) {
 /// its float64 forward values.
 struct saved_values {
   std::string name;
-  /// Sets every element to its float value moved by max(one ulp, |float - float64|), up or down
-  /// at random (non-finite values stay).
-  std::function<void(std::mt19937_64&)> jitter;
+  /// Sets every element to its float value moved by `times` max(one ulp, |float - float64|), up or
+  /// down at random; values the float forward computed exactly (equal to the float64 forward's:
+  /// a max, a copy) and non-finite ones stay.
+  std::function<void(std::mt19937_64&, double times)> jitter;
   /// Puts the float forward's values back.
   std::function<void()> restore;
 };
+
+/// What a tensor the backward must leave as it found it held (an input, an output or another
+/// tensor of the forward, a cotangent): the checker computes its references from them after the
+/// backward has run, and runs the backward again on them.
+struct kept_contents {
+  /// Where t differs bitwise from what was kept, the first element and its values (empty: it does
+  /// not); and the kept values put back.
+  std::function<std::string()> check_and_restore;
+};
+
+/// Keeps the contents of t; `what` names it in the message ("input 'x'").
+template <class E>
+kept_contents keep_contents(std::string what, tensor<E> t) {
+  auto kept = std::make_shared<std::vector<E>>();
+  kept->reserve(static_cast<std::size_t>(t.numel()));
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    kept->push_back(t.data()[t.row_major_offset(i)]);
+  return {[t, kept, what = std::move(what)]() -> std::string {
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      E& now = t.data()[t.row_major_offset(i)];
+      E const& was = (*kept)[static_cast<std::size_t>(i)];
+      if (std::memcmp(&now, &was, sizeof(E)) == 0)
+        continue;
+      std::vector<std::int64_t> at(static_cast<std::size_t>(t.rank()));
+      for (std::int64_t a = t.rank() - 1, rest = i; a >= 0; --a) {
+        at[static_cast<std::size_t>(a)] = rest % t.size(static_cast<int>(a));
+        rest /= t.size(static_cast<int>(a));
+      }
+      std::ostringstream os;
+      os.precision(7);
+      os << what << " at (";
+      for (std::size_t a = 0; a < at.size(); ++a)
+        os << (a ? ", " : "") << at[a];
+      os << "): " << static_cast<double>(was) << " before, " << static_cast<double>(now)
+         << " after";
+      for (std::int64_t j = i; j < t.numel(); ++j)
+        t.data()[t.row_major_offset(j)] = (*kept)[static_cast<std::size_t>(j)];
+      return os.str();
+    }
+    return {};
+  }};
+}
 
 /// The saved values of tensor t (as the float forward left it), whose float64 forward values
 /// are `ref`, contiguous in row-major order.
@@ -59,14 +104,15 @@ saved_values make_saved_values(std::string name, tensor<E> t, double const* ref)
     kept->push_back(t.data()[t.row_major_offset(i)]);
   saved_values s;
   s.name = std::move(name);
-  s.jitter = [t, kept, refs](std::mt19937_64& rng) {
+  s.jitter = [t, kept, refs](std::mt19937_64& rng, double times) {
     for (std::int64_t i = 0; i < t.numel(); ++i) {
       auto const at = static_cast<std::size_t>(i);
       double const v = static_cast<double>((*kept)[at]), r = (*refs)[at];
-      if (!std::isfinite(v) || !std::isfinite(r))
+      bool const up = rng() & 1;
+      if (!std::isfinite(v) || !std::isfinite(r) || v == r)
         continue;
-      double const e = std::max(ulp_of<E>(v), std::abs(v - r));
-      t.data()[t.row_major_offset(i)] = static_cast<E>(rng() & 1 ? v + e : v - e);
+      double const e = times * std::max(ulp_of<E>(v), std::abs(v - r));
+      t.data()[t.row_major_offset(i)] = static_cast<E>(up ? v + e : v - e);
     }
   };
   s.restore = [t, kept] {
@@ -83,5 +129,8 @@ namespace tilegrad::detail {
 extern template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);
 extern template saved_values make_saved_values<double>(std::string, tensor<double>, double const*);
 extern template saved_values make_saved_values<bf16>(std::string, tensor<bf16>, double const*);
+extern template kept_contents keep_contents<float>(std::string, tensor<float>);
+extern template kept_contents keep_contents<double>(std::string, tensor<double>);
+extern template kept_contents keep_contents<bf16>(std::string, tensor<bf16>);
 } // namespace tilegrad::detail
 #endif

@@ -402,7 +402,7 @@ private:
       if (char const* theirs = conflict(s.ops, op)) {
         char const* const mine = op == op_load    ? "loads"
                                  : op == op_store ? "stores"
-                                                  : "updates atomically";
+                                                  : "atomically updates";
         report(t, el, me, a.loc, mine, other, other_site, theirs);
         return false;
       }

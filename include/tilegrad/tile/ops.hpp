@@ -11,6 +11,7 @@
 #include "tilegrad/core/types.hpp"
 
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <type_traits>
 
@@ -32,6 +33,17 @@ TILEGRAD_INLINE xsimd::batch<float, A> exp(xsimd::batch<float, A> const& x) {
   return xsimd::batch<float, A>(simd::exp16(x));
 }
 #endif
+// xsimd's exp2 overflows one binade early (2^127.5 is inf in float, 2^1023.5 in double): the top
+// binade goes through 2 * exp2(x - 1), which is exact.
+template <class T, class A>
+  requires std::is_floating_point_v<T>
+TILEGRAD_INLINE xsimd::batch<T, A> exp2(xsimd::batch<T, A> const& x) {
+  xsimd::batch<T, A> const top(static_cast<T>(std::numeric_limits<T>::max_exponent - 1));
+  auto const high = x >= top;
+  if (xsimd::none(high))
+    return xsimd::exp2(x);
+  return xsimd::select(high, xsimd::exp2(x - T(1)) * T(2), xsimd::exp2(x));
+}
 #endif
 
 template <class V>

@@ -1,0 +1,175 @@
+// check_backward at its edges: a backward that writes into what it is given (an input, a
+// cotangent), a backward that compares with a saved maximum (the second look must not excuse a
+// wrong one), gradients in the subnormal range (neither a false alarm nor a tolerance that grows
+// to the gradient's size), and inputs of no elements. Each wrong backward here passed before the
+// rule it tests was added.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_checker_edges {
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int Block = 64;
+
+// y = x * w, elementwise, in blocks of 64.
+constexpr auto mul_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                     tg::tensor<T const> w, tg::tensor<T> y) {
+  auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = offs < x.numel();
+  tg::store(y + offs, tg::load(x + offs, m) * tg::load(w + offs, m), m);
+};
+
+constexpr auto mul_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                     tg::tensor<T const> w, tg::tensor<T const> dy,
+                                     tg::tensor<T> dx, tg::tensor<T> dw) {
+  auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = offs < x.numel();
+  auto const g = tg::load(dy + offs, m);
+  tg::store(dx + offs, g * tg::load(w + offs, m), m);
+  tg::store(dw + offs, g * tg::load(x + offs, m), m);
+};
+
+enum class writes { nothing, into_w, into_dy };
+
+// The backward of y = x * w, which with `into_w` first makes w its absolute value in place and
+// with `into_dy` the cotangent (both through a const view, as a careless host function might).
+tg::check_report check_mul(std::int64_t n, writes what, tg::check_options o = {}) {
+  tg::owned_tensor<float> x({n}, "x"), w({n}, "w"), y({n}, "y");
+  return tg::check_backward(
+      tg::forward(tg::cdiv<int>(n, Block), mul_fwd, tg::in("x", x), tg::in("w", w),
+                  tg::out("y", y)),
+      [what](tg::backward_context<float>& ctx) {
+        auto const xi = ctx.input("x"), wi = ctx.input("w"), dy = ctx.cotangent("y");
+        auto* target = what == writes::into_w    ? const_cast<float*>(wi.data())
+                       : what == writes::into_dy ? const_cast<float*>(dy.data())
+                                                 : nullptr;
+        for (std::int64_t i = 0; target && i < xi.numel(); ++i)
+          target[i] = std::abs(target[i]);
+        tg::owned_tensor<float> dx({xi.numel()}), dw({xi.numel()});
+        tg::launch(ctx.options(), tg::cdiv<int>(xi.numel(), Block), mul_bwd, xi, wi, dy, dx.view(),
+                   dw.view());
+        ctx.set_gradient("x", dx);
+        ctx.set_gradient("w", dw);
+      },
+      o);
+}
+
+// y[r] = max_j x[r, j], and its usual backward: dx = where(x == y, dy, 0) with y the saved max,
+// times `scale` (1: correct).
+constexpr int Cols = 128;
+constexpr auto rowmax_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                        tg::tensor<T> y) {
+  int const r = p.program_id(0);
+  auto const cols = tg::arange<0, Cols>();
+  tg::tile<T, Cols> const v = tg::load(x + r * x.stride(0) + cols, cols < x.size(1), -INFINITY);
+  tg::store(y + r, tg::max(v));
+};
+
+constexpr auto rowmax_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                        tg::tensor<T const> y, tg::tensor<T const> dy,
+                                        tg::tensor<T> dx, float scale) {
+  int const r = p.program_id(0);
+  auto const cols = tg::arange<0, Cols>();
+  auto const mask = cols < x.size(1);
+  tg::tile<T, Cols> const v = tg::load(x + r * x.stride(0) + cols, mask, -INFINITY);
+  tg::tile<T> const m = tg::load(y + r);
+  tg::store(dx + r * dx.stride(0) + cols, tg::where(v == m, tg::load(dy + r) * scale, 0.0f), mask);
+};
+
+tg::check_report check_rowmax(float scale, tg::check_options o = {}) {
+  std::int64_t const rows = 50, cols = 100;
+  tg::owned_tensor<float> x({rows, cols}, "x"), y({rows}, "y");
+  return tg::check_backward(
+      tg::forward(static_cast<int>(rows), rowmax_fwd, tg::in("x", x), tg::out("y", y)),
+      [scale](tg::backward_context<float>& ctx) {
+        auto const xi = ctx.input("x");
+        tg::owned_tensor<float> dx({xi.size(0), xi.size(1)});
+        tg::launch(ctx.options(), static_cast<int>(xi.size(0)), rowmax_bwd, xi, ctx.output("y"),
+                   ctx.cotangent("y"), dx.view(), scale);
+        ctx.set_gradient("x", dx);
+      },
+      o);
+}
+
+// The library's softmax, its backward's dx times `scale` (1: correct).
+tg::check_report check_softmax(float scale, double logits) {
+  std::int64_t const rows = 64, cols = 64;
+  tg::owned_tensor<float> x({rows, cols}, "x"), y({rows, cols}, "y");
+  return tg::check_backward(tg::forward(static_cast<int>(rows), tg::kernels::softmax_fwd<Block>,
+                                        tg::in("x", x), tg::out("y", y)),
+                            [scale](tg::backward_context<float>& ctx) {
+                              auto const yv = ctx.output("y");
+                              tg::owned_tensor<float> dx({yv.size(0), yv.size(1)});
+                              tg::launch(ctx.options(), static_cast<int>(yv.size(0)),
+                                         tg::kernels::softmax_bwd<Block>, yv, ctx.cotangent("y"),
+                                         dx.view());
+                              for (float& v : dx)
+                                v *= scale;
+                              ctx.set_gradient("x", dx);
+                            },
+                            {.seeds = 3, .inputs = tg::uniform(-logits, logits)});
+}
+
+} // namespace
+
+TEST(CheckerEdges, ABackwardThatWritesIntoAnInputOrACotangentFails) {
+  // Writing |w| into w, then computing from it: the references, computed after the backward,
+  // would see |w| too and agree with it. The write is found, named, and put back.
+  EXPECT_BACKWARD_OK(check_mul(300, writes::nothing));
+  auto const into_w = check_mul(300, writes::into_w);
+  EXPECT_FALSE(into_w);
+  EXPECT_TRUE(into_w.mentions("the backward wrote into input 'w' at (")) << into_w;
+  // Put back: the references are those of the inputs drawn, so dx = dy * |w| is wrong.
+  EXPECT_FALSE(into_w.gradient("x")->ok) << into_w;
+  auto const into_dy = check_mul(300, writes::into_dy);
+  EXPECT_FALSE(into_dy);
+  EXPECT_TRUE(into_dy.mentions("the backward wrote into the cotangent of 'y' at (")) << into_dy;
+}
+
+TEST(CheckerEdges, TheSecondLookDoesNotExcuseAWrongMaxBackward) {
+  // The backward compares x with the saved max. Moving the max by a rounding error would flip
+  // that comparison and move the gradient by its whole size; a max is computed exactly, so it is
+  // not moved, and a move that does not double when the move doubles allows nothing.
+  EXPECT_BACKWARD_OK(check_rowmax(1));
+  for (float wrong : {2.0f, -1.0f, 1.01f}) {
+    auto const r = check_rowmax(wrong);
+    EXPECT_FALSE(r) << wrong;
+    EXPECT_EQ(r.gradient("x")->mismatches, 50) << r; // the argmax of every row
+  }
+}
+
+TEST(CheckerEdges, SubnormalGradientsNeitherFailNorLoosenTheBound) {
+  // Softmax of logits in [-60, 60): probabilities below 1e-38 are subnormal in float, where a
+  // rounding loses an absolute 2^-150 whatever the size of the terms. Counted in units of
+  // u * |J|^T |w| alone, the fp32 reference was millions of units off there, k grew as large, and a
+  // backward 10 % off passed.
+  for (double logits : {3.0, 60.0}) {
+    auto const ok = check_softmax(1, logits);
+    EXPECT_BACKWARD_OK(ok) << logits;
+    // At 60, k is about 200: exp turns the absolute rounding error of x - max (up to 120 u) into
+    // a relative one, as the error bound's k is meant to allow; before, 5e7 to 1.4e8.
+    EXPECT_LT(ok.gradient("x")->tol.k_bound, 1000) << ok;
+    EXPECT_FALSE(check_softmax(1.1f, logits)) << logits;
+  }
+  // Gradients that are subnormal themselves: dx = dy * w with w of size 1e-39. Doubling the
+  // cotangents changes their rounding by a subnormal spacing, which is no failure of linearity.
+  auto const tiny = check_mul(300, writes::nothing, {.inputs = tg::uniform(-1e-39, 1e-39)});
+  EXPECT_BACKWARD_OK(tiny);
+}
+
+TEST(CheckerEdges, AnInputOfNoElementsIsNoCapture) {
+  EXPECT_BACKWARD_OK(check_mul(0, writes::nothing));
+}
+
+} // namespace test_checker_edges
