@@ -139,8 +139,8 @@ TEST(CheckerEdges, ABackwardThatWritesIntoAnInputOrACotangentFails) {
 
 TEST(CheckerEdges, TheSecondLookDoesNotExcuseAWrongMaxBackward) {
   // The backward compares x with the saved max. Moving the max by a rounding error would flip
-  // that comparison and move the gradient by its whole size; a max is computed exactly, so it is
-  // not moved, and a move that does not double when the move doubles allows nothing.
+  // that comparison and move the gradient by its whole size, which the second look then allowed;
+  // a max is computed exactly (the float and float64 forwards agree), so it is not moved.
   EXPECT_BACKWARD_OK(check_rowmax(1));
   for (float wrong : {2.0f, -1.0f, 1.01f}) {
     auto const r = check_rowmax(wrong);
