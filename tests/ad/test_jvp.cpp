@@ -506,6 +506,31 @@ TEST(JvpErrors, TangentShapeNameTwiceAndUnknownResults) {
   EXPECT_NO_THROW(r.tangent("y", 0));
 }
 
+TEST(JvpErrors, ABroadcastViewWithATangentIsRefused) {
+  // x: a (3, 5) view of 5 values with strides (0, 1), a direction that differs from row to row.
+  // One dual per memory element kept one row's tangent for all three (silently); vjp refuses
+  // such a view too.
+  owned<double> buf({5}), u({3, 5}), y({3, 5});
+  fill(buf, 18), fill(u, 19);
+  tg::tensor<double const> const x(buf.data(), {3, 5}, {0, 1}, "x");
+  try {
+    (void)tg::jvp(3, double_2d, tg::tangent_in("x", x, u), tg::tangent_out("y", y));
+    ADD_FAILURE() << "a broadcast view with a tangent was accepted";
+  } catch (std::invalid_argument const& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'x' has strides (0, 1)"), std::string::npos)
+        << e.what();
+  }
+  // The same values as a tensor of their own: each element its own tangent.
+  owned<double> xs({3, 5});
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 5; ++j)
+      xs(i, j) = buf(j);
+  auto const r = tg::jvp(3, double_2d, tg::tangent_in("x", xs, u), tg::tangent_out("y", y));
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 5; ++j)
+      ASSERT_EQ(r["y"](i, j), 2 * u(i, j)) << i << ", " << j;
+}
+
 } // namespace
 
 } // namespace test_jvp

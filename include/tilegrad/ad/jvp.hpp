@@ -4,6 +4,7 @@
 // tensors marked as outputs come back by name.
 #pragma once
 
+#include "tilegrad/ad/aliasing.hpp"
 #include "tilegrad/ad/dual.hpp"
 #include "tilegrad/grid/launch.hpp"
 #include "tilegrad/memory/tensor.hpp"
@@ -258,8 +259,8 @@ void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result
 /// arguments give. Unmarked float tensors of type T are passive (zero tangent); integer
 /// tensors, numbers and tensors of another type pass through as they are. Every float tensor
 /// the kernel may write receives its forward values.
-/// @throws std::invalid_argument when a tangent's shape differs from its tensor's, or a name
-///   is given twice.
+/// @throws std::invalid_argument when a tangent's shape differs from its tensor's, a name is
+///   given twice, or a marked tensor's elements overlap (a broadcast view).
 template <class Kernel, class... Args>
 auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
   using T = typename detail::first_float_tensor<Args...>::type;
@@ -276,6 +277,18 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
                     "tilegrad::jvp: every marked tensor has the launch's float type");
       for (auto const& u : x.u)
         detail::check_same_shape(x.name, x.t, u);
+      // Each element gets its own dual: a view whose elements share memory (a stride-0
+      // broadcast) would keep one of their tangents for all of them.
+      if (x.t.numel() > 0 && !ad::nested_layout(x.t)) {
+        std::string strides;
+        for (int a = 0; a < x.t.rank(); ++a)
+          strides += (a ? ", " : "") + std::to_string(x.t.stride(a));
+        throw std::invalid_argument(
+            "tilegrad::jvp: tensor '" + std::string(x.name) + "' has strides (" + strides +
+            "): its elements overlap or interleave. A tensor with a tangent needs distinct "
+            "elements, each axis's stride at least the span of the axes with smaller strides "
+            "(pass the tensor itself, not a broadcast view, and broadcast in the kernel).");
+      }
       for (auto const& other : names)
         if (other == x.name)
           throw std::invalid_argument("tilegrad::jvp: the name '" + other + "' is given twice");
