@@ -48,10 +48,12 @@ template void record_write<double>(program_state&, tensor_entry const&, void con
                                    double*, std::source_location const&);
 template gradients<float> vjp_core<float>(launch_options const&, grid, std::vector<tensor_entry>&,
                                           std::vector<std::string> const&,
-                                          tilegrad::detail::program_call);
+                                          tilegrad::detail::program_call,
+                                          tilegrad::detail::launch_tracker&);
 template gradients<double> vjp_core<double>(launch_options const&, grid, std::vector<tensor_entry>&,
                                             std::vector<std::string> const&,
-                                            tilegrad::detail::program_call);
+                                            tilegrad::detail::program_call,
+                                            tilegrad::detail::launch_tracker&);
 } // namespace ad
 namespace detail {
 template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);

@@ -506,6 +506,64 @@ TEST(JvpErrors, TangentShapeNameTwiceAndUnknownResults) {
   EXPECT_NO_THROW(r.tangent("y", 0));
 }
 
+// jvp runs the kernel on dual copies of the tensors: an access outside a tensor would be outside
+// its copy (a heap overflow where a release build checks nothing), so jvp checks bounds always.
+TEST(JvpErrors, OutOfBoundsAccessesThrowInEveryBuild) {
+  tg::checked_scope const unchecked(false); // as in a release build
+  owned<double> x({20}), y({20}), u({20});
+  fill(x, 20), fill(u, 21);
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y, int past) {
+    auto const i = p.program_id(0) * 16 + tg::arange<0, 16>();
+    auto const in = i < x.size(0);
+    auto const v = tg::load(x + i, past == 1 ? i < x.size(0) + 1 : in, 0.0);
+    tg::store(y + i, v * 2.0, past == 2 ? i < y.size(0) + 1 : in);
+  };
+  for (int past : {1, 2}) {
+    try {
+      (void)tg::jvp(2, k, tg::tangent_in("x", x, u), tg::tangent_out("y", y), past);
+      ADD_FAILURE() << "an out-of-bounds " << (past == 1 ? "load" : "store") << " passed";
+    } catch (tg::access_error const& e) {
+      EXPECT_EQ(e.program(), "program (1, 0, 0)");
+      EXPECT_EQ(e.tensor(), past == 1 ? "x" : "y");
+      EXPECT_EQ(e.element(), "(20)");
+    }
+  }
+  auto const r = tg::jvp(2, k, tg::tangent_in("x", x, u), tg::tangent_out("y", y), 0);
+  EXPECT_EQ(r["y"](19), 2 * u(19));
+}
+
+// Two float tensors sharing an element, one of them marked or written: each would get a dual
+// copy of its own and not see the other's writes (z = 9 where the launch gives 16). vjp refuses
+// the same arguments.
+TEST(JvpErrors, TensorsSharingAnElementAreRefused) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<T> z) {
+    auto const i = tg::arange<0, 32>();
+    auto const m = i < x.size(0);
+    auto const xi = x + i * x.stride(0);
+    tg::store(y + i * y.stride(0), tg::load(xi, m, 0.0) + 1.0, m);
+    auto const v = tg::load(xi, m, 0.0);
+    tg::store(z + i, v * v, m);
+  };
+  owned<double> x({20}), z({20}), u({20}), other({20});
+  fill(x, 22), fill(u, 23);
+  std::string m;
+  try {
+    (void)tg::jvp(1, k, tg::tangent_in("x", x, u), x.view(), tg::tangent_out("z", z));
+  } catch (std::invalid_argument const& e) {
+    m = e.what();
+  }
+  EXPECT_NE(m.find("tensors 'x' (tangent_in, shape (20)) and"), std::string::npos) << m;
+  EXPECT_NE(m.find("share memory: element (0)"), std::string::npos) << m;
+  // Views of one buffer that share no element are fine (even and odd elements).
+  owned<double> buf({40}), ub({20});
+  fill(buf, 24), fill(ub, 25);
+  tg::tensor<double const> const even(buf.data(), {20}, {2}, "even");
+  tg::tensor<double> const odd(buf.data() + 1, {20}, {2}, "odd");
+  EXPECT_NO_THROW(
+      (void)tg::jvp(1, k, tg::tangent_in("x", even, ub), odd, tg::tangent_out("z", z)));
+}
+
 TEST(JvpErrors, ABroadcastViewWithATangentIsRefused) {
   // x: a (3, 5) view of 5 values with strides (0, 1), a direction that differs from row to row.
   // One dual per memory element kept one row's tangent for all three (silently); vjp refuses

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -462,6 +463,171 @@ TEST(Loop, LoadsOfOwnEarlierStoresReplayAndALaterStoreIsRefused) {
   EXPECT_NE(m.find("loads tensor 'y', element (0), inside the body of tg::loop"), std::string::npos)
       << m;
   EXPECT_NE(m.find("writes that element after the loop"), std::string::npos) << m;
+}
+
+// Integer tensors take the plain path of loads and stores in every mode; in reverse mode they
+// are tracked as a launch that checks races tracks them. A counter bumped with atomic_add inside
+// the body (the forward run of a checkpointed loop, the rerun of its first iteration and the
+// replays would each bump it again) is refused as a float store is.
+TEST(Loop, AnIntegerWriteInTheBodyIsRefusedInReverseMode) {
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<std::int32_t> count) {
+    auto const i = tg::arange<0, 8>();
+    auto acc = tg::zeros<tg::fp32<T>, 8>();
+    tg::loop(0, 3, 1, acc, [=](int, auto& acc) {
+      acc = acc * 0.5f + tg::load(x + i, i < x.size(0), 0.0f);
+      tg::atomic_add(count + p.program_id(0) + tg::arange<0, 1>(), 1);
+    });
+    tg::store(y + i, acc, i < y.size(0));
+  };
+  owned<float> x({5}, "x"), y({5}, "y"), dy({5}, "dy");
+  owned<std::int32_t> count({2}, "count");
+  std::size_t const whole = tg::set_loop_record_budget(0); // the default: recorded whole
+  for (std::size_t budget : {std::size_t{0}, whole}) {
+    tg::set_loop_record_budget(budget);
+    std::string const m = message_of(
+        [&] { tg::vjp(2, k, tg::in("x", x), tg::out("y", y, dy), count.view()); });
+    EXPECT_NE(m.find("atomic_add by program (0, 0, 0) inside the body of tg::loop"),
+              std::string::npos)
+        << m;
+  }
+  tg::launch(2, k, x.cview(), y.view(), count.view()); // the fast path counts
+  EXPECT_EQ(count(0), 3);
+  EXPECT_EQ(count(1), 3);
+}
+
+// A work list in an integer tensor: the body loads the next column block from it, and the
+// program marks its list consumed (zeros) after the loop. Replayed, the body would read the
+// zeros and differentiate the wrong blocks (a gradient off by 24 where it is 3 x^2); that load is
+// refused. Marking another column of the list (the program's "done" flag) is fine, and gives the
+// plain loop's gradients bitwise.
+template <bool Checkpointed>
+constexpr auto work_list = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                       tg::tensor<T> y, tg::tensor<std::int32_t> order,
+                                       int consume) {
+  using F = tg::fp32<T>;
+  int const pid = p.program_id(0);
+  auto const rows = pid * R + tg::arange<0, R>();
+  int const blocks = static_cast<int>(order.size(1)) - 1; // the last column: a "done" flag
+  auto const body = [=](int t, auto& acc) {
+    int const cb = tg::load(order + pid * order.stride(0) + t + tg::arange<0, 1>())(0);
+    auto const cols = cb * C + tg::arange<0, C>();
+    tg::tile<F, R, C> const v = tg::load(x + tg::col(rows) * x.stride(0) + tg::row(cols),
+                                         tg::col(rows < x.size(0)) & tg::row(cols < x.size(1)),
+                                         0.0f);
+    acc = acc + tg::sum<1>(v * v * v);
+  };
+  auto acc = tg::zeros<F, R>();
+  if constexpr (Checkpointed)
+    tg::loop(0, blocks, 1, acc, body);
+  else
+    for (int t = 0; t < blocks; ++t)
+      body(t, acc);
+  tg::store(y + rows, acc, rows < y.size(0));
+  auto const j = tg::arange<0, 8>();
+  auto const row = order + pid * order.stride(0);
+  if (consume) // the list itself
+    tg::store(row + j, 0, j < blocks);
+  else // its flag
+    tg::store(row + blocks + tg::arange<0, 1>(), 1);
+};
+
+TEST(Loop, AReplayedIntegerLoadOfAnElementWrittenAfterTheLoopIsRefused) {
+  checkpoint_every_loop const checkpointed;
+  int const n = 2 * R + 3, blocks = 5, d = blocks * C;
+  owned<float> x({n, d}, "x"), y({n}, "y"), dy({n}, "dy");
+  test_support::fill(x, 7);
+  test_support::fill(dy, 8);
+  owned<std::int32_t> order({3, blocks + 1}, "order");
+  auto reset = [&] {
+    for (int q = 0; q < 3; ++q) {
+      for (int t = 0; t < blocks; ++t)
+        order(q, t) = (3 * t + q) % blocks;
+      order(q, blocks) = 0;
+    }
+  };
+  reset();
+  std::string const m = message_of([&] {
+    tg::vjp(3, work_list<true>, tg::in("x", x), tg::out("y", y, dy), order.view(), 1);
+  });
+  EXPECT_NE(m.find("loads tensor 'order', element (0, "), std::string::npos) << m;
+  EXPECT_NE(m.find("writes that element after the loop"), std::string::npos) << m;
+  reset();
+  auto const g = tg::vjp(3, work_list<true>, tg::in("x", x), tg::out("y", y, dy), order.view(), 0);
+  reset();
+  auto const want =
+      tg::vjp(3, work_list<false>, tg::in("x", x), tg::out("y", y, dy), order.view(), 0);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j) {
+      ASSERT_EQ(g["x"](i, j), want["x"](i, j)) << i << ", " << j;
+      ASSERT_NEAR(g["x"](i, j), 3.0 * x(i, j) * x(i, j) * dy(i), 1e-5) << i << ", " << j;
+    }
+}
+
+// Two programs storing one element of an integer tensor: reverse mode reports the race, as a
+// launch that checks races does (it ran the kernel and let the last program win).
+TEST(Loop, RacesOnIntegerTensorsAreReportedInReverseMode) {
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y,
+                       tg::tensor<std::int32_t> flag, int shared) {
+    auto const i = p.program_id(0) * 4 + tg::arange<0, 4>();
+    tg::store(y + i, tg::load(x + i, i < x.size(0), 0.0f) * 2.0f, i < y.size(0));
+    tg::store(flag + (shared ? 0 : p.program_id(0)) + tg::arange<0, 1>(), p.program_id(0) + 1);
+  };
+  owned<float> x({7}, "x"), y({7}, "y"), dy({7}, "dy");
+  owned<std::int32_t> flag({2}, "flag");
+  try {
+    (void)tg::vjp(2, k, tg::in("x", x), tg::out("y", y, dy), flag.view(), 1);
+    ADD_FAILURE() << "a race on an integer tensor passed";
+  } catch (tg::race_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("race on tensor 'flag', element (0)"), std::string::npos)
+        << e.what();
+  }
+  auto const g = tg::vjp(2, k, tg::in("x", x), tg::out("y", y, dy), flag.view(), 0);
+  EXPECT_EQ(flag(0), 1);
+  EXPECT_EQ(flag(1), 2);
+  EXPECT_EQ(g["x"](6), 2 * dy(6));
+}
+
+// Sizes come as int64: a bound past the int range of the body's index is refused, naming the
+// loop, where it was silently cut to int (a trip count of 1 for 17).
+TEST(Loop, ABoundPastTheIntRangeIsRefused) {
+  std::int64_t const end = (std::int64_t{1} << 32) + (std::int64_t{1} << 28);
+  int trips = 0;
+  std::string const m = message_of([&] {
+    tg::loop(std::int64_t{0}, end, std::int64_t{1} << 28, trips, [](int, int& t) { ++t; });
+  });
+  EXPECT_NE(m.find("tilegrad::loop at "), std::string::npos) << m;
+  EXPECT_NE(m.find("end 4563402752 is outside the int range"), std::string::npos) << m;
+  EXPECT_EQ(trips, 0);
+  // int64 bounds inside the range run as int ones, to the last index before the end.
+  std::int64_t const big_end = std::numeric_limits<int>::max();
+  int last = 0;
+  tg::loop(std::numeric_limits<int>::max() - 10, big_end, std::int64_t{4}, last,
+           [](int i, int& l) { l = i; });
+  EXPECT_EQ(last, std::numeric_limits<int>::max() - 2);
+}
+
+// A plain tile of more than 512 bytes (its values on the heap) carried through the loop in
+// reverse mode, beside an adjoint one: the same gradients as the plain loop.
+TEST(Loop, ALargePlainTileIsCarriedInReverseMode) {
+  checkpoint_every_loop const checkpointed;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 16>();
+    auto acc = tg::zeros<tg::fp32<T>, 16>();
+    auto seen = tg::zeros<std::int32_t, 16, 16>(); // 1 KiB
+    tg::loop(0, 5, 1, acc, seen, [=](int t, auto& acc, auto& seen) {
+      seen = seen + 1;
+      acc = acc * 0.5f + tg::load(x + i, i < x.size(0), 0.0f) * float(t + seen(0, 0));
+    });
+    tg::store(y + i, acc, i < y.size(0));
+  };
+  owned<float> x({13}, "x"), y({13}, "y"), dy({13}, "dy");
+  test_support::fill(x, 3);
+  test_support::fill(dy, 4);
+  auto const g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+  // y = sum_t 0.5^(4 - t) (2 t + 1) x: dx = dy * (1/16 + 3/8 + 5/4 + 7/2 + 9) = 14.1875 dy.
+  for (int i = 0; i < 13; ++i)
+    EXPECT_FLOAT_EQ(g["x"](i), 14.1875f * dy(i)) << i;
 }
 
 } // namespace

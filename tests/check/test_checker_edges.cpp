@@ -168,6 +168,39 @@ TEST(CheckerEdges, SubnormalGradientsNeitherFailNorLoosenTheBound) {
   EXPECT_BACKWARD_OK(tiny);
 }
 
+// A backward reading one element past the forward's output, or past its cotangent: the error
+// names which. (The cotangent was named as its output, 'y' both, and an unnamed output had no
+// name in the message.)
+constexpr auto read_past = []<class T>(tg::program const& p, tg::tensor<T const> y,
+                                       tg::tensor<T const> dy, tg::tensor<T> dx, int which) {
+  auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = offs < dx.numel(), past = offs < dx.numel() + 1;
+  auto const a = tg::load(y + offs, which == 0 ? past : m, 0.0f);
+  auto const g = tg::load(dy + offs, which == 1 ? past : m, 0.0f);
+  tg::store(dx + offs, a * 0.0f + g, m);
+};
+
+TEST(CheckerEdges, AnOutOfBoundsReadNamesTheOutputOrItsCotangent) {
+  std::int64_t const n = 100;
+  for (int which : {0, 1}) {
+    tg::owned_tensor<float> x({n}, "x"), w({n}, "w"), y({n}); // y: no name of its own
+    auto const r = tg::check_backward(
+        tg::forward(tg::cdiv<int>(n, Block), mul_fwd, tg::in("x", x), tg::in("w", w),
+                    tg::out("y", y)),
+        [which](tg::backward_context<float>& ctx) {
+          tg::owned_tensor<float> dx({n});
+          tg::launch(ctx.options(), tg::cdiv<int>(n, Block), read_past, ctx.output("y"),
+                     ctx.cotangent("y"), dx.view(), which);
+          ctx.set_gradient("x", dx);
+        },
+        {.seeds = 1});
+    EXPECT_FALSE(r);
+    char const* want = which == 0 ? "tensor 'y' has shape (100), element (100)"
+                                  : "tensor 'cotangent of y' has shape (100), element (100)";
+    EXPECT_TRUE(r.mentions(want)) << r;
+  }
+}
+
 TEST(CheckerEdges, AnInputOfNoElementsIsNoCapture) {
   EXPECT_BACKWARD_OK(check_mul(0, writes::nothing));
 }

@@ -474,6 +474,23 @@ TEST_P(Launch, KernelArgHookConvertsArgumentsOncePerLaunch) {
   EXPECT_EQ(conversions, 2);
 }
 
+// Triton refuses program_id(3); it read past the program's ids and gave num_programs(0).
+TEST(LaunchErrors, AnAxisPastTwoThrows) {
+  std::string m;
+  try {
+    tg::launch({tg::executor::sequential}, tg::grid(7), [](tg::program const& p) {
+      (void)p.program_id(3);
+    });
+  } catch (std::out_of_range const& e) {
+    m = e.what();
+  }
+  EXPECT_NE(m.find("program_id(3): a grid has axes 0, 1 and 2"), std::string::npos) << m;
+  tg::program const p({1, 2, 3}, {4, 5, 6});
+  EXPECT_THROW((void)p.num_programs(-1), std::out_of_range);
+  EXPECT_EQ(p.program_id(2), 3);
+  EXPECT_EQ(p.num_programs(2), 6);
+}
+
 // ----- sequential order, defaults, executor errors --------------------------------------------
 
 TEST(LaunchSequential, RunsProgramsInLinearOrderOnTheCallingThread) {

@@ -239,6 +239,34 @@ TEST(MathFloat, Exp2OnVectorLanesThroughTheTopBinade) {
   expect_exp2_at_the_top<double>();
 }
 
+// exp2 whose results are subnormal (2^-126 down to 2^-149 in float, 2^-1022 to 2^-1074 in
+// double): on AVX-512, xsimd's exp2 gave 0 on the 16 lanes of a batch and the right value in the
+// scalar tail, so one tile's answer depended on the lane. 19 lanes: a batch and a tail.
+template <class F>
+void expect_exp2_at_the_bottom() {
+  constexpr int low = std::numeric_limits<F>::min_exponent - 1; // -126 or -1022
+  constexpr int digits = std::numeric_limits<F>::digits;       // 24 or 53
+  constexpr int n = 19;
+  F const steps[n] = {F(0.5), F(1),  F(2),  F(3.25), F(4), F(7.5), F(10),  F(12.75), F(16), F(20),
+                      F(23),  F(23.5), F(24.5), F(30), F(-1), F(0), F(0.25), F(digits - 1),
+                      F(digits - 0.25)};
+  tile<F, n> x;
+  for (int i = 0; i < n; ++i)
+    x(i) = F(low) - steps[i];
+  tile<F, n> const e = exp2(x);
+  for (int i = 0; i < n; ++i) {
+    F const want = std::exp2(x(i));
+    // One rounding more than std::exp2's, into the subnormal: at most one step of the smallest.
+    EXPECT_NEAR(e(i), want, std::numeric_limits<F>::denorm_min() + tg_test::math_rtol<F> * want)
+        << "exp2(" << x(i) << ") on lane " << i;
+  }
+}
+
+TEST(MathFloat, Exp2WithSubnormalResultsOnVectorLanesAndTails) {
+  expect_exp2_at_the_bottom<float>();
+  expect_exp2_at_the_bottom<double>();
+}
+
 } // namespace
 
 } // namespace test_math

@@ -374,6 +374,9 @@ struct program_state {
   bool replaying = false;
   std::uint64_t stored_after = 0;
   std::size_t after_loop = 0;
+  // The same for tensors vjp does not differentiate (integer tensors), whose accesses go to the
+  // program's log of a tracked launch (current_hooks()->log): its accesses from this one on.
+  std::size_t log_after_loop = 0;
   /// Whether this program wrote element el of tensor t after the loop being replayed.
   bool written_after_loop(int t, std::int64_t el) const {
     auto const& acc = out->accesses;
@@ -426,6 +429,7 @@ struct program_state {
     replaying = false;
     stored_after = 0;
     after_loop = 0;
+    log_after_loop = 0;
   }
 };
 

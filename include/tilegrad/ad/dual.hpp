@@ -168,10 +168,17 @@ dual<T, N> tanh(dual<T, N> const& x) {
   T const y = std::tanh(x.v);
   return detail::chain(x, y, T(1) - y * y);
 }
+/// With e = exp(-|x|): the value 1 / (1 + e) or e / (1 + e), the slope e / (1 + e)^2 (as
+/// tg::sigmoid's op, tile/ops.hpp: no overflow, no rounding of y to 1 in the slope).
 template <class T, int N>
 dual<T, N> sigmoid(dual<T, N> const& x) {
-  T const y = T(1) / (T(1) + std::exp(-x.v));
-  return detail::chain(x, y, y * (T(1) - y));
+  T const e = std::exp(-std::abs(x.v)), r = T(1) / (T(1) + e);
+  return detail::chain(x, x.v >= T(0) ? r : e * r, e * r * r);
+}
+/// The value of tg::sigmoid's op (tile/ops.hpp) for a dual number.
+template <class T, int N>
+dual<T, N> sigmoid_value(dual<T, N> const& x) {
+  return sigmoid(x);
 }
 template <class T, int N>
 dual<T, N> erf(dual<T, N> const& x) {

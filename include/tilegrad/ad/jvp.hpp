@@ -259,8 +259,10 @@ void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result
 /// arguments give. Unmarked float tensors of type T are passive (zero tangent); integer
 /// tensors, numbers and tensors of another type pass through as they are. Every float tensor
 /// the kernel may write receives its forward values.
+/// Bounds are checked whatever the build type or options.
 /// @throws std::invalid_argument when a tangent's shape differs from its tensor's, a name is
-///   given twice, or a marked tensor's elements overlap (a broadcast view).
+///   given twice, a marked tensor's elements overlap (a broadcast view), or two float tensors
+///   share an element while one of them is marked or writable.
 template <class Kernel, class... Args>
 auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
   using T = typename detail::first_float_tensor<Args...>::type;
@@ -296,9 +298,42 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     }
   };
   (check(args), ...);
+  // Each float tensor becomes a dual copy of its own: two that share an element (one buffer
+  // marked in and passed again as a writable view) would no longer see each other's writes.
+  std::vector<ad::memory_ref> refs;
+  auto add_ref = [&]<class X>(X const& x) {
+    if constexpr (std::is_same_v<detail::float_tensor_t<X>, T>) {
+      auto const v = detail::float_tensor<X>::view(x);
+      char const* name = "";
+      if constexpr (requires { x.name; })
+        name = x.name;
+      else
+        name = v.name();
+      bool marked = false;
+      char const* role = "unmarked";
+      if constexpr (requires { X::role; }) {
+        marked = true;
+        role = X::role == tangent_role::in    ? "tangent_in"
+               : X::role == tangent_role::out ? "tangent_out"
+                                              : "tangent_inout";
+      }
+      refs.push_back({name, role,
+                      reinterpret_cast<std::byte const*>(v.data()),
+                      tensor<std::byte const>(reinterpret_cast<std::byte const*>(v.data()),
+                                              v.rank(), v.shape(), v.strides(), name),
+                      sizeof(T), marked || detail::float_tensor<X>::writable, marked});
+    }
+  };
+  (add_ref(args), ...);
+  ad::check_overlaps(refs, "tilegrad::jvp",
+                     "Pass a buffer once (tg::tangent_inout for one read and written in place); "
+                     "views of one buffer may share it as long as they share no element.");
 
   auto duals = std::make_tuple(detail::to_dual<D>(args)...);
-  std::apply([&](auto const&... a) { launch(opts, g, kernel, a...); }, duals);
+  // Bounds are always checked: an access outside a dual copy would be outside its storage.
+  launch_options checked_opts = opts;
+  checked_opts.check_bounds = true;
+  std::apply([&](auto const&... a) { launch(checked_opts, g, kernel, a...); }, duals);
 
   tangents<T> result;
   [&]<std::size_t... I>(std::index_sequence<I...>) {

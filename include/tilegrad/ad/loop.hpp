@@ -17,6 +17,7 @@
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/block_ptr.hpp"
 #include "tilegrad/memory/checked.hpp"
+#include "tilegrad/memory/tracking.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -45,12 +46,14 @@ inline constexpr bool is_block_ptr_v = false;
 template <class T, int... Bs>
 inline constexpr bool is_block_ptr_v<block_ptr<T, Bs...>> = true;
 
+// (A tile of more than inline_tile_bytes keeps its values on the heap: not trivially copyable,
+// and kept by copies all the same.)
 template <class C>
 inline constexpr bool is_plain_tile_v = requires {
   typename C::shape_type;
   typename C::value_type;
 }
-&&std::is_trivially_copyable_v<C> && !tilegrad::detail::is_adjoint_tile_v<C>;
+&&std::is_copy_constructible_v<C> && !tilegrad::detail::is_adjoint_tile_v<C>;
 
 /// How one carried value that holds no adjoint (a number, a block pointer, a plain tile) is kept:
 /// a copy of its value at the start of every iteration.
@@ -203,14 +206,16 @@ void check_captures(Body const& body, std::source_location const& where) {
 /// its accesses are not recorded again, and loads from tensors in `stored_after` are refused.
 class body_scope {
 public:
-  body_scope(program_state& st, bool replay, std::uint64_t stored_after, std::size_t after_loop)
+  body_scope(program_state& st, bool replay, std::uint64_t stored_after, std::size_t after_loop,
+             std::size_t log_after_loop)
       : st_(st), replaying_(st.replaying), stored_after_(st.stored_after),
-        after_loop_(st.after_loop) {
+        after_loop_(st.after_loop), log_after_loop_(st.log_after_loop) {
     ++st.loop_depth;
     if (replay && !st.replaying) { // the outermost loop replayed: what came after it counts
       st.replaying = true;
       st.stored_after = stored_after;
       st.after_loop = after_loop;
+      st.log_after_loop = log_after_loop;
     }
   }
   ~body_scope() {
@@ -218,6 +223,7 @@ public:
     st_.replaying = replaying_;
     st_.stored_after = stored_after_;
     st_.after_loop = after_loop_;
+    st_.log_after_loop = log_after_loop_;
   }
   body_scope(body_scope const&) = delete;
   body_scope& operator=(body_scope const&) = delete;
@@ -226,8 +232,15 @@ private:
   program_state& st_;
   bool replaying_;
   std::uint64_t stored_after_;
-  std::size_t after_loop_;
+  std::size_t after_loop_, log_after_loop_;
 };
+
+/// The length of the running program's log of accesses to tensors vjp does not differentiate
+/// (0 when it keeps none).
+inline std::size_t log_length() {
+  tilegrad::detail::access_hooks const* h = tilegrad::detail::current_hooks();
+  return h && h->log ? h->log->accesses.size() : 0;
+}
 
 inline int loop_index(int begin, int step, int t) {
   return static_cast<int>(std::int64_t{begin} + std::int64_t{t} * step);
@@ -240,10 +253,12 @@ struct loop_record final : record {
   int begin, step, n;
   std::tuple<carried_slot<C>...> slots;
   std::size_t end_access; // the program's accesses recorded up to the end of the loop
+  std::size_t end_log;    // and its log's (log_length())
 
   loop_record(Body const& b, int b0, int s, int count, std::tuple<carried_slot<C>...>&& sl,
-              std::size_t acc)
-      : body(b), begin(b0), step(s), n(count), slots(std::move(sl)), end_access(acc) {}
+              std::size_t acc, std::size_t log)
+      : body(b), begin(b0), step(s), n(count), slots(std::move(sl)), end_access(acc),
+        end_log(log) {}
 
   void backward() override { replay(std::index_sequence_for<C...>{}); }
 
@@ -256,7 +271,7 @@ struct loop_record final : record {
     for (std::size_t i = end_access; i < acc.size(); ++i)
       if (acc[i].kind != access_kind::load)
         stored_after |= std::uint64_t{1} << acc[i].tensor;
-    body_scope const scope(st, true, stored_after, end_access);
+    body_scope const scope(st, true, stored_after, end_access, end_log);
     for (int t = n - 1; t >= 0; --t) {
       auto const m = tp.mark();
       std::tuple<C...> const start{std::get<I>(slots).restore(t, tp)...};
@@ -308,7 +323,7 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
     std::tuple<C...> const init{carried...};
     std::size_t const before = tp.in_use();
     auto const m0 = tp.mark();
-    body_scope const scope(st, false, 0, 0);
+    body_scope const scope(st, false, 0, 0, 0);
     body(loop_index(begin, step, 0), carried...);
     std::size_t const per_iteration = tp.in_use() - before;
     if (per_iteration * static_cast<std::size_t>(n) <= loop_record_budget()) {
@@ -325,7 +340,8 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
   {
     recording_off const values_only(tp);
     for (int t = 0; t < n; ++t) {
-      body_scope const scope(st, t == 0 && rerun_first, 0, 0);
+      // (Iteration 0 again: nothing was written after the loop yet.)
+      body_scope const scope(st, t == 0 && rerun_first, 0, st.out->accesses.size(), log_length());
       auto const m = tp.mark();
       body(loop_index(begin, step, t), carried...);
       (std::get<I>(slots).stage(carried), ...);
@@ -335,7 +351,7 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
   }
   if (recording)
     tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots),
-                                     st.out->accesses.size());
+                                     st.out->accesses.size(), log_length());
 }
 
 } // namespace loop_detail

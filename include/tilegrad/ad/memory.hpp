@@ -147,6 +147,49 @@ inline void refuse_write_in_loop(program_state const* st, char const* what,
     write_in_loop_refused(what, loc);
 }
 
+// vjp's hooks on the tensors it does not differentiate (integer tensors: their accesses take
+// the plain path, tracked as a launch that checks races tracks them). A store or an atomic inside
+// a tg::loop body is refused as on float tensors, and a replayed load of an element the program
+// wrote after the loop too: the replay would read the later value (a work list the program
+// marks consumed after its loop), where the first run read the earlier one.
+inline void plain_write_hook(char const* what, std::source_location const& loc) {
+  refuse_write_in_loop(current_state(), what, loc);
+}
+
+TILEGRAD_MACHINERY void plain_load_hook(tilegrad::detail::access_hooks const& h, int t,
+                                        std::vector<run> const& lanes,
+                                        std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  program_state const* st = current_state();
+  if (!st || !st->replaying || !h.log || !h.tracker)
+    return;
+  auto const& log = *h.log;
+  for (std::size_t i = st->log_after_loop; i < log.accesses.size(); ++i) {
+    auto const& a = log.accesses[i];
+    if (a.tensor != t || !(a.op & tilegrad::detail::op_write))
+      continue;
+    for (std::uint32_t j = a.first; j < a.first + a.count; ++j)
+      for (run const& l : lanes)
+        for (int k = 0; k < l.count; ++k)
+          if (run_holds(log.runs[j], l.element(k))) {
+            auto const [name, coords] = h.tracker->tensor_at(t).element(l.element(k));
+            program const* p = tilegrad::detail::current_program();
+            throw std::invalid_argument(
+                "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
+                " loads tensor " + tilegrad::detail::tensor_label(name) + ", element " + coords +
+                ", inside the body of a tg::loop (the load at " +
+                tilegrad::detail::where_string(loc) + ") and writes that element after the loop " +
+                "(at " + tilegrad::detail::where_string(a.loc) + "): the reverse sweep runs the " +
+                "body again and would read the new value. Write into another tensor, or write this "
+                "loop as a plain for loop.");
+          }
+  }
+}
+#else
+;
+#endif
+
 /// Records a load of `size` lanes whose runs are in st.scratch (filled while the values were
 /// read). Returns the load's adjoint buffer, or null when no gradient can flow through it.
 template <class T>

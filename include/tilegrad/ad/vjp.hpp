@@ -379,7 +379,21 @@ inline std::size_t contribution_budget_for(int workers) {
 
 template <class T>
 gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_entry>& entries,
-                      std::vector<std::string> const& names, tilegrad::detail::program_call call);
+                      std::vector<std::string> const& names, tilegrad::detail::program_call call,
+                      tilegrad::detail::launch_tracker& plain);
+
+/// Tracks a writable tensor of another type than the gradients' (an integer tensor: vjp does not
+/// differentiate it) for races, as a launch that checks races does.
+template <class T, class X>
+void track_plain(X const& x, tilegrad::detail::launch_tracker& plain) {
+  using D = std::remove_cvref_t<X>;
+  if constexpr (!std::is_same_v<typename float_of<D>::type, T>) {
+    if constexpr (requires { x.view(); })
+      plain.add_arg(x.view());
+    else
+      plain.add_arg(x);
+  }
+}
 } // namespace ad
 
 /// Gradients of the launch `kernel` over `g` with respect to the tensors marked `in` (and
@@ -396,12 +410,14 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   std::vector<std::string> names;
   std::vector<ad::tensor_shadow<T>> shadows;
   (ad::add_entry<Args, T>(args, entries, names, shadows), ...);
+  detail::launch_tracker plain(g);
+  (ad::track_plain<T>(args, plain), ...);
   auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
   auto call = [&](program const& p) {
     if constexpr (callable)
       std::apply([&](auto&... a) { kernel(p, a...); }, converted);
   };
-  return ad::vjp_core<T>(opts, g, entries, names, detail::program_call(call));
+  return ad::vjp_core<T>(opts, g, entries, names, detail::program_call(call), plain);
 }
 
 namespace ad {
@@ -412,7 +428,8 @@ namespace ad {
 /// TILEGRAD_SEPARATE_COMPILATION, once per program: tilegrad/separate.hpp).
 template <class T>
 gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_entry>& entries,
-                      std::vector<std::string> const& names, tilegrad::detail::program_call call) {
+                      std::vector<std::string> const& names, tilegrad::detail::program_call call,
+                      tilegrad::detail::launch_tracker& plain) {
   bool const magnitudes = ad::magnitude_sweep();
   for (std::size_t i = 0; i < names.size(); ++i)
     for (std::size_t j = i + 1; j < names.size(); ++j)
@@ -460,7 +477,13 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
   std::uint64_t reads = 0;
   // vjp checks its own races; its programs always check bounds (hooks without a tracker), and
   // its launches are never tracked as plain ones, whatever the options or the thread's observer.
+  // Writable tensors it does not differentiate (integer tensors) are tracked as a launch that
+  // checks races tracks them, each program logging its accesses to them (ad::plain_load_hook).
   detail::access_hooks bounds_only;
+  bounds_only.before_write = &ad::plain_write_hook;
+  std::vector<detail::program_log> plain_logs;
+  if (!plain.empty())
+    plain_logs.resize(static_cast<std::size_t>(std::min(wave, total)));
 
   // Contributions: a program whose predecessors are all added adds its own as its sweep makes
   // them; the others hold theirs (chunks of `chunks`) until they are added, in program order, with
@@ -505,7 +528,14 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
       int const y = static_cast<int>((lin / g.dims[0]) % g.dims[1]);
       int const z = static_cast<int>(lin / (std::int64_t{g.dims[0]} * g.dims[1]));
       program const p({x, y, z}, g.dims);
-      detail::program_scope scope(p, &bounds_only);
+      detail::access_hooks hooks = bounds_only;
+      if (!plain.empty()) {
+        hooks.tracker = &plain;
+        hooks.log = &plain_logs[static_cast<std::size_t>(me)];
+        hooks.log->clear();
+        hooks.on_load = &ad::plain_load_hook;
+      }
+      detail::program_scope scope(p, &hooks);
       thread_local ad::program_state state;
       ad::program_result& res = results[static_cast<std::size_t>(me)];
       res.clear();
@@ -572,6 +602,11 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
       auto const& res = results[static_cast<std::size_t>(i)];
       ad::check_wave_program(entries, readers, w0 + i, res.accesses, g.dims);
       reads |= res.reads;
+    }
+    if (!plain.empty()) {
+      plain.check(w0, plain_logs.data(), n);
+      if (plain.race())
+        throw plain.race()->error();
     }
   }
   for (auto const& e : entries)
@@ -708,10 +743,12 @@ namespace tilegrad::ad {
 extern template gradients<float> vjp_core<float>(launch_options const&, grid,
                                                  std::vector<tensor_entry>&,
                                                  std::vector<std::string> const&,
-                                                 tilegrad::detail::program_call);
+                                                 tilegrad::detail::program_call,
+                                                 tilegrad::detail::launch_tracker&);
 extern template gradients<double> vjp_core<double>(launch_options const&, grid,
                                                    std::vector<tensor_entry>&,
                                                    std::vector<std::string> const&,
-                                                   tilegrad::detail::program_call);
+                                                   tilegrad::detail::program_call,
+                                                   tilegrad::detail::launch_tracker&);
 } // namespace tilegrad::ad
 #endif

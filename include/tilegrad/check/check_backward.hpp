@@ -557,14 +557,20 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
 
   auto named_views = [](auto const& v) {
     typename backward_context<T>::named out;
-    for (auto const& n : v)
-      out.emplace_back(n.name, tensor<T const>(n.t));
+    for (auto const& n : v) { // an unnamed tensor takes its mark's name, for error messages
+      tensor<T const> t(n.t);
+      out.emplace_back(n.name, *t.name() ? t : t.named(n.name.c_str()));
+    }
     return out;
   };
   auto inputs_named = named_views(ins);
   for (auto& p : named_views(passives))
     inputs_named.push_back(p);
   auto const outputs_named = named_views(outs);
+  // The cotangents' names in error messages (an output and its cotangent are told apart).
+  std::vector<std::string> cotangent_names;
+  for (auto const& n : outs)
+    cotangent_names.push_back("cotangent of " + n.name);
 
   // The bands of rows the error_bound rule takes k over, per input marked in.
   auto bands_of = [&](std::size_t q) {
@@ -644,7 +650,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       backward_run r;
       typename backward_context<T>::named cn;
       for (std::size_t j = 0; j < outs.size(); ++j)
-        cn.emplace_back(outs[j].name, c[j].cview());
+        cn.emplace_back(outs[j].name, c[j].cview().named(cotangent_names[j].c_str()));
       backward_context<T> ctx(inputs_named, outputs_named, cn, seed, o.launch);
       {
         detail::observer_scope const tracked(&r.launches);

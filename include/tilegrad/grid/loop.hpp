@@ -11,10 +11,13 @@
 
 #include "tilegrad/core/config.hpp"
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <source_location>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -26,11 +29,29 @@ namespace detail {
 /// The loop's first index, and where the loop is written (the default argument of an implicit
 /// conversion is taken at the call: `loop(0, ...)` records the caller's line).
 struct loop_begin {
-  int value;
+  std::int64_t value;
   std::source_location where;
-  loop_begin(int v, std::source_location w = std::source_location::current()) // NOLINT: implicit
-      : value(v), where(w) {}
+  template <std::integral I>
+  loop_begin(I v, std::source_location w = std::source_location::current()) // NOLINT: implicit
+      : value(static_cast<std::int64_t>(v)), where(w) {
+    static_assert(!std::is_same_v<I, bool>, "tilegrad::loop: begin is an index");
+    if (!std::in_range<std::int64_t>(v))
+      value = std::numeric_limits<std::int64_t>::max(); // refused with end and step (to_index)
+  }
 };
+
+/// A bound or step of a loop as the int index the body takes: sizes come as int64
+/// (x.size(1)), and one past the int range would make the loop's trip count silently wrong.
+template <class I>
+int to_index(I v, char const* what, std::source_location const& where) {
+  static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>,
+                "tilegrad::loop: begin, end and step are integers");
+  if (!std::in_range<int>(v))
+    throw std::invalid_argument(std::string("tilegrad::loop at ") + where.file_name() + ":" +
+                                std::to_string(where.line()) + ": " + what + " " +
+                                std::to_string(v) + " is outside the int range of a loop index");
+  return static_cast<int>(v);
+}
 
 /// The number of iterations of `for (i = begin; i < end (i > end for step < 0); i += step)`.
 inline int trip_count(int begin, int end, int step) {
@@ -81,8 +102,8 @@ void checkpointed_loop(int begin, int end, int step, Body const& body,
 namespace detail {
 
 template <class Body, class... C>
-TILEGRAD_INLINE void run_loop(loop_begin const& begin, int end, int step, Body const& body,
-                              C&... carried) {
+TILEGRAD_INLINE void run_loop(int first, std::source_location const& where, int end, int step,
+                              Body const& body, C&... carried) {
   static_assert(std::is_invocable_v<Body const&, int, C&...>,
                 "tilegrad::loop: the body must be callable as body(int index, carried&...), "
                 "with the carried values in the order given, and const (not a mutable lambda)");
@@ -92,13 +113,14 @@ TILEGRAD_INLINE void run_loop(loop_begin const& begin, int end, int step, Body c
                 "tilegrad::loop: take every carried value by reference (auto& acc): a value "
                 "taken by copy or const& would not carry its update to the next iteration");
   if constexpr ((is_adjoint_tile_v<C> || ...)) {
-    ad::checkpointed_loop(begin.value, end, step, body, begin.where, carried...);
+    ad::checkpointed_loop(first, end, step, body, where, carried...);
   } else {
     if (step == 0)
       throw std::invalid_argument("tilegrad::loop: the step is 0");
-    // One call site, so that the body is inlined as a loop body written out would be.
-    for (int i = begin.value; step > 0 ? i < end : i > end; i += step)
-      body(i, carried...);
+    // One call site, so that the body is inlined as a loop body written out would be. (The
+    // index in 64 bits: i + step past the int range ends the loop, as the trip count says.)
+    for (std::int64_t i = first; step > 0 ? i < end : i > end; i += step)
+      body(static_cast<int>(i), carried...);
   }
 }
 
@@ -114,9 +136,9 @@ TILEGRAD_INLINE constexpr auto&& nth(A0&& a0, A&&... a) {
 }
 
 template <std::size_t... I, class... A>
-TILEGRAD_INLINE void split_loop(loop_begin const& begin, int end, int step,
+TILEGRAD_INLINE void split_loop(int first, std::source_location const& where, int end, int step,
                                 std::index_sequence<I...>, A&&... args) {
-  run_loop(begin, end, step, nth<sizeof...(I)>(args...), nth<I>(args...)...);
+  run_loop(first, where, end, step, nth<sizeof...(I)>(args...), nth<I>(args...)...);
 }
 
 } // namespace detail
@@ -129,14 +151,19 @@ TILEGRAD_INLINE void split_loop(loop_begin const& begin, int end, int step,
 /// capture by value ([=]; tiles, tensors and block pointers are small handles or values), may
 /// load but not store, and every value it changes from one iteration to the next must be among
 /// the carried ones. See docs/reverse_mode.md, "Loops in bounded memory".
-template <class... A>
-TILEGRAD_INLINE void loop(detail::loop_begin begin, int end, int step, A&&... args) {
+/// begin, end and step may be any integers (sizes are int64); each must fit the int index the
+/// body takes (else std::invalid_argument naming the loop).
+template <class End, class Step, class... A>
+TILEGRAD_INLINE void loop(detail::loop_begin begin, End end, Step step, A&&... args) {
   static_assert(sizeof...(A) >= 1,
                 "tilegrad::loop: write loop(begin, end, step, carried..., body)");
   static_assert(detail::carried_are_variables<A...>(std::make_index_sequence<sizeof...(A) - 1>{}),
                 "tilegrad::loop: the carried values are variables (non-const lvalues) that the "
                 "loop updates; the body comes last");
-  detail::split_loop(begin, end, step, std::make_index_sequence<sizeof...(A) - 1>{}, args...);
+  detail::split_loop(detail::to_index(begin.value, "begin", begin.where), begin.where,
+                     detail::to_index(end, "end", begin.where),
+                     detail::to_index(step, "step", begin.where),
+                     std::make_index_sequence<sizeof...(A) - 1>{}, args...);
 }
 
 } // namespace tilegrad

@@ -50,8 +50,9 @@ class program {
 public:
   program(std::array<int, 3> id, std::array<int, 3> num) : id_(id), num_(num) {}
 
-  int program_id(int axis = 0) const { return id_[static_cast<std::size_t>(axis)]; }
-  int num_programs(int axis = 0) const { return num_[static_cast<std::size_t>(axis)]; }
+  /// @pre 0 <= axis <= 2 (else std::out_of_range, as Triton refuses another axis)
+  int program_id(int axis = 0) const { return id_[checked_axis(axis, "program_id")]; }
+  int num_programs(int axis = 0) const { return num_[checked_axis(axis, "num_programs")]; }
 
   /// Linear index of this program on its grid (axis 0 fastest).
   std::int64_t linear_id() const {
@@ -70,6 +71,16 @@ public:
 #endif
 
 private:
+  static std::size_t checked_axis(int axis, char const* what) {
+    if (static_cast<unsigned>(axis) > 2u) [[unlikely]]
+      axis_error(axis, what);
+    return static_cast<std::size_t>(axis);
+  }
+  [[noreturn]] static void axis_error(int axis, char const* what) {
+    throw std::out_of_range(std::string("tilegrad: ") + what + "(" + std::to_string(axis) +
+                            "): a grid has axes 0, 1 and 2");
+  }
+
   std::array<int, 3> id_;
   std::array<int, 3> num_;
 };

@@ -589,6 +589,8 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
         return tile<T, Bs...>(to<T>(std::forward<E>(value)));
     }();
     detail::access_hooks const* const h = detail::current_hooks();
+    if (h && h->before_write) [[unlikely]]
+      h->before_write("store", loc);
     // Tiles borrowing this memory copy it first. (After the values are evaluated: an expression
     // reading a borrower reads through its storage, so it follows the borrower to its copy.)
     detail::before_write(bp.data(), bp.data() + bp.extent());

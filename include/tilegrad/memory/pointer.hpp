@@ -364,6 +364,8 @@ void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_i
   } else {
     auto const mask = broadcast_mask<S>(mask_in);
     access_hooks const* const h = current_hooks();
+    if (h && h->before_write) [[unlikely]]
+      h->before_write("store", loc);
     before_write(p.base.data(), p.base.data() + p.extent); // borrowed tiles copy first
     store_from<S>(p, val_in, mask, loc, checked() | (h != nullptr), [](int, std::int64_t, int) {});
     if (h) [[unlikely]]
@@ -522,6 +524,8 @@ template <class S, class T, class Off, class Val, class Mask, class F>
 TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, Off> const& p,
                                      Val const& val, Mask const& mask, F& f, char const* what,
                                      std::source_location const& loc) {
+  if (h.before_write)
+    h.before_write(what, loc);
   access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
   bool const add = std::string_view(what) == "atomic_add";
   if (std::is_floating_point_v<T> && add)

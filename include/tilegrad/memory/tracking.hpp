@@ -72,6 +72,13 @@ class launch_tracker;
 struct access_hooks {
   launch_tracker* tracker = nullptr;
   program_log* log = nullptr;
+  // Reverse mode (vjp) on tensors that are not differentiated (integer tensors): called before a
+  // store or an atomic, and with each load's lanes (the tracked tensor and its runs) before it
+  // joins the log; each may throw (a write inside a tg::loop body; a replayed load of an element
+  // the program wrote after the loop).
+  void (*before_write)(char const* what, std::source_location const& loc) = nullptr;
+  void (*on_load)(access_hooks const& h, int tensor, std::vector<run> const& runs,
+                  std::source_location const& loc) = nullptr;
 };
 
 /// Zeroed blocks kept for reuse by the thread that checks launches: fresh memory costs a page
@@ -533,6 +540,7 @@ public:
     }
     tensor_ = t;
     log_ = h.log;
+    hooks_ = &h;
     auto const& e = h.tracker->tensor_at(t);
     shift_ = (static_cast<std::byte const*>(base) - e.lo) / static_cast<std::ptrdiff_t>(elem);
     builder_.emplace(log_->scratch);
@@ -585,6 +593,8 @@ private:
     builder_->finish();
     if (log_->scratch.empty())
       return; // every lane masked off
+    if (op == op_load && hooks_->on_load)
+      hooks_->on_load(*hooks_, tensor_, log_->scratch, loc);
     auto const first = static_cast<std::uint32_t>(log_->runs.size());
     log_->runs.insert(log_->runs.end(), log_->scratch.begin(), log_->scratch.end());
     log_->accesses.push_back({op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
@@ -595,6 +605,7 @@ private:
 #endif
 
   program_log* log_ = nullptr;
+  access_hooks const* hooks_ = nullptr;
   char const* untracked_ = nullptr; // the name of an untracked tensor accessed
   bool touched_ = false;            // whether a lane of it was
   int tensor_ = -1;
