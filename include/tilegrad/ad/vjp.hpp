@@ -410,7 +410,7 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   std::vector<std::string> names;
   std::vector<ad::tensor_shadow<T>> shadows;
   (ad::add_entry<Args, T>(args, entries, names, shadows), ...);
-  detail::launch_tracker plain(g);
+  detail::launch_tracker plain(g, "tilegrad::vjp");
   (ad::track_plain<T>(args, plain), ...);
   auto converted = std::make_tuple(ad::convert_arg<T>(args)...);
   auto call = [&](program const& p) {

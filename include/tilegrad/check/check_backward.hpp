@@ -704,7 +704,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       auto rng = detail::rng_for(seed, 3000);
       for (int r = 0; r < 2; ++r) {
         for (auto& s : saved)
-          s.jitter(rng, 1);
+          s.jitter(rng);
         backward_run j = run_backward(cots);
         for (auto& s : saved)
           s.restore();

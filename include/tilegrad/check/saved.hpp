@@ -42,10 +42,10 @@ double ulp_of(double v) {
 /// its float64 forward values.
 struct saved_values {
   std::string name;
-  /// Sets every element to its float value moved by `times` max(one ulp, |float - float64|), up or
-  /// down at random; values the float forward computed exactly (equal to the float64 forward's:
-  /// a max, a copy) and non-finite ones stay.
-  std::function<void(std::mt19937_64&, double times)> jitter;
+  /// Sets every element to its float value moved by max(one ulp, |float - float64|), up or down
+  /// at random; values the float forward computed exactly (equal to the float64 forward's: a
+  /// max, a copy) and non-finite ones stay.
+  std::function<void(std::mt19937_64&)> jitter;
   /// Puts the float forward's values back.
   std::function<void()> restore;
 };
@@ -72,18 +72,10 @@ kept_contents keep_contents(std::string what, tensor<E> t) {
       E const& was = (*kept)[static_cast<std::size_t>(i)];
       if (std::memcmp(&now, &was, sizeof(E)) == 0)
         continue;
-      std::vector<std::int64_t> at(static_cast<std::size_t>(t.rank()));
-      for (std::int64_t a = t.rank() - 1, rest = i; a >= 0; --a) {
-        at[static_cast<std::size_t>(a)] = rest % t.size(static_cast<int>(a));
-        rest /= t.size(static_cast<int>(a));
-      }
       std::ostringstream os;
       os.precision(7);
-      os << what << " at (";
-      for (std::size_t a = 0; a < at.size(); ++a)
-        os << (a ? ", " : "") << at[a];
-      os << "): " << static_cast<double>(was) << " before, " << static_cast<double>(now)
-         << " after";
+      os << what << " at " << t.coordinates(t.row_major_offset(i)) << ": "
+         << static_cast<double>(was) << " before, " << static_cast<double>(now) << " after";
       for (std::int64_t j = i; j < t.numel(); ++j)
         t.data()[t.row_major_offset(j)] = (*kept)[static_cast<std::size_t>(j)];
       return os.str();
@@ -104,14 +96,14 @@ saved_values make_saved_values(std::string name, tensor<E> t, double const* ref)
     kept->push_back(t.data()[t.row_major_offset(i)]);
   saved_values s;
   s.name = std::move(name);
-  s.jitter = [t, kept, refs](std::mt19937_64& rng, double times) {
+  s.jitter = [t, kept, refs](std::mt19937_64& rng) {
     for (std::int64_t i = 0; i < t.numel(); ++i) {
       auto const at = static_cast<std::size_t>(i);
       double const v = static_cast<double>((*kept)[at]), r = (*refs)[at];
       bool const up = rng() & 1;
       if (!std::isfinite(v) || !std::isfinite(r) || v == r)
         continue;
-      double const e = times * std::max(ulp_of<E>(v), std::abs(v - r));
+      double const e = std::max(ulp_of<E>(v), std::abs(v - r));
       t.data()[t.row_major_offset(i)] = static_cast<E>(up ? v + e : v - e);
     }
   };

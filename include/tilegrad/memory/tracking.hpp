@@ -237,7 +237,8 @@ struct race_found {
 /// their elements.
 class launch_tracker {
 public:
-  explicit launch_tracker(grid g) : g_(g) {}
+  /// `who` begins its race messages ("tilegrad::vjp" for the integer tensors of a vjp).
+  explicit launch_tracker(grid g, char const* who = "tilegrad::launch") : g_(g), who_(who) {}
   launch_tracker(launch_tracker const&) = delete;
   launch_tracker& operator=(launch_tracker const&) = delete;
 
@@ -362,7 +363,7 @@ private:
     r.tensor = view;
     r.element = std::move(coordinates);
     r.where = at;
-    r.message = "tilegrad::launch: race on tensor " + tensor_label(view) + ", element " +
+    r.message = std::string(who_) + ": race on tensor " + tensor_label(view) + ", element " +
                 r.element + ": " + r.program + " " + mine + " it at " + where_string(at) +
                 ", and " + r.other + " " + theirs +
                 (site_other ? " at " + where_string(sites_[site_other - 1u]) : std::string()) +
@@ -498,6 +499,7 @@ private:
 #endif
 
   grid g_;
+  char const* who_;
   std::vector<tracked_tensor> tensors_;
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
