@@ -487,9 +487,9 @@ TEST(Loop, AnIntegerWriteInTheBodyIsRefusedInReverseMode) {
     tg::set_loop_record_budget(budget);
     std::string const m = message_of(
         [&] { tg::vjp(2, k, tg::in("x", x), tg::out("y", y, dy), count.view()); });
-    EXPECT_NE(m.find("atomic_add by program (0, 0, 0) inside the body of tg::loop"),
-              std::string::npos)
-        << m;
+    // (Which program throws first depends on the threads.)
+    EXPECT_NE(m.find("atomic_add by program ("), std::string::npos) << m;
+    EXPECT_NE(m.find("inside the body of tg::loop"), std::string::npos) << m;
   }
   tg::launch(2, k, x.cview(), y.view(), count.view()); // the fast path counts
   EXPECT_EQ(count(0), 3);
@@ -550,7 +550,7 @@ TEST(Loop, AReplayedIntegerLoadOfAnElementWrittenAfterTheLoopIsRefused) {
   std::string const m = message_of([&] {
     tg::vjp(3, work_list<true>, tg::in("x", x), tg::out("y", y, dy), order.view(), 1);
   });
-  EXPECT_NE(m.find("loads tensor 'order', element (0, "), std::string::npos) << m;
+  EXPECT_NE(m.find("loads tensor 'order', element ("), std::string::npos) << m;
   EXPECT_NE(m.find("writes that element after the loop"), std::string::npos) << m;
   reset();
   auto const g = tg::vjp(3, work_list<true>, tg::in("x", x), tg::out("y", y, dy), order.view(), 0);

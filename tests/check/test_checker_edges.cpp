@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
@@ -199,6 +200,130 @@ TEST(CheckerEdges, AnOutOfBoundsReadNamesTheOutputOrItsCotangent) {
                                   : "tensor 'cotangent of y' has shape (100), element (100)";
     EXPECT_TRUE(r.mentions(want)) << r;
   }
+}
+
+// A backward that does not reproduce itself (memory it never initialised, an accumulator it
+// never zeroes; here noise of 1e-2 drawn afresh on every call): the second look's reruns moved
+// by the noise, that move was allowed as the forward's roundings, and most of the garbage passed
+// (a seed with errors of 1e21 printed "ok"). Now where a plain rerun does not reproduce the
+// first run within the first look's bound, nothing is allowed.
+TEST(CheckerEdges, TheSecondLookAllowsNothingWhereTheBackwardDoesNotReproduceItself) {
+  std::int64_t const rows = 40, cols = 50;
+  tg::owned_tensor<float> x({rows, cols}, "x"), y({rows, cols}, "y");
+  auto const r = tg::check_backward(
+      tg::forward(static_cast<int>(rows), tg::kernels::softmax_fwd<Block>, tg::in("x", x),
+                  tg::out("y", y)),
+      [](tg::backward_context<float>& ctx) {
+        static std::mt19937 noise(5);
+        auto const yv = ctx.output("y");
+        tg::owned_tensor<float> dx({yv.size(0), yv.size(1)});
+        tg::launch(ctx.options(), static_cast<int>(yv.size(0)), tg::kernels::softmax_bwd<Block>,
+                   yv, ctx.cotangent("y"), dx.view());
+        std::uniform_real_distribution<float> u(-1e-2f, 1e-2f);
+        for (float& v : dx)
+          v += u(noise);
+        ctx.set_gradient("x", dx);
+      },
+      {.seeds = 2, .check_linearity = false, .check_determinism = false});
+  EXPECT_FALSE(r);
+  ASSERT_EQ(r.seeds.size(), 2u);
+  for (std::size_t si = 0; si < r.seeds.size(); ++si) {
+    EXPECT_FALSE(r.seeds[si].ok()) << r;
+    auto const* g = r.gradient("x", si);
+    ASSERT_TRUE(g);
+    EXPECT_GE(g->mismatches, rows * cols * 99 / 100) << r; // |noise| > 1e-4 almost everywhere
+  }
+}
+
+// A gradient handed over from a buffer that atomic_add filled, after which a later launch
+// reuses the buffer with plain stores: the determinism check traced the gradient's elements to
+// that store (the buffer's last writer by address) and failed a correct backward whose two runs
+// differ only in the order of the additions. Now the trace is taken as it was at the handover.
+TEST(CheckerEdges, AGradientIsTracedAsItWasHandedOver) {
+  std::int64_t const n = 100;
+  // ws[i] gets C = 100 dw[i], s = 3e-7 dw[i], -C and dw[i] in an order that alternates from
+  // call to call: C + s - C rounds s away, C - C + s keeps it (an order of additions: dw[i] one
+  // way, dw[i] (1 + 3e-7) the other, both well within the error bound).
+  constexpr auto add_in_order = []<class T>(tg::program const& p, tg::tensor<T const> dw,
+                                            tg::tensor<T> ws, int flip) {
+    auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+    auto const m = offs < ws.numel();
+    tg::tile<T, Block> const v = tg::load(dw + offs, m, 0.0f);
+    tg::atomic_add(ws + offs, v * 100.0f, m);
+    tg::atomic_add(ws + offs, flip ? v * 3e-7f : v * -100.0f, m);
+    tg::atomic_add(ws + offs, flip ? v * -100.0f : v * 3e-7f, m);
+    tg::atomic_add(ws + offs, v, m);
+  };
+  constexpr auto zero = []<class T>(tg::program const& p, tg::tensor<T> ws) {
+    auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+    tg::store(ws + offs, 0.0f, offs < ws.numel());
+  };
+  for (bool reuse : {false, true}) {
+    tg::owned_tensor<float> x({n}, "x"), w({n}, "w"), y({n}, "y");
+    auto const r = tg::check_backward(
+        tg::forward(tg::cdiv<int>(n, Block), mul_fwd, tg::in("x", x), tg::in("w", w),
+                    tg::out("y", y)),
+        [reuse, add_in_order, zero](tg::backward_context<float>& ctx) {
+          static int calls = 0;
+          auto const xi = ctx.input("x"), wi = ctx.input("w"), dy = ctx.cotangent("y");
+          tg::owned_tensor<float> dx({n}), dw({n}), ws({n});
+          int const g = tg::cdiv<int>(n, Block);
+          tg::launch(ctx.options(), g, mul_bwd, xi, wi, dy, dx.view(), dw.view());
+          tg::launch(ctx.options(), g, add_in_order, dw.cview(), ws.view(), ++calls % 2);
+          ctx.set_gradient("x", dx);
+          ctx.set_gradient("w", ws); // (a copy)
+          if (reuse) // the workspace, reused
+            tg::launch(ctx.options(), g, zero, ws.view());
+        },
+        {.seeds = 1, .check_linearity = false});
+    EXPECT_TRUE(r) << "reuse " << reuse << "\n" << r;
+    EXPECT_TRUE(r.mentions("each written by atomic_add alone")) << r;
+  }
+}
+
+// Options under which nothing could be checked or no map drawn are problems, named (seeds = 0
+// failed with no reason; map_rows = 0 divided by zero).
+TEST(CheckerEdges, OptionsThatCheckNothingAreNamed) {
+  EXPECT_TRUE(check_mul(70, writes::nothing, {.seeds = 0})
+                  .mentions("check_options::seeds is 0: nothing would be checked"));
+  for (tg::check_options o : {tg::check_options{.map_rows = 0}, tg::check_options{.map_cols = 0}}) {
+    auto const r = check_mul(70, writes::nothing, o);
+    EXPECT_FALSE(r);
+    EXPECT_TRUE(r.mentions("map_rows, map_cols must be at least 1")) << r;
+  }
+}
+
+// The worst elements listed are the furthest over their bounds: a bug of 1e-3 in the last
+// element of dx, among rows of x a million times larger whose correct gradients' roundings are
+// larger in absolute terms. They were listed by absolute error (the bug not among them).
+TEST(CheckerEdges, TheWorstAreTheFurthestOverTheirBounds) {
+  std::int64_t const n = 37 * 64;
+  tg::owned_tensor<float> x({n}, "x"), w({n}, "w"), y({n}, "y");
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (std::int64_t i = 0; i < n; ++i) {
+    x(i) = u(rng);
+    w(i) = (i < 8 * 64 ? 1e6f : 1.0f) * u(rng);
+  }
+  auto const r = tg::check_backward(
+      tg::forward(tg::cdiv<int>(n, Block), mul_fwd, tg::in("x", x), tg::in("w", w),
+                  tg::out("y", y)),
+      [](tg::backward_context<float>& ctx) {
+        auto const xi = ctx.input("x"), wi = ctx.input("w");
+        tg::owned_tensor<float> dx({xi.numel()}), dw({xi.numel()});
+        tg::launch(ctx.options(), tg::cdiv<int>(xi.numel(), Block), mul_bwd, xi, wi,
+                   ctx.cotangent("y"), dx.view(), dw.view());
+        dx(xi.numel() - 1) += 1e-3f;
+        ctx.set_gradient("x", dx);
+        ctx.set_gradient("w", dw);
+      },
+      {.seeds = 1, .given = {"x", "w"}});
+  EXPECT_FALSE(r);
+  auto const* g = r.gradient("x");
+  ASSERT_TRUE(g && !g->worst.empty());
+  EXPECT_EQ(g->mismatches, 1) << r;
+  EXPECT_EQ(g->worst.front().at, (std::vector<std::int64_t>{n - 1})) << r;
+  EXPECT_GT(g->worst.front().ratio, 1) << r;
 }
 
 TEST(CheckerEdges, AnInputOfNoElementsIsNoCapture) {

@@ -99,6 +99,7 @@ inline double max_abs_diff(std::vector<double> const& a, std::vector<double> con
 struct element_error {
   std::vector<std::int64_t> at;
   double got = 0, want = 0;
+  double ratio = 0; ///< err / bound (inf where the bound is 0 and the error is not)
   double abs_err() const { return detail::abs_err(got, want); }
   TILEGRAD_MACHINERY_MEMBER std::string where() const
 #if TILEGRAD_MACHINERY_BODIES
@@ -311,6 +312,7 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   double sum = 0;
   std::int64_t i_abs = 0, i_rel = -1, i_ratio = -1;
   std::vector<std::int64_t> order;
+  std::vector<double> ratios; // err / bound per element: the worst are the furthest over it
   for (std::int64_t i = 0; i < r.numel; ++i) {
     double const g = got.values[static_cast<std::size_t>(i)];
     double const w = ref64[static_cast<std::size_t>(i)];
@@ -327,6 +329,8 @@ inline gradient_report compare_gradient(erased_gradient const& got,
       i_rel = i;
     }
     double const b = tol.bound(w, i);
+    double const ratio = b > 0 ? e / b : e > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+    ratios.push_back(ratio);
     if (b > 0 ? e / b > r.worst_ratio : e > 0) {
       r.worst_ratio = b > 0 ? e / b : std::numeric_limits<double>::infinity();
       r.worst_ratio_bound = b;
@@ -347,7 +351,7 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   auto element = [&](std::int64_t i) {
     return element_error{detail::unravel(i, got.shape, got.rank),
                          got.values[static_cast<std::size_t>(i)],
-                         ref64[static_cast<std::size_t>(i)]};
+                         ref64[static_cast<std::size_t>(i)], ratios[static_cast<std::size_t>(i)]};
   };
   if (r.numel)
     r.at_max_abs = element(i_abs);
@@ -363,8 +367,14 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   }
   auto const k =
       std::min<std::size_t>(static_cast<std::size_t>(std::max(o.worst, 0)), order.size());
+  // The worst: the furthest over their bounds (a bug in a row of small values before large
+  // correct values whose rounding is larger), then by absolute error.
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
                     [&](std::int64_t a, std::int64_t b) {
+                      auto const ra = ratios[static_cast<std::size_t>(a)];
+                      auto const rb = ratios[static_cast<std::size_t>(b)];
+                      if (ra != rb)
+                        return ra > rb;
                       auto const ea = detail::abs_err(got.values[static_cast<std::size_t>(a)],
                                                       ref64[static_cast<std::size_t>(a)]);
                       auto const eb = detail::abs_err(got.values[static_cast<std::size_t>(b)],

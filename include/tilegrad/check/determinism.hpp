@@ -55,8 +55,8 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
     if (std::memcmp(a.bits.data() + at * w, b.bits.data() + at * w, w) == 0)
       continue;
     ++diff;
-    traced_write const ta = la.last_write(a.source_of(i), a.elem_size);
-    traced_write const tb = lb.last_write(b.source_of(i), b.elem_size);
+    traced_write const ta = la.last_write(a.source_of(i), a.elem_size, a.traced);
+    traced_write const tb = lb.last_write(b.source_of(i), b.elem_size, b.traced);
     bool const atomic = ta.ops == op_atomic_add && tb.ops == op_atomic_add;
     add_sum const sa = ta.sum, sb = tb.sum;
     if (!atomic) {

@@ -85,6 +85,11 @@ struct arg_kind<tensor<E>> : arg_kind<void> {
   using type = std::remove_const_t<E>;
 };
 
+template <class X>
+inline constexpr bool is_inout_v = false;
+template <class T>
+inline constexpr bool is_inout_v<marked_tensor<T, ad::role::inout>> = true;
+
 // Owning tensors are held as const views (launch passes a const owning tensor as one too).
 template <class X>
 X store_arg(X const& x) {
@@ -151,6 +156,10 @@ auto rebind(X const& x, std::deque<owned_tensor<U>>& keep, Cot&& cot) {
 /// values and get no gradient; integer tensors and numbers pass through.
 template <class Kernel, class... Args>
 auto forward(grid g, Kernel kernel, Args const&... args) {
+  static_assert(!(detail::is_inout_v<Args> || ...),
+                "tilegrad::forward: check_backward takes no inout tensor (tg::inout is vjp's). Give "
+                "the output a buffer of its own, tg::out(\"y\", y), and the input tg::in(\"x\", "
+                "x): a backward's gradients are those of the same kernel writing elsewhere");
   return forward_launch<Kernel, decltype(detail::store_arg(args))...>{
       g, kernel, {detail::store_arg(args)...}};
 }

@@ -5,6 +5,7 @@
 #include "tilegrad/core/bf16.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/memory/tensor.hpp"
+#include "tilegrad/memory/tracking.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -60,6 +61,9 @@ struct erased_gradient {
   void const* source = nullptr;
   extents source_strides{1, 1, 1, 1};
   std::size_t elem_size = 0;
+  /// The traced launches' writes when it was handed over (launch_observer::writes.size()): what
+  /// later launches write into the same memory (a reused workspace) is not its history.
+  std::size_t traced = static_cast<std::size_t>(-1);
 
   std::int64_t numel() const { return static_cast<std::int64_t>(values.size()); }
   std::string shape_string() const { return tuple_string(shape.data(), rank); }
@@ -86,6 +90,8 @@ erased_gradient erase_gradient(std::string name, tensor<U> t) {
   g.source = t.data();
   g.source_strides = t.strides();
   g.elem_size = sizeof(V);
+  if (detail::launch_observer const* ob = detail::current_observer())
+    g.traced = ob->writes.size();
   std::int64_t const n = t.numel();
   g.values.resize(static_cast<std::size_t>(n));
   g.bits.resize(static_cast<std::size_t>(n) * sizeof(V));

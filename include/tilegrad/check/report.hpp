@@ -164,7 +164,8 @@ private:
       os << "\n      worst:";
       for (std::size_t i = 0; i < g.worst.size(); ++i)
         os << (i ? "\n             " : " ") << g.worst[i].where() << " kernel " << g.worst[i].got
-           << " reference " << g.worst[i].want << " err " << g.worst[i].abs_err();
+           << " reference " << g.worst[i].want << " err " << g.worst[i].abs_err() << " err/bound "
+           << g.worst[i].ratio;
       os << "\n";
       if (g.mismatches)
         os << g.map;

@@ -707,10 +707,15 @@ public:
 
   /// What the last tracked launch that wrote the element at address p (of elem bytes) did to
   /// it, following host copies back to the element they read.
-  traced_write last_write(void const* p, std::size_t elem) const {
+  /// What wrote the element at p last, among the first `upto` entries of `writes` (a gradient
+  /// handed over before later launches reused its buffer is traced as it was then).
+  traced_write last_write(void const* p, std::size_t elem,
+                          std::size_t upto = static_cast<std::size_t>(-1)) const {
     traced_write t;
     auto const* b = static_cast<std::byte const*>(p);
-    for (auto it = writes.rbegin(); it != writes.rend(); ++it) {
+    auto const first = writes.rbegin() +
+                       static_cast<std::ptrdiff_t>(writes.size() - std::min(upto, writes.size()));
+    for (auto it = first; it != writes.rend(); ++it) {
       if (b < it->lo || b >= it->hi || it->elem != elem)
         continue;
       auto const i = static_cast<std::size_t>((b - it->lo) / static_cast<std::ptrdiff_t>(elem));
