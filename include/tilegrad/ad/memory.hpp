@@ -113,7 +113,7 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
   throw std::invalid_argument(
       "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) + " loads tensor " +
       detail::tensor_label(e.name) + ", element " + e.layout.coordinates(el) +
-      ", inside the body of tg::loop at " + detail::where_string(loc) +
+      ", inside the body of tg::loop (the load at " + detail::where_string(loc) + ")" +
       " and writes that element after the loop: the reverse sweep runs the body again, and can "
       "no longer tell which of the program's stores the load saw. Write this loop as a plain "
       "for loop.");
@@ -131,8 +131,8 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
   program const* p = detail::current_program();
   throw std::invalid_argument(
       std::string("tilegrad::vjp: ") + what + " by " +
-      (p ? p->describe() : std::string("host code")) + " inside the body of tg::loop at " +
-      detail::where_string(loc) +
+      (p ? p->describe() : std::string("host code")) + " inside the body of tg::loop (the " +
+      what + " at " + detail::where_string(loc) + ")" +
       ": in reverse mode a tg::loop body may load but not store (its sweep runs the body "
       "again). Carry the values out of the loop and store them after it, or write the loop as "
       "a plain for loop.");
@@ -178,7 +178,7 @@ TILEGRAD_MACHINERY void plain_load_hook(tilegrad::detail::access_hooks const& h,
             throw std::invalid_argument(
                 "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
                 " loads tensor " + tilegrad::detail::tensor_label(name) + ", element " + coords +
-                ", inside the body of a tg::loop (the load at " +
+                ", inside the body of tg::loop (the load at " +
                 tilegrad::detail::where_string(loc) + ") and writes that element after the loop " +
                 "(at " + tilegrad::detail::where_string(a.loc) + "): the reverse sweep runs the " +
                 "body again and would read the new value. Write into another tensor, or write this "
