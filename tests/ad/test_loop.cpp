@@ -588,6 +588,32 @@ TEST(Loop, RacesOnIntegerTensorsAreReportedInReverseMode) {
   EXPECT_EQ(g["x"](6), 2 * dy(6));
 }
 
+// What is not a race on integer tensors in reverse mode: atomics of any kind (a claim flag
+// exchanged by every program, a lock, a counter: they synchronise programs), and writes through a
+// view the kernel captures (not tracked, as before integer tensors were). Both were refused
+// once vjp tracked integer tensors, the second only when the kernel also took one.
+TEST(Loop, IntegerAtomicsAndCapturedWritesAreNoRacesInReverseMode) {
+  owned<std::int32_t> captured({4}, "captured");
+  tg::tensor<std::int32_t> const cap = captured.view();
+  auto k = [cap]<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y,
+                          tg::tensor<std::int32_t> flag) {
+    auto const i = p.program_id(0) * 4 + tg::arange<0, 4>();
+    tg::store(y + i, tg::load(x + i, i < x.size(0), 0.0f) * 3.0f, i < y.size(0));
+    (void)tg::atomic_xchg(flag + tg::arange<0, 1>(), p.program_id(0));
+    (void)tg::atomic_max(flag + 1 + tg::arange<0, 1>(), p.program_id(0));
+    tg::store(cap + p.program_id(0) + tg::arange<0, 1>(), 7);
+  };
+  owned<float> x({7}, "x"), y({7}, "y"), dy({7}, "dy");
+  test_support::fill(dy, 9);
+  owned<std::int32_t> flag({2}, "flag");
+  auto const g = tg::vjp(2, k, tg::in("x", x), tg::out("y", y, dy), flag.view());
+  for (int i = 0; i < 7; ++i)
+    EXPECT_EQ(g["x"](i), 3 * dy(i));
+  EXPECT_EQ(flag(1), 1);
+  EXPECT_EQ(captured(0), 7);
+  EXPECT_EQ(captured(1), 7);
+}
+
 // Sizes come as int64: a bound past the int range of the body's index is refused, naming the
 // loop, where it was silently cut to int (a trip count of 1 for 17).
 TEST(Loop, ABoundPastTheIntRangeIsRefused) {

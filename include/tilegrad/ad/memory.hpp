@@ -156,14 +156,16 @@ inline void plain_write_hook(char const* what, std::source_location const& loc) 
   refuse_write_in_loop(current_state(), what, loc);
 }
 
-TILEGRAD_MACHINERY void plain_load_hook(tilegrad::detail::access_hooks const& h, int t,
+// Returns whether the load joins the program's log: a replayed one does not (its first run's
+// did), so that the log does not grow with the replays.
+TILEGRAD_MACHINERY bool plain_load_hook(tilegrad::detail::access_hooks const& h, int t,
                                         std::vector<run> const& lanes,
                                         std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
 {
   program_state const* st = current_state();
   if (!st || !st->replaying || !h.log || !h.tracker)
-    return;
+    return true;
   auto const& log = *h.log;
   for (std::size_t i = st->log_after_loop; i < log.accesses.size(); ++i) {
     auto const& a = log.accesses[i];
@@ -185,6 +187,7 @@ TILEGRAD_MACHINERY void plain_load_hook(tilegrad::detail::access_hooks const& h,
                 "loop as a plain for loop.");
           }
   }
+  return false;
 }
 #else
 ;

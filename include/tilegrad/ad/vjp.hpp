@@ -481,6 +481,7 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
   // checks races tracks them, each program logging its accesses to them (ad::plain_load_hook).
   detail::access_hooks bounds_only;
   bounds_only.before_write = &ad::plain_write_hook;
+  bounds_only.lenient = true;
   std::vector<detail::program_log> plain_logs;
   if (!plain.empty())
     plain_logs.resize(static_cast<std::size_t>(std::min(wave, total)));

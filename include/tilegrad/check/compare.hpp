@@ -329,7 +329,9 @@ inline gradient_report compare_gradient(erased_gradient const& got,
       i_rel = i;
     }
     double const b = tol.bound(w, i);
-    double const ratio = b > 0 ? e / b : e > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+    double ratio = b > 0 ? e / b : e > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+    if (std::isnan(ratio)) // an infinite error against an infinite bound
+      ratio = e <= b ? 0.0 : std::numeric_limits<double>::infinity();
     ratios.push_back(ratio);
     if (b > 0 ? e / b > r.worst_ratio : e > 0) {
       r.worst_ratio = b > 0 ? e / b : std::numeric_limits<double>::infinity();

@@ -526,7 +526,9 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
                                      std::source_location const& loc) {
   if (h.before_write)
     h.before_write(what, loc);
-  access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
+  access_hooks const untracked{}; // vjp: atomics synchronise programs, they are not logged
+  access_recorder rec(h.lenient ? untracked : h, p.base.data(), sizeof(T), p.extent,
+                      p.base.name());
   bool const add = std::string_view(what) == "atomic_add";
   if (std::is_floating_point_v<T> && add)
     rec.expect_values(S::size);

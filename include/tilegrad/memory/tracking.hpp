@@ -74,11 +74,14 @@ struct access_hooks {
   program_log* log = nullptr;
   // Reverse mode (vjp) on tensors that are not differentiated (integer tensors): called before a
   // store or an atomic, and with each load's lanes (the tracked tensor and its runs) before it
-  // joins the log; each may throw (a write inside a tg::loop body; a replayed load of an element
-  // the program wrote after the loop).
+  // joins the log (false: it does not, a load replayed in a sweep); each may throw (a write
+  // inside a tg::loop body; a replayed load of an element the program wrote after the loop).
   void (*before_write)(char const* what, std::source_location const& loc) = nullptr;
-  void (*on_load)(access_hooks const& h, int tensor, std::vector<run> const& runs,
+  bool (*on_load)(access_hooks const& h, int tensor, std::vector<run> const& runs,
                   std::source_location const& loc) = nullptr;
+  // vjp: writes to tensors the launch does not take (captures) are not refused, and atomics are
+  // not logged (integer locks, flags and counters synchronise programs; they are not races).
+  bool lenient = false;
 };
 
 /// Zeroed blocks kept for reuse by the thread that checks launches: fresh memory costs a page
@@ -537,7 +540,8 @@ public:
       return;
     int const t = h.tracker->find(base, elem, extent);
     if (t < 0) {
-      untracked_ = name;
+      if (!h.lenient)
+        untracked_ = name;
       return;
     }
     tensor_ = t;
@@ -595,8 +599,8 @@ private:
     builder_->finish();
     if (log_->scratch.empty())
       return; // every lane masked off
-    if (op == op_load && hooks_->on_load)
-      hooks_->on_load(*hooks_, tensor_, log_->scratch, loc);
+    if (op == op_load && hooks_->on_load && !hooks_->on_load(*hooks_, tensor_, log_->scratch, loc))
+      return;
     auto const first = static_cast<std::uint32_t>(log_->runs.size());
     log_->runs.insert(log_->runs.end(), log_->scratch.begin(), log_->scratch.end());
     log_->accesses.push_back({op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
