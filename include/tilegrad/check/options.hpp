@@ -99,9 +99,8 @@ struct check_options {
   std::optional<double> k_bound = {};
   /// error_bound, second look: when an element is over its bound, the backward runs again with
   /// the values it reads from the forward (outputs, unmarked tensors the forward writes) moved by
-  /// their rounding errors, and each element may also be off by k_saved times how far it moved;
-  /// k_saved times a band's largest move (in units of u * |J|^T |w|) is also a floor of the
-  /// band's k (0: no second look). See docs/checking.md, "The forward's roundings".
+  /// their rounding errors, and each element may also be off by k_saved times how far it moved
+  /// (0: no second look). See docs/checking.md, "The forward's roundings".
   double k_saved = 2;
   /// error_bound: k = max(k_bound, k * the units g_ref32 is off by) is taken per band of rows of
   /// each gradient's 2-D view (every axis but the last folded): at most k_bands bands, each of at
