@@ -377,6 +377,8 @@ struct program_state {
   // The same for tensors vjp does not differentiate (integer tensors), whose accesses go to the
   // program's log of a tracked launch (current_hooks()->log): its accesses from this one on.
   std::size_t log_after_loop = 0;
+  // Rounding jitter (rounding_jitter()): the program's random stream, seeded from its id.
+  std::uint64_t jitter_state = 0;
   /// Whether this program wrote element el of tensor t after the loop being replayed.
   bool written_after_loop(int t, std::int64_t el) const {
     auto const& acc = out->accesses;
@@ -460,6 +462,33 @@ public:
 
 private:
   bool saved_;
+};
+
+/// A reference run with rounding jitter (check_backward's second look): the float64 forward
+/// keeps, beside each value it computes, a bound of the rounding error a float computation of it
+/// would carry (`unit` is that precision's unit roundoff), and each operation that reads such a
+/// value reads it moved by a random fraction of that bound, drawn anew per reader (see
+/// ad/jitter.hpp). seed 0: off.
+struct jitter_settings {
+  std::uint64_t seed = 0;
+  double unit = 0;
+};
+inline jitter_settings& rounding_jitter() {
+  thread_local jitter_settings j;
+  return j;
+}
+
+/// While it lives, the vjp calls made from this thread (and their worker threads) run with
+/// rounding jitter; restored after.
+class jitter_scope {
+public:
+  explicit jitter_scope(jitter_settings j) : saved_(rounding_jitter()) { rounding_jitter() = j; }
+  ~jitter_scope() { rounding_jitter() = saved_; }
+  jitter_scope(jitter_scope const&) = delete;
+  jitter_scope& operator=(jitter_scope const&) = delete;
+
+private:
+  jitter_settings saved_;
 };
 
 /// The tape adjoint tiles record on: the running program's, or a per-thread scratch tape for

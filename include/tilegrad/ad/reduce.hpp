@@ -4,12 +4,14 @@
 #pragma once
 
 #include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/jitter.hpp"
 #include "tilegrad/ad/tile.hpp"
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/tile/dot.hpp"
 #include "tilegrad/tile/reduce.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -99,6 +101,30 @@ struct sum_expr_record final : record {
   }
 };
 
+/// y = the reduction of x (C over axis A into n results) as a reader with rounding jitter sees x;
+/// keeps y's errors; returns the moved x it reduced (its record's).
+template <class Op, class C, int A>
+double const* reduce_jittered(tape& tp, double const* x, double* y, int n) {
+  double* ey = tp.alloc<double>(static_cast<std::size_t>(n));
+  detail::reduce_axis<Op, C, A, double>(y, tile_ref<double, C>{{}, x});
+  if (errors_of(tp, x))
+    detail::reduce_axis<Op, C, A, double>(ey, tile_ref<double, C>{{}, jittered<true>(tp, x, C::size)});
+  else
+    std::copy_n(y, n, ey);
+  errors_from(ey, y, n, 0.0);
+  if constexpr (std::is_same_v<Op, ops::add_op>) { // a sum rounds each partial sum
+    double* ax = tp.alloc<double>(C::size);
+    double* s = tp.alloc<double>(static_cast<std::size_t>(n));
+    for (int i = 0; i < C::size; ++i) ax[i] = std::abs(x[i]);
+    detail::reduce_axis<Op, C, A, double>(s, tile_ref<double, C>{{}, ax});
+    for (int i = 0; i < n; ++i) ey[i] += rounding_jitter().unit * s[i];
+  }
+  double const* xv = jittered(tp, x, C::size);
+  detail::reduce_axis<Op, C, A, double>(y, tile_ref<double, C>{{}, xv});
+  keep_errors(tp, y, ey, n);
+  return xv;
+}
+
 template <class Op, int Axis, bool Keep, class E>
 auto reduce(E&& e) {
   using C = shape_of_t<E>;
@@ -110,26 +136,34 @@ auto reduce(E&& e) {
                 is_cheap_v<detail::node_t<E>>) {
     // A sum of a cheap expression: summed as it is evaluated, as on the fast path, and
     // differentiated through the expression without materialising it (its values or their
-    // adjoints).
-    auto p = detail::convert_as<T>(to_primal(detail::as_node(e)));
-    T* yv = tp.alloc<T>(R::size);
-    detail::reduce_axis<Op, C, a, T>(yv, p);
-    T* ya = nullptr;
-    if constexpr (is_active_v<decltype(p)>) {
-      if (any_active(p) && tp.recording()) {
-        ya = tp.alloc_zero<T>(R::size);
-        tp.push<sum_expr_record<C, a, decltype(p)>>(persisted(p, tp), ya);
+    // adjoints). (With rounding jitter, materialised: below.)
+    if (!jitter_active<T>()) {
+      auto p = detail::convert_as<T>(to_primal(detail::as_node(e)));
+      T* yv = tp.alloc<T>(R::size);
+      detail::reduce_axis<Op, C, a, T>(yv, p);
+      T* ya = nullptr;
+      if constexpr (is_active_v<decltype(p)>) {
+        if (any_active(p) && tp.recording()) {
+          ya = tp.alloc_zero<T>(R::size);
+          tp.push<sum_expr_record<C, a, decltype(p)>>(persisted(p, tp), ya);
+        }
       }
+      return detail::tile_t<adjoint<T>, R>::from_buffers(yv, ya);
     }
-    return detail::tile_t<adjoint<T>, R>::from_buffers(yv, ya);
   }
   detail::tile_t<adjoint<T>, C> const x(e);
   T* yv = tp.alloc<T>(R::size);
-  detail::reduce_axis<Op, C, a, T>(yv, tile_ref<T, C>{{}, x.values()});
+  T const* xv = x.values();
+  if (jitter_active<T>()) [[unlikely]] {
+    if constexpr (std::is_same_v<T, double>)
+      xv = reduce_jittered<Op, C, a>(tp, xv, yv, R::size);
+  } else {
+    detail::reduce_axis<Op, C, a, T>(yv, tile_ref<T, C>{{}, xv});
+  }
   T* ya = nullptr;
   if (x.active() && tp.recording()) {
     ya = tp.alloc_zero<T>(R::size);
-    tp.push<reduce_record<Op, C, a, T>>(x.values(), x.adjoints(), yv, ya);
+    tp.push<reduce_record<Op, C, a, T>>(xv, x.adjoints(), yv, ya);
   }
   return detail::tile_t<adjoint<T>, R>::from_buffers(yv, ya);
 }
@@ -142,11 +176,17 @@ auto reduce_all(E&& e) {
   detail::tile_t<adjoint<T>, C> const x(e);
   tape& tp = current_tape();
   T* yv = tp.alloc<T>(1);
-  detail::reduce_axis<Op, F, 0, T>(yv, tile_ref<T, F>{{}, x.values()});
+  T const* xv = x.values();
+  if (jitter_active<T>()) [[unlikely]] {
+    if constexpr (std::is_same_v<T, double>)
+      xv = reduce_jittered<Op, F, 0>(tp, xv, yv, 1);
+  } else {
+    detail::reduce_axis<Op, F, 0, T>(yv, tile_ref<T, F>{{}, xv});
+  }
   T* ya = nullptr;
   if (x.active() && tp.recording()) {
     ya = tp.alloc_zero<T>(1);
-    tp.push<reduce_record<Op, F, 0, T>>(x.values(), x.adjoints(), yv, ya);
+    tp.push<reduce_record<Op, F, 0, T>>(xv, x.adjoints(), yv, ya);
   }
   if constexpr (Keep) {
     using K = decltype([]<std::size_t... Is>(std::index_sequence<Is...>) {
@@ -352,22 +392,63 @@ auto dot_of(A&& a, B&& b, C&& acc) {
   tape& tp = current_tape();
   T* cv = tp.alloc<T>(M * N);
   T* acc_adj = nullptr;
+  T const* av = ta.values;
+  T const* bv = tb.values;
+  T const* accv = nullptr;
+  bool const jitter = jitter_active<T>();
   if constexpr (!Zero) {
     tile<adjoint<T>, M, N> const tc(acc);
-    std::memcpy(cv, tc.values(), sizeof(T) * M * N);
+    accv = tc.values();
     acc_adj = tc.adjoints();
   }
-  if constexpr (TB) { // the kernel reads B as (K x N) rows: y transposed once
-    T* bt = tp.alloc<T>(K * N);
-    transpose_into<T, N, K>(bt, tb.values);
-    detail::gemm<T, M, N, K, TA, Zero>(cv, ta.values, bt);
+  // c (+)= op(a) op(b), b as stored
+  auto product = [&tp](T* c, T const* a, T const* b) {
+    if constexpr (TB) { // the kernel reads B as (K x N) rows: y transposed once
+      T* bt = tp.alloc<T>(K * N);
+      transpose_into<T, N, K>(bt, b);
+      detail::gemm<T, M, N, K, TA, Zero>(c, a, bt);
+    } else {
+      detail::gemm<T, M, N, K, TA, Zero>(c, a, b);
+    }
+  };
+  if (jitter) [[unlikely]] {
+    if constexpr (std::is_same_v<T, double>) {
+      // The product's error: u |A| |B| (a rounding per term) and its operands' errors through it.
+      double const unit = rounding_jitter().unit;
+      double const* ea = errors_of(tp, av);
+      double const* eb = errors_of(tp, bv);
+      double* a1 = tp.alloc<double>(M * K);
+      double* b1 = tp.alloc<double>(K * N);
+      for (int i = 0; i < M * K; ++i) a1[i] = unit * std::abs(av[i]) + (ea ? ea[i] : 0.0);
+      for (int i = 0; i < K * N; ++i) b1[i] = std::abs(bv[i]);
+      double* ec = tp.alloc_zero<double>(M * N);
+      if (double const* eacc = accv ? errors_of(tp, accv) : nullptr)
+        std::copy_n(eacc, M * N, ec);
+      product(ec, a1, b1);
+      if (eb) {
+        double* e2 = tp.alloc_zero<double>(M * N);
+        for (int i = 0; i < M * K; ++i) a1[i] = std::abs(av[i]);
+        product(e2, a1, eb);
+        for (int i = 0; i < M * N; ++i) ec[i] += e2[i];
+      }
+      av = jittered(tp, av, M * K);
+      bv = jittered(tp, bv, K * N);
+      if (accv)
+        accv = jittered(tp, accv, M * N);
+      if constexpr (!Zero)
+        std::memcpy(cv, accv, sizeof(T) * M * N);
+      product(cv, av, bv);
+      keep_errors(tp, cv, ec, M * N);
+    }
   } else {
-    detail::gemm<T, M, N, K, TA, Zero>(cv, ta.values, tb.values);
+    if constexpr (!Zero)
+      std::memcpy(cv, accv, sizeof(T) * M * N);
+    product(cv, av, bv);
   }
   T* ca = nullptr;
   if ((ta.adj || tb.adj || acc_adj) && tp.recording()) {
     ca = tp.alloc_zero<T>(M * N);
-    tp.push<dot_record<T, M, N, K, TA, TB>>(ta.values, ta.adj, tb.values, tb.adj, acc_adj, ca);
+    tp.push<dot_record<T, M, N, K, TA, TB>>(av, ta.adj, bv, tb.adj, acc_adj, ca);
   }
   return tile<adjoint<T>, M, N>::from_buffers(cv, ca);
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -71,9 +72,9 @@ public:
 
   /// A point on the tape to come back to: the records and the bytes in use then.
   struct mark_type {
-    std::size_t records = 0, chunk = 0, used = 0;
+    std::size_t records = 0, chunk = 0, used = 0, errors = 0;
   };
-  mark_type mark() const { return {records_.size(), current_, used_}; }
+  mark_type mark() const { return {records_.size(), current_, used_, error_log_.size()}; }
   /// Runs the backward() of the records made since m, last first.
   void sweep_from(mark_type const& m) {
     for (std::size_t i = records_.size(); i > m.records; --i)
@@ -87,6 +88,9 @@ public:
     records_.resize(m.records);
     current_ = m.chunk;
     used_ = m.used;
+    for (std::size_t i = m.errors; i < error_log_.size(); ++i)
+      errors_.erase(error_log_[i]);
+    error_log_.resize(m.errors);
   }
 
   /// Drops the records, keeps the memory for the next program.
@@ -96,6 +100,24 @@ public:
     current_ = 0;
     used_ = 0;
     recording_ = true;
+    if (!error_log_.empty()) {
+      errors_.clear();
+      error_log_.clear();
+    }
+  }
+
+  /// A reference run with rounding jitter (ad/jitter.hpp) keeps, beside a recorded tile's values,
+  /// a bound of their rounding errors, found by the values' address; rewind and reset drop those
+  /// made since.
+  void set_errors(void const* values, void const* errors) {
+    if (errors_.insert_or_assign(values, errors).second)
+      error_log_.push_back(values);
+  }
+  void const* errors_of(void const* values) const {
+    if (error_log_.empty())
+      return nullptr;
+    auto const it = errors_.find(values);
+    return it == errors_.end() ? nullptr : it->second;
   }
 
   std::size_t records() const { return records_.size(); }
@@ -128,6 +150,8 @@ private:
   std::size_t current_ = 0, used_ = 0, peak_ = 0;
   bool recording_ = true;
   std::vector<record*> records_;
+  std::unordered_map<void const*, void const*> errors_;
+  std::vector<void const*> error_log_;
 };
 
 } // namespace tilegrad::ad

@@ -6,6 +6,7 @@
 #include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/ad/context.hpp"
 #include "tilegrad/ad/expr.hpp"
+#include "tilegrad/ad/jitter.hpp"
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/eval.hpp"
 #include "tilegrad/tile/expr.hpp"
@@ -107,7 +108,12 @@ private:
     auto p = detail::convert_as<T>(ad::to_primal(detail::as_node(e)));
     ad::tape& tp = ad::current_tape();
     T* v = tp.template alloc<T>(size);
-    detail::assign<shape_type>(v, p);
+    if (ad::jitter_active<T>()) [[unlikely]] {
+      if constexpr (std::is_same_v<T, double>)
+        ad::assign_jittered<shape_type>(p, v, tp);
+    } else {
+      detail::assign<shape_type>(v, p);
+    }
     T* a = nullptr;
     if constexpr (ad::is_active_v<decltype(p)>) {
       if (ad::any_active(p) && tp.recording()) {

@@ -431,6 +431,7 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
                       std::vector<std::string> const& names, tilegrad::detail::program_call call,
                       tilegrad::detail::launch_tracker& plain) {
   bool const magnitudes = ad::magnitude_sweep();
+  ad::jitter_settings const jitter = ad::rounding_jitter();
   for (std::size_t i = 0; i < names.size(); ++i)
     for (std::size_t j = i + 1; j < names.size(); ++j)
       if (!names[i].empty() && names[i] == names[j])
@@ -548,6 +549,9 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
       state.earlier_waves = static_cast<std::uint32_t>(w0);
       state.grads = sinks.data();
       state.direct = false;
+      // Rounding jitter: the caller's choice, on this thread; each program's stream from its id.
+      ad::jitter_scope const jittering(jitter);
+      state.jitter_state = jitter.seed ^ (0x9e3779b97f4a7c15ull * state.id);
       ad::program_state* saved = ad::current_state();
       ad::current_state() = &state;
       try {

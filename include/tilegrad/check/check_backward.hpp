@@ -704,6 +704,34 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
       if (!over)
         return moved;
+      // The reference's own sensitivity to roundings that do not cancel (ad/jitter.hpp): how far
+      // the float64 reference moves when each value its forward computes is read, by each
+      // operation that reads it, moved by a random fraction of its rounding error (a backward
+      // recomputes scores q k^T with roundings of its own, which the saved logsumexp does not
+      // share). Two draws; an element may move by the larger.
+      std::vector<std::vector<double>> recomputed(ins.size());
+      for (std::uint64_t r = 1; r <= 2; ++r) {
+        std::deque<owned_tensor<double>> keep_j;
+        std::optional<gradients<double>> gj;
+        try {
+          ad::jitter_scope const jittering(
+              {(std::uint64_t{seed} << 8 | r) * 0x9e3779b97f4a7c15ull | 1,
+               static_cast<double>(std::numeric_limits<W>::epsilon()) / 2});
+          gj.emplace(f.reference64(cots, keep_j, false));
+        } catch (std::exception const&) {
+          break;
+        }
+        for (std::size_t q = 0; q < ins.size(); ++q) {
+          auto const gv = detail::values_of((*gj)[ins[q].name]);
+          if (gv.size() != pd.ref64[q].size())
+            continue;
+          recomputed[q].resize(gv.size(), 0.0);
+          for (std::size_t i = 0; i < gv.size(); ++i)
+            if (double const d = std::abs(gv[i] - pd.ref64[q][i]); std::isfinite(d))
+              recomputed[q][i] = std::max(recomputed[q][i], d);
+        }
+      }
+      moved = recomputed;
       auto saved = f.saved_of(keep);
       if (saved.empty())
         return moved;
@@ -728,7 +756,6 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           unstable[q][i] = !(detail::abs_err(e0->values[i], e->values[i]) <=
                              t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i)));
       }
-      moved.assign(ins.size(), {});
       // Two patterns of signs; an element may move by the larger of the two.
       auto rng = detail::rng_for(seed, 3000);
       for (int r = 0; r < 2; ++r) {
@@ -738,7 +765,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         for (auto& s : saved)
           s.restore();
         if (j.error)
-          return std::vector<std::vector<double>>{};
+          return recomputed;
         for (std::size_t q = 0; q < ins.size(); ++q) {
           erased_gradient const* e = got.find(ins[q].name);
           erased_gradient const* e2 = j.got.find(ins[q].name);

@@ -1,0 +1,168 @@
+// Rounding jitter of a float64 reference run (check_backward's second look). A hand-written
+// backward recomputes what the forward computed (scores q k^T, exp(s - lse)) with roundings of
+// its own, which do not cancel against the values the forward saved, as the reference's own
+// roundings cancel against each other. In a jittered run every value the forward computes
+// carries an estimate of the rounding error a float computation of it has (u sum |a||b| for a
+// dot, u |y| for a rounded elementwise result, what its operands' errors move it by), and every
+// operation that reads a value reads it moved by a random fraction of that error, drawn anew for
+// each reader: how far the gradient moves then is how far roundings that do not cancel move it.
+// Float64 adjoint tiles only; off unless rounding_jitter() is set (ad/context.hpp).
+#pragma once
+
+#include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/expr.hpp"
+#include "tilegrad/ad/tape.hpp"
+#include "tilegrad/tile/eval.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace tilegrad::ad {
+
+/// Whether adjoint tiles of T record with rounding jitter on this thread now.
+template <class T>
+inline bool jitter_active() {
+  if constexpr (std::is_same_v<T, double>)
+    return rounding_jitter().seed != 0 && current_state() != nullptr;
+  else
+    return false;
+}
+
+/// A random number in [-1, 1) from the running program's stream (splitmix64).
+inline double jitter_draw() {
+  std::uint64_t z = (current_state()->jitter_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0;
+}
+
+/// The error estimates of values on the tape (null: none, an exact value).
+inline double const* errors_of(tape& tp, double const* values) {
+  return static_cast<double const*>(tp.errors_of(values));
+}
+
+/// n values moved by a random fraction (Sign: -1 or +1 at random) of their errors, on the tape
+/// and keeping those errors; the values themselves where they have none.
+template <bool Sign = false>
+inline double const* jittered(tape& tp, double const* values, int n) {
+  double const* e = errors_of(tp, values);
+  if (!e)
+    return values;
+  double* v = tp.alloc<double>(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    double const r = jitter_draw();
+    v[i] = values[i] + (Sign ? (r < 0 ? -e[i] : e[i]) : r * e[i]);
+  }
+  tp.set_errors(v, e);
+  return v;
+}
+
+/// Records e (n elements, made finite: an error of inf or NaN is none) as the errors of values.
+inline void keep_errors(tape& tp, double const* values, double* e, int n) {
+  bool any = false;
+  for (int i = 0; i < n; ++i) {
+    if (!std::isfinite(e[i]))
+      e[i] = 0;
+    any |= e[i] != 0;
+  }
+  if (any)
+    tp.set_errors(values, e);
+}
+
+/// The error of y = f(x): |f(x + moved) - f(x)| (the operands' errors, moved by +-1 at random)
+/// plus unit |y| where f rounds; written over `moved`.
+inline void errors_from(double* moved, double const* y, int n, double unit) {
+  for (int i = 0; i < n; ++i)
+    moved[i] = std::abs(moved[i] - y[i]) + unit * std::abs(y[i]);
+}
+
+// Whether an expression rounds: an elementwise op on floating values other than a selection, a
+// sign or a bf16 rounding (which the kernel makes where the forward does).
+template <class Op>
+inline constexpr bool exact_op =
+    std::is_same_v<Op, ops::abs_op> || std::is_same_v<Op, ops::neg_op> ||
+    std::is_same_v<Op, ops::where_op> || std::is_same_v<Op, ops::maximum_op> ||
+    std::is_same_v<Op, ops::minimum_op> || std::is_same_v<Op, ops::round_bf16_op> ||
+    !Op::differentiable;
+template <class N>
+struct rounds : std::false_type {};
+template <class E, class S>
+struct rounds<broadcast_node<E, S>> : rounds<E> {};
+template <class E, class S>
+struct rounds<reshape_node<E, S>> : rounds<E> {};
+template <class E, int... P>
+struct rounds<permute_node<E, P...>> : rounds<E> {};
+template <class To, class E>
+struct rounds<convert_node<To, E>> : rounds<E> {};
+template <class Op, class... Es>
+struct rounds<map_node<Op, Es...>>
+    : std::bool_constant<(!exact_op<Op> && is_floating_v<value_of_t<map_node<Op, Es...>>>) ||
+                         (rounds<Es>::value || ...)> {};
+
+/// Replaces the values of p's leaves that carry errors by moved copies (one copy per leaf: a
+/// tile read twice by one expression is read as the same numbers); whether any did.
+template <bool Sign, class N>
+bool move_leaves(N& n, tape& tp, double const** from, double const** to, int& count) {
+  using D = std::remove_cvref_t<N>;
+  if constexpr (requires { n.adj; n.values; }) {
+    if constexpr (std::is_same_v<value_of_t<D>, double>) {
+      for (int i = 0; i < count; ++i)
+        if (from[i] == n.values) {
+          n.values = to[i];
+          return true;
+        }
+      double const* moved = jittered<Sign>(tp, n.values, shape_of_t<D>::size);
+      if (moved == n.values)
+        return false;
+      if (count < 8) {
+        from[count] = n.values;
+        to[count++] = moved;
+      }
+      n.values = moved;
+      return true;
+    }
+    return false;
+  } else if constexpr (requires { n.es; }) {
+    return n.es.apply(
+        [&](auto&... e) { return (false | ... | move_leaves<Sign>(e, tp, from, to, count)); });
+  } else if constexpr (requires { n.e; }) {
+    return move_leaves<Sign>(n.e, tp, from, to, count);
+  } else {
+    return false;
+  }
+}
+
+template <bool Sign, class N>
+bool move_leaves(N& n, tape& tp) {
+  double const* from[8];
+  double const* to[8];
+  int count = 0;
+  return move_leaves<Sign>(n, tp, from, to, count);
+}
+
+/// Evaluates the primal expression p of shape S into v as its reader sees it (leaves moved), keeps
+/// the errors of v, and leaves p reading the moved leaves (for its record).
+template <class S, class P>
+void assign_jittered(P& p, double* v, tape& tp) {
+  constexpr int n = S::size;
+  double const unit = rounds<P>::value ? rounding_jitter().unit : 0.0;
+  P signs = p;
+  bool const moved = move_leaves<true>(signs, tp);
+  double* e = tp.alloc<double>(n);
+  if (moved) {
+    detail::assign<S>(e, signs); // f(x + errors), then |that - f(x)|: what the errors move it by
+    detail::assign<S>(v, p);
+    errors_from(e, v, n, unit);
+    move_leaves<false>(p, tp);
+  } else {
+    for (int i = 0; i < n; ++i) e[i] = 0;
+  }
+  detail::assign<S>(v, p);
+  if (!moved)
+    for (int i = 0; i < n; ++i) e[i] = unit * std::abs(v[i]);
+  keep_errors(tp, v, e, n);
+}
+
+} // namespace tilegrad::ad
