@@ -710,7 +710,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       // recomputes scores q k^T with roundings of its own, which the saved logsumexp does not
       // share). Two draws; an element may move by the larger.
       std::vector<std::vector<double>> recomputed(ins.size());
-      for (std::uint64_t r = 1; r <= 2; ++r) {
+      for (std::uint64_t r = 1; r <= (o.jitter_reference ? 2 : 0); ++r) {
         std::deque<owned_tensor<double>> keep_j;
         std::optional<gradients<double>> gj;
         try {

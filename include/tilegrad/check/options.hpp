@@ -102,6 +102,12 @@ struct check_options {
   /// their rounding errors, and each element may also be off by k_saved times how far it moved
   /// (0: no second look). See docs/checking.md, "The forward's roundings".
   double k_saved = 2;
+  /// error_bound, second look: the float64 reference runs twice more, every value its forward
+  /// computes read by each operation that reads it moved by a random fraction of its rounding
+  /// error (u |A| |B| for a dot), and how far each gradient element moves is allowed as the
+  /// saved values' moves are: what a backward that recomputes those values (scores q k^T, then
+  /// exp(s - lse)) with roundings of its own can be off by. false: only the saved values move.
+  bool jitter_reference = true;
   /// error_bound: k = max(k_bound, k * the units g_ref32 is off by) is taken per band of rows of
   /// each gradient's 2-D view (every axis but the last folded): at most k_bands bands, each of at
   /// least 512 elements (a smaller gradient is one band), so that one badly conditioned row

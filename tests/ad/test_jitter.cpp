@@ -1,0 +1,152 @@
+// Rounding jitter of a float64 reference (ad/jitter.hpp, check_backward's second look): each value
+// the forward computes is read, by each reader, moved by a random fraction of its rounding error.
+// The moves are checked against the bound that follows from the rule (a dot's error is u |A| |B|);
+// values computed exactly are not moved; the jittered gradients are the same bits for any thread
+// count and executor, and another seed moves them differently.
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/tensors.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace test_jitter {
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr double u32 = 0x1p-24; // the unit roundoff of the float computation jittered
+
+// y = exp(x @ w), rows in blocks of 8 (20 rows: the last block masked), K = 16, N = 8.
+auto const exp_of_product = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                        tg::tensor<T const> w, tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const r = p.program_id(0) * 8 + tg::arange<0, 8>();
+  auto const k = tg::arange<0, 16>();
+  auto const c = tg::arange<0, 8>();
+  auto const rin = tg::col(r < x.size(0));
+  tg::tile<F, 8, 16> const xv = tg::load(x + tg::col(r) * x.stride(0) + tg::row(k), rin, 0.0);
+  tg::tile<F, 16, 8> const wv = tg::load(w + tg::col(k) * w.stride(0) + tg::row(c));
+  tg::tile<F, 8, 8> const z = tg::exp(tg::dot(xv, wv));
+  tg::store(y + tg::col(r) * y.stride(0) + tg::row(c), z, rin);
+};
+
+// Selections, signs and maxima of the loads: nothing rounds. `a` is read by the row maximum and
+// by the comparison with it: moved apart in either, the comparison would fail.
+auto const exact_ops = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const r = p.program_id(0) * 8 + tg::arange<0, 8>();
+  auto const c = tg::arange<0, 16>();
+  auto const rin = tg::col(r < x.size(0));
+  tg::tile<F, 8, 16> const xv = tg::load(x + tg::col(r) * x.stride(0) + tg::row(c), rin, 0.0);
+  tg::tile<F, 8, 16> const a = -tg::abs(tg::where(xv > 0.5, tg::maximum(xv, 0.75), -xv));
+  tg::tile<F, 8> const m = tg::max<1>(a);
+  tg::tile<F, 8, 16> const z = tg::where(a == tg::col(m), a * 3.0, a);
+  tg::store(y + tg::col(r) * y.stride(0) + tg::row(c), z, rin);
+};
+
+struct product_case {
+  tg::owned_tensor<double> x{{20, 16}, "x"}, w{{16, 8}, "w"}, y{{20, 8}, "y"}, dy{{20, 8}, "dy"};
+  product_case() {
+    test_support::fill(x, 1);
+    test_support::fill(w, 2);
+    test_support::fill(dy, 3);
+  }
+  tg::gradients<double> run(std::uint64_t seed, tg::launch_options o = {}) {
+    tg::ad::jitter_scope const jitter({seed, u32});
+    return tg::vjp(o, tg::grid(3), exp_of_product, tg::in("x", x), tg::in("w", w),
+                   tg::out("y", y, dy));
+  }
+};
+
+} // namespace
+
+TEST(Jitter, AProductReadByExpMovesTheGradientByNoMoreThanItsRoundingAllows) {
+  product_case c;
+  auto const g0 = c.run(0); // seed 0: no jitter
+  auto const gj = c.run(7);
+  // z = exp(x w) is read by exp's rule as exp(x w + s e), |s| <= 1, e = u |x| |w|; x and w are
+  // loads (exact). So |dx' - dx| <= sum_j |dy| z (exp(e) - 1) |w| and likewise for dw.
+  auto e = [&](int i, int j) {
+    double s = 0;
+    for (int k = 0; k < 16; ++k) s += std::abs(c.x.data()[i * 16 + k] * c.w.data()[k * 8 + j]);
+    return u32 * s;
+  };
+  auto z = [&](int i, int j) {
+    double s = 0;
+    for (int k = 0; k < 16; ++k) s += c.x.data()[i * 16 + k] * c.w.data()[k * 8 + j];
+    return std::exp(s);
+  };
+  double largest = 0; // the largest move as a fraction of its bound
+  for (int i = 0; i < 20; ++i)
+    for (int k = 0; k < 16; ++k) {
+      double bound = 0;
+      for (int j = 0; j < 8; ++j)
+        bound += std::abs(c.dy.data()[i * 8 + j]) * z(i, j) * std::expm1(e(i, j)) *
+                 std::abs(c.w.data()[k * 8 + j]);
+      double const moved = std::abs(gj["x"].data()[i * 16 + k] - g0["x"].data()[i * 16 + k]);
+      EXPECT_LE(moved, bound * (1 + 1e-6) + 1e-300) << "dx " << i << " " << k;
+      largest = std::max(largest, moved / bound);
+    }
+  for (int k = 0; k < 16; ++k)
+    for (int j = 0; j < 8; ++j) {
+      double bound = 0;
+      for (int i = 0; i < 20; ++i)
+        bound += std::abs(c.dy.data()[i * 8 + j]) * z(i, j) * std::expm1(e(i, j)) *
+                 std::abs(c.x.data()[i * 16 + k]);
+      double const moved = std::abs(gj["w"].data()[k * 8 + j] - g0["w"].data()[k * 8 + j]);
+      EXPECT_LE(moved, bound * (1 + 1e-6) + 1e-300) << "dw " << k << " " << j;
+      largest = std::max(largest, moved / bound);
+    }
+  EXPECT_GT(largest, 0.2); // the moves are the size of the roundings, not nothing
+  // The forward's values move as well (y = exp(x w) as its reader, the store, saw it), by at most
+  // the same rule; the plain run's y is exp of the float64 product.
+  tg::owned_tensor<double> y0 = c.y;
+  c.run(0);
+  for (int i = 0; i < 20; ++i)
+    for (int j = 0; j < 8; ++j)
+      EXPECT_NEAR(y0.data()[i * 8 + j], c.y.data()[i * 8 + j], z(i, j) * std::expm1(e(i, j)) * 1.01);
+}
+
+TEST(Jitter, TheSameSeedGivesTheSameBitsForAnyThreadsAndExecutor) {
+  product_case c;
+  auto const ref = c.run(11, {.exec = tg::executor::sequential});
+  for (auto exec : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential})
+    for (int threads : {1, 2, 3}) {
+      if (!tg::executor_available(exec))
+        continue;
+      auto const g = c.run(11, {.exec = exec, .num_threads = threads});
+      for (char const* t : {"x", "w"})
+        for (std::int64_t i = 0; i < ref[t].numel(); ++i)
+          ASSERT_EQ(g[t].data()[i], ref[t].data()[i]) << t << " " << i;
+    }
+  auto const other = c.run(12);
+  bool differs = false;
+  for (std::int64_t i = 0; i < ref["x"].numel(); ++i)
+    differs |= other["x"].data()[i] != ref["x"].data()[i];
+  EXPECT_TRUE(differs);
+}
+
+TEST(Jitter, ValuesComputedExactlyAreNotMoved) {
+  // Loads are exact, and so are selections, signs and maxima of them: the comparison with a row's
+  // maximum holds as in the plain run (the maxima take 3 times the adjoint), and the gradients
+  // are the same bits.
+  tg::owned_tensor<double> x({20, 16}, "x"), y({20, 16}, "y"), dy({20, 16}, "dy");
+  test_support::fill(x, 4);
+  test_support::fill(dy, 5);
+  auto const g0 = tg::vjp(tg::grid(3), exact_ops, tg::in("x", x), tg::out("y", y, dy));
+  tg::ad::jitter_scope const jitter({9, u32});
+  auto const gj = tg::vjp(tg::grid(3), exact_ops, tg::in("x", x), tg::out("y", y, dy));
+  bool nonzero = false;
+  for (std::int64_t i = 0; i < g0["x"].numel(); ++i) {
+    ASSERT_EQ(gj["x"].data()[i], g0["x"].data()[i]) << i;
+    nonzero |= g0["x"].data()[i] != 0;
+  }
+  EXPECT_TRUE(nonzero);
+}
+
+} // namespace test_jitter
