@@ -109,7 +109,8 @@ TEST(Jitter, AProductReadByExpMovesTheGradientByNoMoreThanItsRoundingAllows) {
   c.run(0);
   for (int i = 0; i < 20; ++i)
     for (int j = 0; j < 8; ++j)
-      EXPECT_NEAR(y0.data()[i * 8 + j], c.y.data()[i * 8 + j], z(i, j) * std::expm1(e(i, j)) * 1.01);
+      EXPECT_NEAR(y0.data()[i * 8 + j], c.y.data()[i * 8 + j],
+                  z(i, j) * std::expm1(e(i, j)) * 1.01);
 }
 
 TEST(Jitter, TheSameSeedGivesTheSameBitsForAnyThreadsAndExecutor) {

@@ -108,7 +108,8 @@ double const* reduce_jittered(tape& tp, double const* x, double* y, int n) {
   double* ey = tp.alloc<double>(static_cast<std::size_t>(n));
   detail::reduce_axis<Op, C, A, double>(y, tile_ref<double, C>{{}, x});
   if (errors_of(tp, x))
-    detail::reduce_axis<Op, C, A, double>(ey, tile_ref<double, C>{{}, jittered<true>(tp, x, C::size)});
+    detail::reduce_axis<Op, C, A, double>(ey,
+                                          tile_ref<double, C>{{}, jittered<true>(tp, x, C::size)});
   else
     std::copy_n(y, n, ey);
   errors_from(ey, y, n, 0.0);

@@ -181,8 +181,8 @@ struct tolerance {
       }
       if (saved)
         os << " + " << k_saved
-           << " * (how far the gradient moves when the values the backward reads from the forward "
-              "move by their rounding errors)";
+           << " * (how far the gradient moves when the values the backward reads from the forward, "
+              "or those the reference computes, move by their rounding errors)";
       if (floor)
         os << " + " << floor;
     } else if (rule == pass_rule::baseline) {
