@@ -56,8 +56,8 @@ struct product_case {
     test_support::fill(w, 2);
     test_support::fill(dy, 3);
   }
-  tg::gradients<double> run(std::uint64_t seed, tg::launch_options o = {}) {
-    tg::ad::jitter_scope const jitter({seed, u32});
+  tg::gradients<double> run(std::uint64_t seed, tg::launch_options o = {}, double scale = 1) {
+    tg::ad::jitter_scope const jitter({seed, u32, scale});
     return tg::vjp(o, tg::grid(3), exp_of_product, tg::in("x", x), tg::in("w", w),
                    tg::out("y", y, dy));
   }
@@ -111,6 +111,20 @@ TEST(Jitter, AProductReadByExpMovesTheGradientByNoMoreThanItsRoundingAllows) {
     for (int j = 0; j < 8; ++j)
       EXPECT_NEAR(y0.data()[i * 8 + j], c.y.data()[i * 8 + j],
                   z(i, j) * std::expm1(e(i, j)) * 1.01);
+}
+
+TEST(Jitter, HalfTheScaleMovesTheGradientsHalfAsFar) {
+  // The draws depend on the seed and the program only: a smaller scale moves every value read by
+  // that fraction of the same amount, and a gradient that depends smoothly on them moves by it.
+  product_case c;
+  auto const g0 = c.run(0);
+  auto const g1 = c.run(5);
+  auto const g2 = c.run(5, {}, 0.5);
+  for (char const* t : {"x", "w"})
+    for (std::int64_t i = 0; i < g0[t].numel(); ++i) {
+      double const d1 = g1[t].data()[i] - g0[t].data()[i], d2 = g2[t].data()[i] - g0[t].data()[i];
+      EXPECT_NEAR(2 * d2, d1, 1e-3 * std::abs(d1) + 1e-13 * std::abs(g0[t].data()[i])) << t << i;
+    }
 }
 
 TEST(Jitter, TheSameSeedGivesTheSameBitsForAnyThreadsAndExecutor) {

@@ -150,6 +150,63 @@ TEST(CheckerEdges, TheSecondLookDoesNotExcuseAWrongMaxBackward) {
   }
 }
 
+// A top-1 router: logits = x w, and only each row's largest logit passes (compared with the
+// row's maximum). The backward sends dy to the selected expert only; `wrong` scales dx.
+constexpr auto top1_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                      tg::tensor<T const> w, tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const r = p.program_id(0) * 8 + tg::arange<0, 8>();
+  auto const k = tg::arange<0, 16>();
+  auto const c = tg::arange<0, 8>();
+  auto const rin = tg::col(r < x.size(0));
+  tg::tile<F, 8, 16> const xv = tg::load(x + tg::col(r) * x.stride(0) + tg::row(k), rin, 0.0f);
+  tg::tile<F, 16, 8> const wv = tg::load(w + tg::col(k) * w.stride(0) + tg::row(c));
+  tg::tile<F, 8, 8> const s = tg::dot(xv, wv);
+  tg::tile<F, 8> const m = tg::max<1>(s);
+  tg::store(y + tg::col(r) * y.stride(0) + tg::row(c), tg::where(s == tg::col(m), s, 0.0f), rin);
+};
+
+tg::check_report check_top1(float wrong) {
+  std::int64_t const M = 40;
+  tg::owned_tensor<float> x({M, 16}), w({16, 8}), y({M, 8});
+  return tg::check_backward(
+      tg::forward(tg::cdiv<int>(M, 8), top1_fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+      [&](tg::backward_context<float>& ctx) {
+        auto const xi = ctx.input("x"), wi = ctx.input("w"), dy = ctx.cotangent("y");
+        auto const yo = ctx.output("y");
+        tg::owned_tensor<float> dx({M, 16}), dw({16, 8});
+        std::fill(dx.begin(), dx.end(), 0.0f);
+        std::fill(dw.begin(), dw.end(), 0.0f);
+        for (std::int64_t i = 0; i < M; ++i) {
+          std::int64_t e = 0; // the selected expert: where the forward kept a logit
+          for (std::int64_t j = 0; j < 8; ++j)
+            if (yo.data()[i * 8 + j] != 0)
+              e = j;
+          float const g = dy.data()[i * 8 + e];
+          for (std::int64_t k = 0; k < 16; ++k) {
+            dx.data()[i * 16 + k] += g * wi.data()[k * 8 + e] * wrong;
+            dw.data()[k * 8 + e] += xi.data()[i * 16 + k] * g;
+          }
+        }
+        ctx.set_gradient("x", dx);
+        ctx.set_gradient("w", dw);
+      },
+      {});
+}
+
+TEST(CheckerEdges, TheJitteredReferenceDoesNotExcuseAComparisonItFlips) {
+  // The second look's jittered reference reads the logits moved in the row maximum and moved
+  // again in the comparison with it, which then fails: the reference routes nothing and moves
+  // by the gradient's whole size. Allowed, that move let dx 30 % off pass (measured before the
+  // check below); a move that does not halve when the jitter is halved is allowed nothing.
+  EXPECT_BACKWARD_OK(check_top1(1));
+  for (float wrong : {1.01f, 1.3f}) {
+    auto const r = check_top1(wrong);
+    EXPECT_FALSE(r) << wrong;
+    EXPECT_FALSE(r.gradient("x")->ok) << r;
+  }
+}
+
 TEST(CheckerEdges, SubnormalGradientsNeitherFailNorLoosenTheBound) {
   // Softmax of logits in [-60, 60): probabilities below 1e-38 are subnormal in float, where a
   // rounding loses an absolute 2^-150 whatever the size of the terms. Counted in units of

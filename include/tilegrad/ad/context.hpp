@@ -468,10 +468,12 @@ private:
 /// keeps, beside each value it computes, a bound of the rounding error a float computation of it
 /// would carry (`unit` is that precision's unit roundoff), and each operation that reads such a
 /// value reads it moved by a random fraction of that bound, drawn anew per reader (see
-/// ad/jitter.hpp). seed 0: off.
+/// ad/jitter.hpp). seed 0: off. The draws depend on the seed and the program only, so a run with
+/// another `scale` moves every value by that multiple of the same amount.
 struct jitter_settings {
   std::uint64_t seed = 0;
   double unit = 0;
+  double scale = 1; ///< the readers' moves, times this (the same draws at another size)
 };
 inline jitter_settings& rounding_jitter() {
   thread_local jitter_settings j;

@@ -43,17 +43,19 @@ inline double const* errors_of(tape& tp, double const* values) {
   return static_cast<double const*>(tp.errors_of(values));
 }
 
-/// n values moved by a random fraction (Sign: -1 or +1 at random) of their errors, on the tape
-/// and keeping those errors; the values themselves where they have none.
+/// n values moved by a random fraction of their errors (times the settings' scale: a reader's
+/// move), or (Sign) by their errors up or down at random (how an error estimate is propagated), on
+/// the tape and keeping those errors; the values themselves where they have none.
 template <bool Sign = false>
 inline double const* jittered(tape& tp, double const* values, int n) {
   double const* e = errors_of(tp, values);
   if (!e)
     return values;
   double* v = tp.alloc<double>(static_cast<std::size_t>(n));
+  double const scale = rounding_jitter().scale;
   for (int i = 0; i < n; ++i) {
     double const r = jitter_draw();
-    v[i] = values[i] + (Sign ? (r < 0 ? -e[i] : e[i]) : r * e[i]);
+    v[i] = values[i] + (Sign ? (r < 0 ? -e[i] : e[i]) : scale * r * e[i]);
   }
   tp.set_errors(v, e);
   return v;
