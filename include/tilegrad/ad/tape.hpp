@@ -107,8 +107,8 @@ public:
   }
 
   /// A reference run with rounding jitter (ad/jitter.hpp) keeps, beside a recorded tile's values,
-  /// a bound of their rounding errors, found by the values' address; rewind and reset drop those
-  /// made since.
+  /// an estimate of their rounding errors, found by the values' address; rewind and reset drop
+  /// those made since.
   void set_errors(void const* values, void const* errors) {
     if (errors_.insert_or_assign(values, errors).second)
       error_log_.push_back(values);
