@@ -180,6 +180,10 @@ void check_captures(Body const& body, std::source_location const& where) {
   kernel_frames const frames = frames_of(std::addressof(body), p);
   alignas(Body) unsigned char bytes[sizeof(Body)];
   std::memset(bytes, 0, sizeof bytes);
+  // (The zeros must stay where the copy's members leave padding: without this, the compiler may
+  // drop the memset as dead before the copy's lifetime begins, and the padding of a closure that
+  // cannot be cleared below holds what the stack held.)
+  asm volatile("" : : "r"(bytes) : "memory");
   Body* const copy = ::new (static_cast<void*>(bytes)) Body(body);
 #ifdef TILEGRAD_LOOP_CLEAR_PADDING
   if constexpr (std::is_trivially_copyable_v<Body>) // the builtin takes no other

@@ -164,7 +164,12 @@ public:
   T const* get() const { return data_; }
 
 private:
-  alignas(64) T data_[N];
+  // Aligned to its size's largest power-of-two factor, up to a cache line: no padding follows the
+  // elements. (A tile's padding would be copied with it, holding what the stack held there:
+  // tg::loop reads a body's captures word by word, and an old stack address in a captured
+  // mask's padding would look like a capture by reference.)
+  static constexpr std::size_t bytes = N * sizeof(T);
+  alignas(std::min<std::size_t>(64, bytes & (~bytes + 1))) T data_[N];
 };
 
 template <class T, int N>

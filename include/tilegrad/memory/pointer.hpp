@@ -526,11 +526,9 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
                                      std::source_location const& loc) {
   if (h.before_write)
     h.before_write(what, loc);
-  access_hooks const untracked{}; // vjp: atomics synchronise programs, they are not logged
-  access_recorder rec(h.lenient ? untracked : h, p.base.data(), sizeof(T), p.extent,
-                      p.base.name());
+  access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
   bool const add = std::string_view(what) == "atomic_add";
-  if (std::is_floating_point_v<T> && add)
+  if (std::is_floating_point_v<T> && add && !h.lenient)
     rec.expect_values(S::size);
   // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
   constexpr int W = access_width<T, Mask, no_mask>;
@@ -539,10 +537,12 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
       rec.value(static_cast<double>(v));
   });
   std::string_view const w(what);
-  rec.commit(add                   ? op_atomic_add
-             : w == "atomic_max" ? op_atomic_max
-             : w == "atomic_min" ? op_atomic_min
-                                 : op_atomic,
+  // (vjp: logged for tg::loop's replay check, not as a race.)
+  std::uint8_t const unraced = h.lenient ? op_unraced : 0;
+  rec.commit(unraced | (add                 ? op_atomic_add
+                        : w == "atomic_max" ? op_atomic_max
+                        : w == "atomic_min" ? op_atomic_min
+                                            : op_atomic),
              loc);
 }
 

@@ -41,6 +41,10 @@ inline constexpr std::uint8_t op_atomics =
 inline constexpr std::uint8_t op_write = op_store | op_atomics;
 /// Written on the host by tilegrad::copy (memory/copy.hpp), from another traced element.
 inline constexpr std::uint8_t op_copy = 16;
+/// With an atomic, in vjp's logs of the tensors it does not differentiate: kept for tg::loop's
+/// replay check (a load replayed in the sweep of an element the program updated after the loop),
+/// and not a race (integer locks, flags and counters synchronise programs).
+inline constexpr std::uint8_t op_unraced = 128;
 
 /// One access of a program to a tracked tensor: its lanes are runs [first, first + count) of
 /// the program's log; an atomic_add of float or double values keeps the magnitude of each
@@ -80,7 +84,8 @@ struct access_hooks {
   bool (*on_load)(access_hooks const& h, int tensor, std::vector<run> const& runs,
                   std::source_location const& loc) = nullptr;
   // vjp: writes to tensors the launch does not take (captures) are not refused, and atomics are
-  // not logged (integer locks, flags and counters synchronise programs; they are not races).
+  // logged as op_unraced (integer locks, flags and counters synchronise programs; they are not
+  // races, but a tg::loop replayed after one would read the value it left).
   bool lenient = false;
 };
 
@@ -434,6 +439,8 @@ private:
 #if TILEGRAD_MACHINERY_BODIES
   {
     for (logged_access const& a : log.accesses) {
+      if (a.op & op_unraced)
+        continue;
       tracked_tensor& t = tensors_[static_cast<std::size_t>(a.tensor)];
       if (!t.state)
         t.state = zeroed_array<element_state>(static_cast<std::size_t>(t.span));
