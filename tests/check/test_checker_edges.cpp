@@ -387,4 +387,81 @@ TEST(CheckerEdges, AnInputOfNoElementsIsNoCapture) {
   EXPECT_BACKWARD_OK(check_mul(0, writes::nothing));
 }
 
+// Rotary embedding with its angles made in the kernel, theta = position * inv_freq[j] (Triton
+// kernels compute them so): y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin over the two halves of a
+// row of 64. The backward is the rotation back; `wrong` scales the last program's rows of dx.
+constexpr int rope_rows = 16, rope_half = 32;
+
+constexpr auto rope_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                      tg::tensor<T const> inv_freq, tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const rows = p.program_id(0) * rope_rows + tg::arange<0, rope_rows>();
+  auto const c = tg::arange<0, rope_half>();
+  auto const rm = tg::col(rows < x.size(0));
+  auto const at = [&](auto t, int half) { return t + tg::col(rows) * t.stride(0) + tg::row(c + half); };
+  tg::tile<F, rope_rows, rope_half> const x1 = tg::load(at(x, 0), rm, 0.0f);
+  tg::tile<F, rope_rows, rope_half> const x2 = tg::load(at(x, rope_half), rm, 0.0f);
+  tg::tile<F, rope_rows, rope_half> const theta =
+      tg::col(tg::to<F>(rows)) * tg::row(tg::load(inv_freq + c));
+  tg::tile<F, rope_rows, rope_half> const co = tg::cos(theta), si = tg::sin(theta);
+  tg::store(at(y, 0), x1 * co - x2 * si, rm);
+  tg::store(at(y, rope_half), x2 * co + x1 * si, rm);
+};
+
+constexpr auto rope_bwd = []<class T>(tg::program const& p, tg::tensor<T const> dy,
+                                      tg::tensor<T const> inv_freq, tg::tensor<T> dx,
+                                      float wrong) {
+  auto const rows = p.program_id(0) * rope_rows + tg::arange<0, rope_rows>();
+  auto const c = tg::arange<0, rope_half>();
+  auto const rm = tg::col(rows < dy.size(0));
+  auto const at = [&](auto t, int half) { return t + tg::col(rows) * t.stride(0) + tg::row(c + half); };
+  tg::tile<T, rope_rows, rope_half> const g1 = tg::load(at(dy, 0), rm, 0.0f);
+  tg::tile<T, rope_rows, rope_half> const g2 = tg::load(at(dy, rope_half), rm, 0.0f);
+  tg::tile<T, rope_rows, rope_half> const theta =
+      tg::col(tg::to<T>(rows)) * tg::row(tg::load(inv_freq + c));
+  tg::tile<T, rope_rows, rope_half> const co = tg::cos(theta), si = tg::sin(theta);
+  float const s = p.program_id(0) == p.num_programs(0) - 1 ? wrong : 1.0f;
+  tg::store(at(dx, 0), (g1 * co + g2 * si) * s, rm);
+  tg::store(at(dx, rope_half), (g2 * co - g1 * si) * s, rm);
+};
+
+tg::check_report check_rope(std::int64_t n, float wrong, bool jitter_reference = true) {
+  tg::owned_tensor<float> x({n, 2 * rope_half}), y({n, 2 * rope_half}), inv({rope_half}, "inv_freq");
+  for (int j = 0; j < rope_half; ++j)
+    inv(j) = static_cast<float>(std::pow(10000.0, -2.0 * j / (2 * rope_half)));
+  int const programs = tg::cdiv<int>(n, rope_rows);
+  return tg::check_backward(
+      tg::forward(programs, rope_fwd, tg::in("x", x), inv.cview(), tg::out("y", y)),
+      [&](tg::backward_context<float>& ctx) {
+        tg::owned_tensor<float> dx({n, 2 * rope_half});
+        tg::launch(ctx.options(), programs, rope_bwd, ctx.cotangent("y"), inv.cview(), dx.view(),
+                   wrong);
+        ctx.set_gradient("x", dx);
+      },
+      {.seeds = 2, .jitter_reference = jitter_reference});
+}
+
+TEST(CheckerEdges, AnglesTheForwardComputesDoNotRaiseKForTheirBand) {
+  // The float angle at position 4000 is up to u * 4000 off, and cos and sin carry that into dx.
+  // The fp32 reference suffers it too, and counted in units of u * |J|^T |w| (which takes the
+  // angle as exact) it was 2.6e5 units off where |J|^T |w| nearly vanishes: k rose to 7.8e5 for
+  // every element of the band, and the last program's dx 2 % off passed (at N = 32768, 10 %).
+  // The float64 reference with each computed value moved by its whole rounding explains that
+  // error: k stays at its floor, and the element may be off by k times its move instead.
+  std::int64_t const n = 4001; // the last program holds one row
+  auto const ok = check_rope(n, 1.0f);
+  EXPECT_BACKWARD_OK(ok);
+  EXPECT_LT(ok.gradient("x")->tol.k_bound, 100) << ok;
+  for (float wrong : {1.0001f, 1.02f}) {
+    auto const r = check_rope(n, wrong);
+    EXPECT_FALSE(r) << wrong;
+    auto const* g = r.gradient("x");
+    ASSERT_TRUE(g) << r;
+    EXPECT_EQ(g->bad_row_lo, n - 1) << r; // only the last program's row
+    EXPECT_EQ(g->bad_row_hi, n - 1) << r;
+  }
+  // Without it (the second look's jitter off too), the smaller bug passes: what catches it.
+  EXPECT_TRUE(check_rope(n, 1.0001f, false));
+}
+
 } // namespace test_checker_edges

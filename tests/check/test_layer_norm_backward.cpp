@@ -224,20 +224,25 @@ TEST(CheckLayerNorm, OneBadlyConditionedRowRaisesKOnlyInItsBand) {
   for (std::int64_t r = 0; r < m; ++r)
     for (std::int64_t c = 0; c < n; ++c)
       x(r, c) = r == bad ? 1e4f + u(rng) : u(rng);
-  auto run = [&](bug b, int k_bands) {
+  auto run = [&](bug b, int k_bands, bool jitter = true) {
     return tg::check_backward(tg::forward(static_cast<int>(m), tg::kernels::layer_norm_fwd<BlockN>,
                                           tg::in("x", x), tg::in("w", w), tg::in("b", bias),
                                           tg::out("y", y), mean.view(), rstd.view(), eps),
                               layer_norm_backward{b, mean.cview(), rstd.cview()},
-                              {.seeds = 2, .k_bands = k_bands, .given = {"x"}});
+                              {.seeds = 2,
+                               .jitter_reference = jitter,
+                               .k_bands = k_bands,
+                               .given = {"x"}});
   };
   auto const ok = run(bug::none, 16);
   EXPECT_BACKWARD_OK(ok);
   auto const* dx = ok.gradient("x");
   ASSERT_TRUE(dx && dx->tol.band_k);
   ASSERT_EQ(dx->tol.bands.count, 16);
-  // The band of row 37 (rows 32-47) has the large k; the others keep the default.
-  EXPECT_GT(dx->tol.k_at(bad * n), 1000) << ok;
+  // The band of row 37 (rows 32-47) has the large k; the others keep the default. (4.9e3 from
+  // the fp32 reference's units alone; about 730 where the first look's jittered reference
+  // explains part of them, the rounding of the row's mean.)
+  EXPECT_GT(dx->tol.k_at(bad * n), 300) << ok;
   EXPECT_EQ(dx->tol.k_at(0), 32) << ok;
   EXPECT_EQ(dx->tol.k_at((m - 1) * n), 32) << ok;
   EXPECT_NE(ok.str().find("the largest in rows 32-47"), std::string::npos) << ok;
@@ -248,9 +253,11 @@ TEST(CheckLayerNorm, OneBadlyConditionedRowRaisesKOnlyInItsBand) {
   // The odd rows outside the badly conditioned band fail (120 rows of 64; elements of dx near
   // zero hide a relative error of 1e-4).
   EXPECT_GE(off.gradient("x")->mismatches, 100 * n) << off;
-  // With one k per gradient (the rule before bands), the large k hides the bug.
+  // With one k per gradient (the rule before bands), the large k hides most of the bug, and
+  // all of it without the jittered reference's share (k 4.9e3).
   auto const pooled = run(bug::odd_rows_off, 1);
-  EXPECT_TRUE(pooled.gradient("x")->ok) << pooled;
+  EXPECT_LT(pooled.gradient("x")->mismatches, off.gradient("x")->mismatches / 2) << pooled;
+  EXPECT_TRUE(run(bug::odd_rows_off, 1, false).gradient("x")->ok);
 }
 
 TEST(CheckLayerNorm, MeanAndRstdMarkedOutGetAHintNamingBoth) {

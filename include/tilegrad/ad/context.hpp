@@ -474,6 +474,10 @@ struct jitter_settings {
   std::uint64_t seed = 0;
   double unit = 0;
   double scale = 1; ///< the readers' moves, times this (the same draws at another size)
+  /// Values move by their whole error bound, up or down at random, one draw per value that all
+  /// its readers read (as a float computation's rounding is), not by a random fraction of it
+  /// drawn per reader: a gradient element one rounding reaches moves by all it can do.
+  bool whole = false;
 };
 inline jitter_settings& rounding_jitter() {
   thread_local jitter_settings j;

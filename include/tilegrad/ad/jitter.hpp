@@ -29,6 +29,10 @@ inline bool jitter_active() {
     return false;
 }
 
+/// Whether values move by their whole errors, each once (jitter_settings::whole): a value's error
+/// is then its own rounding only, its operands' having moved it already.
+inline bool whole_moves() { return rounding_jitter().whole; }
+
 /// A random number in [-1, 1) from the running program's stream (splitmix64).
 inline double jitter_draw() {
   std::uint64_t z = (current_state()->jitter_state += 0x9e3779b97f4a7c15ull);
@@ -51,13 +55,24 @@ inline double const* jittered(tape& tp, double const* values, int n) {
   double const* e = errors_of(tp, values);
   if (!e)
     return values;
-  double* v = tp.alloc<double>(static_cast<std::size_t>(n));
   double const scale = rounding_jitter().scale;
+  // Whole moves: one draw per value, which every reader reads (a float computation rounds a
+  // value once); kept on the tape beside the errors, under the values' address plus one (never
+  // another values' address: they are 8-byte aligned).
+  bool const whole = !Sign && rounding_jitter().whole;
+  void const* const key = reinterpret_cast<char const*>(values) + 1;
+  if (whole)
+    if (void const* moved = tp.errors_of(key))
+      return static_cast<double const*>(moved);
+  double* v = tp.alloc<double>(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
     double const r = jitter_draw();
-    v[i] = values[i] + (Sign ? (r < 0 ? -e[i] : e[i]) : scale * r * e[i]);
+    double const s = whole ? (r < 0 ? -scale : scale) : scale * r;
+    v[i] = values[i] + (Sign ? (r < 0 ? -e[i] : e[i]) : s * e[i]);
   }
   tp.set_errors(v, e);
+  if (whole)
+    tp.set_errors(key, v);
   return v;
 }
 
@@ -150,6 +165,16 @@ template <class S, class P>
 void assign_jittered(P& p, double* v, tape& tp) {
   constexpr int n = S::size;
   double const unit = rounds<P>::value ? rounding_jitter().unit : 0.0;
+  if (rounding_jitter().whole) {
+    // Whole moves: computed from the moved operands, the value carries their errors already; its
+    // own is its rounding's.
+    move_leaves<false>(p, tp);
+    detail::assign<S>(v, p);
+    double* e = tp.alloc<double>(n);
+    for (int i = 0; i < n; ++i) e[i] = unit * std::abs(v[i]);
+    keep_errors(tp, v, e, n);
+    return;
+  }
   P signs = p;
   bool const moved = move_leaves<true>(signs, tp);
   double* e = tp.alloc<double>(n);

@@ -106,13 +106,17 @@ struct sum_expr_record final : record {
 template <class Op, class C, int A>
 double const* reduce_jittered(tape& tp, double const* x, double* y, int n) {
   double* ey = tp.alloc<double>(static_cast<std::size_t>(n));
-  detail::reduce_axis<Op, C, A, double>(y, tile_ref<double, C>{{}, x});
-  if (errors_of(tp, x))
-    detail::reduce_axis<Op, C, A, double>(ey,
-                                          tile_ref<double, C>{{}, jittered<true>(tp, x, C::size)});
-  else
-    std::copy_n(y, n, ey);
-  errors_from(ey, y, n, 0.0);
+  if (whole_moves()) { // x's own errors are in the moved x it reduces
+    for (int i = 0; i < n; ++i) ey[i] = 0;
+  } else {
+    detail::reduce_axis<Op, C, A, double>(y, tile_ref<double, C>{{}, x});
+    if (errors_of(tp, x))
+      detail::reduce_axis<Op, C, A, double>(
+          ey, tile_ref<double, C>{{}, jittered<true>(tp, x, C::size)});
+    else
+      std::copy_n(y, n, ey);
+    errors_from(ey, y, n, 0.0);
+  }
   if constexpr (std::is_same_v<Op, ops::add_op>) { // a sum rounds each partial sum
     double* ax = tp.alloc<double>(C::size);
     double* s = tp.alloc<double>(static_cast<std::size_t>(n));
@@ -416,14 +420,16 @@ auto dot_of(A&& a, B&& b, C&& acc) {
     if constexpr (std::is_same_v<T, double>) {
       // The product's error: u |A| |B| (a rounding per term) and its operands' errors through it.
       double const unit = rounding_jitter().unit;
-      double const* ea = errors_of(tp, av);
-      double const* eb = errors_of(tp, bv);
+      // (Whole moves: the operands' errors move them, below; the product keeps its own.)
+      bool const whole = whole_moves();
+      double const* ea = whole ? nullptr : errors_of(tp, av);
+      double const* eb = whole ? nullptr : errors_of(tp, bv);
       double* a1 = tp.alloc<double>(M * K);
       double* b1 = tp.alloc<double>(K * N);
       for (int i = 0; i < M * K; ++i) a1[i] = unit * std::abs(av[i]) + (ea ? ea[i] : 0.0);
       for (int i = 0; i < K * N; ++i) b1[i] = std::abs(bv[i]);
       double* ec = tp.alloc_zero<double>(M * N);
-      if (double const* eacc = accv ? errors_of(tp, accv) : nullptr)
+      if (double const* eacc = accv && !whole ? errors_of(tp, accv) : nullptr)
         std::copy_n(eacc, M * N, ec);
       product(ec, a1, b1);
       if (eb) {

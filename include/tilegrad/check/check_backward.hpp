@@ -591,10 +591,14 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     gradient_set got;
     std::vector<std::vector<double>> ref64, ref32, mag; // per input marked in
     std::vector<std::vector<double>> saved;  // second look: per input marked in, or empty
+    std::vector<std::vector<double>> explained; // first look's jittered reference, or empty
     std::optional<gradient_set> zero, twice; // first seed: scaled cotangents
     std::vector<std::pair<std::string, tolerance>> tols; // per gradient compared
   };
   std::vector<pending> later;
+  auto explained_of = [](pending const& pd, std::size_t q) -> std::vector<double> const* {
+    return q < pd.explained.size() && !pd.explained[q].empty() ? &pd.explained[q] : nullptr;
+  };
 
   // Inputs and cotangents of a seed, drawn per tensor so that a tensor's values depend on the
   // seed and its place only: the inputs are written into the tensors, the cotangents returned.
@@ -697,7 +701,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
           continue;
         auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                      nullptr, bands_of(q));
+                                      nullptr, bands_of(q), explained_of(pd, q));
         for (std::size_t i = 0; i < e->values.size() && !over; ++i)
           over = !(detail::abs_err(e->values[i], pd.ref64[q][i]) <=
                    t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i)));
@@ -728,21 +732,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         } catch (std::exception const&) {
           break;
         }
-        for (std::size_t q = 0; q < ins.size(); ++q) {
-          auto const g1 = detail::values_of((*full)[ins[q].name]);
-          auto const g2 = detail::values_of((*half)[ins[q].name]);
-          auto const& g0 = pd.ref64[q];
-          if (g1.size() != g0.size() || g2.size() != g0.size())
-            continue;
-          recomputed[q].resize(g0.size(), 0.0);
-          for (std::size_t i = 0; i < g0.size(); ++i) {
-            double const d1 = g1[i] - g0[i], d2 = g2[i] - g0[i];
-            bool const linear =
-                std::abs(2 * d2 - d1) <= 0.2 * std::abs(d1) + 1e-12 * std::abs(g0[i]);
-            if (std::isfinite(d1) && linear)
-              recomputed[q][i] = std::max(recomputed[q][i], std::abs(d1));
-          }
-        }
+        for (std::size_t q = 0; q < ins.size(); ++q)
+          detail::halving_moves(pd.ref64[q], detail::values_of((*full)[ins[q].name]),
+                                detail::values_of((*half)[ins[q].name]), recomputed[q]);
       }
       moved = recomputed;
       auto saved = f.saved_of(keep);
@@ -761,7 +753,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
           continue;
         auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                      nullptr, bands_of(q));
+                                      nullptr, bands_of(q), explained_of(pd, q));
         unstable[q].assign(e->values.size(), 1);
         if (!e0 || e0->values.size() != e->values.size())
           continue;
@@ -794,6 +786,50 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         }
       }
       return moved;
+    };
+    // The first look's k: how many units of u |J|^T |w| the fp32 reference is off by, per band.
+    // Where that raises k above k_bound, part of the fp32 reference's error may come from values
+    // the forward computes that |J|^T |w| takes as exact (an angle pos * freq that sin and cos
+    // read, scores that exp reads): the float64 reference runs again with each of them read moved
+    // by its whole rounding error, up or down at random (ad/jitter.hpp), and again at half the
+    // moves. Where an element's move halves (a rounding's does; a comparison the moves flip
+    // does not), what of the fp32 reference's error it explains does not raise k, and the element
+    // may be off by k times that move. (The largest of an element's units over a band sets its k,
+    // and an element where |J|^T |w| nearly vanishes but such a rounding does not made k, and the
+    // bound of every element of the band, tens of thousands of times what the kernel is off by.)
+    auto explain = [&](pending const& pd) {
+      std::vector<std::vector<double>> moves;
+      double const k0 = o.k_bound.value_or(dtype.k_bound);
+      bool raises = false;
+      for (std::size_t q = 0; q < ins.size() && !raises; ++q) {
+        if (pd.mag[q].empty())
+          continue;
+        for (double u : detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
+                                            bands_of(q), dtype.eps / 2 * dtype.min_normal))
+          raises |= o.k * u > k0;
+      }
+      if (!raises)
+        return moves;
+      auto jittered_reference = [&](double scale) {
+        std::deque<owned_tensor<double>> keep_j;
+        ad::jitter_scope const jittering(
+            {(std::uint64_t{seed} << 8 | 0x80) * 0x9e3779b97f4a7c15ull | 1,
+             static_cast<double>(std::numeric_limits<W>::epsilon()) / 2, scale, true});
+        return f.reference64(cots, keep_j, false);
+      };
+      std::optional<gradients<double>> full, half;
+      try {
+        full.emplace(jittered_reference(1.0));
+        half.emplace(jittered_reference(0.5));
+      } catch (std::exception const&) {
+        return moves;
+      }
+      moves.resize(ins.size());
+      for (std::size_t q = 0; q < ins.size(); ++q)
+        if (!pd.mag[q].empty())
+          detail::halving_moves(pd.ref64[q], detail::values_of((*full)[ins[q].name]),
+                                detail::values_of((*half)[ins[q].name]), moves[q]);
+      return moves;
     };
     backward_run first = run_backward(cots);
     if (first.error)
@@ -866,6 +902,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       pd.mag.push_back(gmag ? detail::values_of((*gmag)[n.name]) : std::vector<double>{});
     }
 
+    if (rule == pass_rule::error_bound && o.jitter_reference)
+      pd.explained = explain(pd);
     if (rule == pass_rule::error_bound && o.k_saved > 0 && !first.error)
       pd.saved = second_look(first.got, pd, keep64);
     keep64.clear(); // not held through the structural checks
@@ -926,7 +964,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (pd.mag[q].empty())
         continue;
       auto const units = detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
-                                             bands_of(q), dtype.eps / 2 * dtype.min_normal);
+                                             bands_of(q), dtype.eps / 2 * dtype.min_normal,
+                                             explained_of(pd, q));
       pooled_units[q].resize(units.size(), 0.0);
       for (std::size_t b = 0; b < units.size(); ++b)
         pooled_units[q][b] = std::max(pooled_units[q][b], units[b]);
@@ -979,7 +1018,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
       auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q],
                                       pd.mag[q].empty() ? nullptr : &pd.mag[q], &pooled_units[q],
-                                      q < pd.saved.size() ? &pd.saved[q] : nullptr, bands_of(q));
+                                      q < pd.saved.size() ? &pd.saved[q] : nullptr, bands_of(q),
+                                      explained_of(pd, q));
       tols.emplace_back(n.name, tol);
       auto r = compare_gradient(*e, ref64, tol, o);
       // A bf16 input's gradient may be handed back wider (kept in float, say).

@@ -76,16 +76,38 @@ inline double max_abs(std::vector<double> const& v) {
 }
 // The largest |a - b| / (unit * m + underflow) over the elements where m > 0, per band (a empty:
 // zeros).
+/// @param explained per element, the part of |a - b| the forward's own roundings explain (the
+///   first look's jittered reference), not counted; null: none
 inline std::vector<double> error_units(std::vector<double> const& a, std::vector<double> const& b,
                                        std::vector<double> const& m, double unit,
-                                       row_bands const& bands, double underflow) {
+                                       row_bands const& bands, double underflow,
+                                       std::vector<double> const* explained = nullptr) {
   std::vector<double> r(static_cast<std::size_t>(bands.count), 0.0);
+  bool const ex = explained && explained->size() == a.size();
   for (std::size_t i = 0; i < a.size() && i < m.size(); ++i)
     if (m[i] > 0) {
       double& u = r[static_cast<std::size_t>(bands.of(static_cast<std::int64_t>(i)))];
-      u = std::max(u, abs_err(a[i], b[i]) / (unit * m[i] + underflow));
+      double const err = ex ? std::max(0.0, abs_err(a[i], b[i]) - (*explained)[i]) : abs_err(a[i], b[i]);
+      u = std::max(u, err / (unit * m[i] + underflow));
     }
   return r;
+}
+/// A jittered reference's moves, per element: g1 the reference with every rounding move at full
+/// size, g2 at half, g0 without. An element's move |g1 - g0| counts where it halves with the
+/// moves, within 20 % (a rounding's does; a comparison or a branch the moves flip does not, and
+/// counts nothing); `moves` keeps the larger of that and what it held (g0's size; left as it is
+/// where a run's size differs).
+inline void halving_moves(std::vector<double> const& g0, std::vector<double> const& g1,
+                          std::vector<double> const& g2, std::vector<double>& moves) {
+  if (g1.size() != g0.size() || g2.size() != g0.size())
+    return;
+  moves.resize(g0.size(), 0.0);
+  for (std::size_t i = 0; i < g0.size(); ++i) {
+    double const d1 = g1[i] - g0[i], d2 = g2[i] - g0[i];
+    bool const linear = std::abs(2 * d2 - d1) <= 0.2 * std::abs(d1) + 1e-12 * std::abs(g0[i]);
+    if (std::isfinite(d1) && linear)
+      moves[i] = std::max(moves[i], std::abs(d1));
+  }
 }
 inline double max_abs_diff(std::vector<double> const& a, std::vector<double> const& b) {
   double m = 0;
@@ -131,6 +153,12 @@ struct tolerance {
   /// element i may be off by k_saved times that more. Null unless the first look failed.
   std::shared_ptr<std::vector<double> const> saved;
   double k_saved = 0;
+  /// error_bound, first look, where the fp32 reference raised k: how far the float64 reference
+  /// moves, per element, when each value its forward computes moves by its whole rounding error
+  /// (whatever of the fp32 reference's error this explains does not raise k); element i may be off
+  /// by k_explained times that more. Null elsewhere.
+  std::shared_ptr<std::vector<double> const> explained;
+  double k_explained = 0;
 
   /// The largest error allowed at element i (flat index; -1: the tensor's largest) where the
   /// reference is `want`; one bound for the whole tensor under the baseline and normwise rules.
@@ -140,7 +168,9 @@ struct tolerance {
       return k_at(i) * (unit * (i < 0 || !magnitude ? max_magnitude
                                                     : (*magnitude)[static_cast<std::size_t>(i)]) +
                         underflow) +
-             (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) + floor;
+             (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) +
+             (i < 0 || !explained ? 0 : k_explained * (*explained)[static_cast<std::size_t>(i)]) +
+             floor;
     case pass_rule::baseline:
       return k * ref32_err + floor;
     case pass_rule::normwise:
@@ -179,6 +209,11 @@ struct tolerance {
            << ", the largest in rows " << bands.first_row(b) << "-" << bands.last_row(b, numel)
            << " (the fp32 reference is " << (*band_units)[b_max] << " units off there)";
       }
+      if (explained)
+        os << " + " << k_explained
+           << " * (how far the float64 reference moves when each value its forward computes moves "
+              "by its whole rounding error; what of the fp32 reference's error this explains does "
+              "not raise k)";
       if (saved)
         os << " + " << k_saved
            << " * (how far the gradient moves when the values the backward reads from the forward, "
@@ -215,6 +250,7 @@ struct gradient_report {
   /// error_bound the |J|^T |w| it was formed from.
   double worst_ratio = 0, worst_ratio_bound = 0, worst_ratio_magnitude = 0;
   double worst_ratio_saved = 0; ///< the saved values' share of that bound (second look), if any
+  double worst_ratio_explained = 0; ///< the reference's moves' share of it (first look), if any
   double worst_ratio_k = 0;     ///< error_bound: the k of that element's band
   element_error at_worst_ratio;
   std::int64_t mismatches = 0, nonfinite = 0;
@@ -237,13 +273,16 @@ struct gradient_report {
 /// @param bands error_bound: the bands of rows k is taken over (one band: one k per gradient)
 /// @param saved error_bound: per element, how far the kernel's gradient moved when the values it
 ///   reads from the forward moved by their rounding errors (the second look; null: none)
+/// @param explained error_bound: per element, how far the float64 reference moved when the values
+///   its forward computes moved by their whole rounding errors (null or empty: not run)
 inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
                                 std::vector<double> const& ref64, std::vector<double> const& ref32,
                                 double pooled_rel = 0,
                                 std::vector<double> const* magnitude = nullptr,
                                 std::vector<double> const* pooled_units = nullptr,
                                 std::vector<double> const* saved = nullptr,
-                                row_bands const& bands = {}) {
+                                row_bands const& bands = {},
+                                std::vector<double> const* explained = nullptr) {
   tolerance t;
   t.rule = o.rule.value_or(dtype.rule);
   t.scale = detail::max_abs(ref64);
@@ -260,8 +299,10 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
     // them too, so the kernel may be k times as many units off as the reference is.
     // Per band of rows, so that one badly conditioned row raises k only in its band.
     std::vector<double> units(static_cast<std::size_t>(bands.count), 0.0);
+    bool const ex = explained && !explained->empty() && explained->size() == ref64.size();
     if (magnitude)
-      units = detail::error_units(ref32, ref64, *magnitude, t.unit, bands, t.underflow);
+      units = detail::error_units(ref32, ref64, *magnitude, t.unit, bands, t.underflow,
+                                  ex ? explained : nullptr);
     std::vector<double> ks(units.size());
     double const k0 = o.k_bound.value_or(dtype.k_bound);
     for (std::size_t b = 0; b < units.size(); ++b) {
@@ -277,6 +318,10 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
     if (saved && !saved->empty()) {
       t.saved = std::make_shared<std::vector<double> const>(*saved);
       t.k_saved = o.k_saved;
+    }
+    if (ex) {
+      t.explained = std::make_shared<std::vector<double> const>(*explained);
+      t.k_explained = o.k;
     }
   } else if (t.rule == pass_rule::baseline) {
     t.k = o.k;
@@ -365,6 +410,9 @@ inline gradient_report compare_gradient(erased_gradient const& got,
       r.worst_ratio_magnitude = (*tol.magnitude)[static_cast<std::size_t>(i_ratio)];
     if (tol.saved)
       r.worst_ratio_saved = tol.k_saved * (*tol.saved)[static_cast<std::size_t>(i_ratio)];
+    if (tol.explained)
+      r.worst_ratio_explained =
+          tol.k_explained * (*tol.explained)[static_cast<std::size_t>(i_ratio)];
     r.worst_ratio_k = tol.k_at(i_ratio);
   }
   auto const k =

@@ -106,7 +106,11 @@ struct check_options {
   /// computes read by each operation that reads it moved by a random fraction of its rounding
   /// error (u |A| |B| for a dot), and how far each gradient element moves is allowed as the
   /// saved values' moves are: what a backward that recomputes those values (scores q k^T, then
-  /// exp(s - lse)) with roundings of its own can be off by. false: only the saved values move.
+  /// exp(s - lse)) with roundings of its own can be off by. And in the first look, where the
+  /// fp32 reference's units raise k above k_bound, it runs twice more with every computed value
+  /// moved by its whole rounding error (one draw per value): what of the fp32 reference's error
+  /// that explains does not raise k, and each element may be off by k times its move (an angle
+  /// pos * freq that cos reads). false: neither; only the saved values move.
   bool jitter_reference = true;
   /// error_bound: k = max(k_bound, k * the units g_ref32 is off by) is taken per band of rows of
   /// each gradient's 2-D view (every axis but the last folded): at most k_bands bands, each of at

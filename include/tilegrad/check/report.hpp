@@ -140,6 +140,8 @@ private:
            << g.at_worst_ratio.abs_err() << (g.worst_ratio <= 1 ? " <= " : " > ") << "bound "
            << g.worst_ratio_bound << " = " << g.worst_ratio_k << " * " << g.tol.unit << " * "
            << g.worst_ratio_magnitude << " (|J|^T |w| there)";
+        if (g.worst_ratio_explained > 0)
+          os << " + " << g.worst_ratio_explained << " (the forward's roundings, first look)";
         if (g.worst_ratio_saved > 0)
           os << " + " << g.worst_ratio_saved << " (the forward's roundings, second look)";
         os << (g.tol.floor ? " + " + std::to_string(g.tol.floor) : std::string())
