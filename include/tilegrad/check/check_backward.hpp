@@ -788,25 +788,25 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       return moved;
     };
     // The first look's k: how many units of u |J|^T |w| the fp32 reference is off by, per band.
-    // Where that raises k above k_bound, part of the fp32 reference's error may come from values
+    // Where that raises k past 8 k_bound, part of the fp32 reference's error may come from values
     // the forward computes that |J|^T |w| takes as exact (an angle pos * freq that sin and cos
     // read, scores that exp reads): the float64 reference runs again with each of them read moved
     // by its whole rounding error, up or down at random (ad/jitter.hpp), and again at half the
     // moves. Where an element's move halves (a rounding's does; a comparison the moves flip
-    // does not), what of the fp32 reference's error it explains does not raise k, and the element
-    // may be off by k times that move. (The largest of an element's units over a band sets its k,
+    // does not), what of the fp32 reference's error it explains raises k no further than 8
+    // k_bound, and the element may be off by k times that move. (The largest of an element's units over a band sets its k,
     // and an element where |J|^T |w| nearly vanishes but such a rounding does not made k, and the
     // bound of every element of the band, tens of thousands of times what the kernel is off by.)
     auto explain = [&](pending const& pd) {
       std::vector<std::vector<double>> moves;
-      double const k0 = o.k_bound.value_or(dtype.k_bound);
+      double const cap = explained_units_cap(o, dtype);
       bool raises = false;
       for (std::size_t q = 0; q < ins.size() && !raises; ++q) {
         if (pd.mag[q].empty())
           continue;
         for (double u : detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
                                             bands_of(q), dtype.eps / 2 * dtype.min_normal))
-          raises |= o.k * u > k0;
+          raises |= u > cap;
       }
       if (!raises)
         return moves;
@@ -965,7 +965,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         continue;
       auto const units = detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
                                              bands_of(q), dtype.eps / 2 * dtype.min_normal,
-                                             explained_of(pd, q));
+                                             explained_of(pd, q), explained_units_cap(o, dtype));
       pooled_units[q].resize(units.size(), 0.0);
       for (std::size_t b = 0; b < units.size(); ++b)
         pooled_units[q][b] = std::max(pooled_units[q][b], units[b]);
