@@ -164,4 +164,47 @@ TEST(Jitter, ValuesComputedExactlyAreNotMoved) {
   EXPECT_TRUE(nonzero);
 }
 
+// t = x * w rounds; a and b are |t| (exact: no rounding of their own), each read by its own
+// statement; y = a - b + t.
+auto const read_twice = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<T const> w, tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const i = p.program_id(0) * 16 + tg::arange<0, 16>();
+  auto const in = i < x.size(0);
+  tg::tile<F, 16> const t = tg::load(x + i, in, 0.0) * tg::load(w + i, in, 0.0);
+  tg::tile<F, 16> const a = tg::abs(t);
+  tg::tile<F, 16> const b = tg::abs(t);
+  tg::store(y + i, a - b + t, in);
+};
+
+TEST(Jitter, WholeMovesAreOneDrawPerValueOfItsOwnRounding) {
+  // The first look's kind (jitter_settings::whole): t moves by its whole rounding u |t|, up or
+  // down, and both |t| read the same moved t, as a float forward rounds t once: a and b are
+  // equal and y = t moved. Drawn per reader (the second look's kind), they differ.
+  tg::owned_tensor<double> x({37}, "x"), w({37}, "w"), y({37}, "y"), dy({37}, "dy");
+  test_support::fill(x, 6);
+  test_support::fill(w, 7);
+  test_support::fill(dy, 8);
+  auto run = [&](bool whole) {
+    tg::ad::jitter_scope const jitter({11, u32, 1, whole});
+    return tg::vjp(tg::grid(3), read_twice, tg::in("x", x), tg::in("w", w), tg::out("y", y, dy));
+  };
+  (void)run(true);
+  int up = 0, down = 0;
+  for (std::int64_t i = 0; i < 37; ++i) {
+    double const t = x(i) * w(i), move = y(i) - t;
+    // (y = t + the move: a - b is exactly 0.)
+    EXPECT_NEAR(std::abs(move), u32 * std::abs(t), 1e-3 * u32 * std::abs(t)) << i;
+    up += move > 0;
+    down += move < 0;
+  }
+  EXPECT_GT(up, 5);
+  EXPECT_GT(down, 5);
+  (void)run(false);
+  double apart = 0;
+  for (std::int64_t i = 0; i < 37; ++i)
+    apart = std::max(apart, std::abs(y(i) - x(i) * w(i)) / (u32 * std::abs(x(i) * w(i))));
+  EXPECT_GT(apart, 1.01) << "drawn per reader, a and b should differ";
+}
+
 } // namespace test_jitter

@@ -398,7 +398,9 @@ constexpr auto rope_fwd = []<class T>(tg::program const& p, tg::tensor<T const> 
   auto const rows = p.program_id(0) * rope_rows + tg::arange<0, rope_rows>();
   auto const c = tg::arange<0, rope_half>();
   auto const rm = tg::col(rows < x.size(0));
-  auto const at = [&](auto t, int half) { return t + tg::col(rows) * t.stride(0) + tg::row(c + half); };
+  auto const at = [&](auto t, int half) {
+    return t + tg::col(rows) * t.stride(0) + tg::row(c + half);
+  };
   tg::tile<F, rope_rows, rope_half> const x1 = tg::load(at(x, 0), rm, 0.0f);
   tg::tile<F, rope_rows, rope_half> const x2 = tg::load(at(x, rope_half), rm, 0.0f);
   tg::tile<F, rope_rows, rope_half> const theta =
@@ -414,7 +416,9 @@ constexpr auto rope_bwd = []<class T>(tg::program const& p, tg::tensor<T const> 
   auto const rows = p.program_id(0) * rope_rows + tg::arange<0, rope_rows>();
   auto const c = tg::arange<0, rope_half>();
   auto const rm = tg::col(rows < dy.size(0));
-  auto const at = [&](auto t, int half) { return t + tg::col(rows) * t.stride(0) + tg::row(c + half); };
+  auto const at = [&](auto t, int half) {
+    return t + tg::col(rows) * t.stride(0) + tg::row(c + half);
+  };
   tg::tile<T, rope_rows, rope_half> const g1 = tg::load(at(dy, 0), rm, 0.0f);
   tg::tile<T, rope_rows, rope_half> const g2 = tg::load(at(dy, rope_half), rm, 0.0f);
   tg::tile<T, rope_rows, rope_half> const theta =
@@ -426,7 +430,8 @@ constexpr auto rope_bwd = []<class T>(tg::program const& p, tg::tensor<T const> 
 };
 
 tg::check_report check_rope(std::int64_t n, float wrong, bool jitter_reference = true) {
-  tg::owned_tensor<float> x({n, 2 * rope_half}), y({n, 2 * rope_half}), inv({rope_half}, "inv_freq");
+  tg::owned_tensor<float> x({n, 2 * rope_half}), y({n, 2 * rope_half});
+  tg::owned_tensor<float> inv({rope_half}, "inv_freq");
   for (int j = 0; j < rope_half; ++j)
     inv(j) = static_cast<float>(std::pow(10000.0, -2.0 * j / (2 * rope_half)));
   int const programs = tg::cdiv<int>(n, rope_rows);

@@ -794,9 +794,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     // by its whole rounding error, up or down at random (ad/jitter.hpp), and again at half the
     // moves. Where an element's move halves (a rounding's does; a comparison the moves flip
     // does not), what of the fp32 reference's error it explains raises k no further than 8
-    // k_bound, and the element may be off by k times that move. (The largest of an element's units over a band sets its k,
-    // and an element where |J|^T |w| nearly vanishes but such a rounding does not made k, and the
-    // bound of every element of the band, tens of thousands of times what the kernel is off by.)
+    // k_bound, and the element may be off by k times that move. (The largest of an element's
+    // units over a band sets its k, and an element where |J|^T |w| nearly vanishes but such a
+    // rounding does not made k, and the bound of every element of the band, tens of thousands of
+    // times what the kernel is off by.)
     auto explain = [&](pending const& pd) {
       std::vector<std::vector<double>> moves;
       double const cap = explained_units_cap(o, dtype);
