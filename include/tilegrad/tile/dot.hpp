@@ -153,7 +153,9 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
   using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
   // An accumulator passed as a temporary (acc = dot(a, b, std::move(acc))) is reused in place.
   tile<T, M, N> out = [&]() -> tile<T, M, N> {
-    if constexpr (Zero) // (acc only gives the shape: nothing of it is read)
+    if constexpr (Zero && M * N * sizeof(T) < 64) // (zeros cost nothing there, and GCC with
+      return tile<T, M, N>();                       // sanitizers took the move for a read)
+    else if constexpr (Zero) // (acc only gives the shape: nothing of it is read)
       return tile<T, M, N>(uninitialized);
     else if constexpr (std::is_same_v<std::remove_cvref_t<C>, tile<T, M, N>> &&
                        !std::is_lvalue_reference_v<C>)
