@@ -207,4 +207,45 @@ TEST(Jitter, WholeMovesAreOneDrawPerValueOfItsOwnRounding) {
   EXPECT_GT(apart, 1.01) << "drawn per reader, a and b should differ";
 }
 
+// y = |x w| and z = |x / w|: products and quotients by w, a power of two in even lanes (0.25 to
+// 4, a float computation rounds nothing there) and not in odd ones.
+auto const scaled = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> w,
+                                tg::tensor<T> y, tg::tensor<T> z) {
+  using F = tg::fp32<T>;
+  auto const i = p.program_id(0) * 16 + tg::arange<0, 16>();
+  auto const in = i < x.size(0);
+  tg::tile<F, 16> const xv = tg::load(x + i, in, 0.0);
+  tg::tile<F, 16> const wv = tg::load(w + i, in, 1.0);
+  tg::tile<F, 16> const t = xv * wv;
+  tg::tile<F, 16> const q = xv / wv;
+  tg::store(y + i, tg::abs(t), in);
+  tg::store(z + i, tg::abs(q), in);
+};
+
+TEST(Jitter, ProductsAndQuotientsByPowersOfTwoAreExact) {
+  // A scale of 0.5 or a division by 4 rounds nothing in float: such lanes must not move (a softmax
+  // of logits near 1e5 scaled by 0.5 otherwise tolerates a wrong dx of 3e-4), the others move by
+  // their whole rounding.
+  tg::owned_tensor<double> x({37}, "x"), w({37}, "w"), y({37}, "y"), z({37}, "z");
+  tg::owned_tensor<double> dy({37}, "dy"), dz({37}, "dz");
+  test_support::fill(x, 12);
+  test_support::fill(dy, 13);
+  test_support::fill(dz, 14);
+  for (std::int64_t i = 0; i < 37; ++i)
+    w(i) = i % 2 == 0 ? std::ldexp(i % 4 == 0 ? 1.0 : -1.0, int(i % 5) - 2) : 0.3 + 0.01 * i;
+  tg::ad::jitter_scope const jitter({15, u32, 1, true});
+  (void)tg::vjp(tg::grid(3), scaled, tg::in("x", x), tg::in("w", w), tg::out("y", y, dy),
+                tg::out("z", z, dz));
+  for (std::int64_t i = 0; i < 37; ++i) {
+    double const t = std::abs(x(i) * w(i)), q = std::abs(x(i) / w(i));
+    if (i % 2 == 0) {
+      EXPECT_EQ(y(i), t) << i;
+      EXPECT_EQ(z(i), q) << i;
+    } else {
+      EXPECT_NEAR(std::abs(y(i) - t), u32 * t, 1e-3 * u32 * t) << i;
+      EXPECT_NEAR(std::abs(z(i) - q), u32 * q, 1e-3 * u32 * q) << i;
+    }
+  }
+}
+
 } // namespace test_jitter

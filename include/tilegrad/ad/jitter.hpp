@@ -89,10 +89,11 @@ inline void keep_errors(tape& tp, double const* values, double* e, int n) {
 }
 
 /// The error of y = f(x): |f(x + moved) - f(x)| (the operands' errors, moved by +-1 at random)
-/// plus unit |y| where f rounds; written over `moved`.
-inline void errors_from(double* moved, double const* y, int n, double unit) {
+/// plus unit |y| where f rounds (not in the lanes `exact` marks, if given); written over `moved`.
+inline void errors_from(double* moved, double const* y, int n, double unit,
+                        bool const* exact = nullptr) {
   for (int i = 0; i < n; ++i)
-    moved[i] = std::abs(moved[i] - y[i]) + unit * std::abs(y[i]);
+    moved[i] = std::abs(moved[i] - y[i]) + (exact && exact[i] ? 0.0 : unit) * std::abs(y[i]);
 }
 
 // Whether an expression rounds: an elementwise op on floating values other than a selection, a
@@ -117,6 +118,46 @@ template <class Op, class... Es>
 struct rounds<map_node<Op, Es...>>
     : std::bool_constant<(!exact_op<Op> && is_floating_v<value_of_t<map_node<Op, Es...>>>) ||
                          (rounds<Es>::value || ...)> {};
+
+/// Whether x times or over a power of two (or zero) is exact in float: x a power of two or zero.
+inline bool power_of_two_or_zero(double x) {
+  int e;
+  return x == 0 || (std::isfinite(x) && std::frexp(x, &e) == (x < 0 ? -0.5 : 0.5));
+}
+
+/// The lanes where p, a product or quotient whose operands do not round, is exact (a factor or the
+/// divisor a power of two: a scale of 0.125 or 2); null when p is no such node or none is exact.
+template <class S, class P>
+bool const* exact_lanes(P const& p, tape& tp) {
+  if constexpr (requires { p.es; typename P::operand_type; }) {
+    using Op = std::remove_cvref_t<decltype(p.op)>;
+    constexpr bool product = std::is_same_v<Op, ops::mul_op> || std::is_same_v<Op, ops::div_op>;
+    if constexpr (product && std::is_same_v<typename P::operand_type, double>) {
+      return p.es.apply([&](auto const& a, auto const& b) -> bool const* {
+        using A = std::remove_cvref_t<decltype(a)>;
+        using B = std::remove_cvref_t<decltype(b)>;
+        if constexpr (rounds<A>::value || rounds<B>::value) {
+          return nullptr;
+        } else {
+          constexpr int n = S::size;
+          double* x = tp.alloc<double>(n);
+          double* y = tp.alloc<double>(n);
+          detail::assign<S>(x, a);
+          detail::assign<S>(y, b);
+          bool* exact = tp.alloc<bool>(n);
+          bool any = false;
+          for (int i = 0; i < n; ++i) {
+            exact[i] = power_of_two_or_zero(y[i]) ||
+                       (std::is_same_v<Op, ops::mul_op> && power_of_two_or_zero(x[i]));
+            any |= exact[i];
+          }
+          return any ? exact : nullptr;
+        }
+      });
+    }
+  }
+  return nullptr;
+}
 
 /// Replaces the values of p's leaves that carry errors by moved copies (one copy per leaf: a
 /// tile read twice by one expression is read as the same numbers); whether any did.
@@ -165,13 +206,15 @@ template <class S, class P>
 void assign_jittered(P& p, double* v, tape& tp) {
   constexpr int n = S::size;
   double const unit = rounds<P>::value ? rounding_jitter().unit : 0.0;
+  bool const* const exact = unit != 0 ? exact_lanes<S>(p, tp) : nullptr;
+  auto const own = [&](int i) { return exact && exact[i] ? 0.0 : unit * std::abs(v[i]); };
   if (rounding_jitter().whole) {
     // Whole moves: computed from the moved operands, the value carries their errors already; its
     // own is its rounding's.
     move_leaves<false>(p, tp);
     detail::assign<S>(v, p);
     double* e = tp.alloc<double>(n);
-    for (int i = 0; i < n; ++i) e[i] = unit * std::abs(v[i]);
+    for (int i = 0; i < n; ++i) e[i] = own(i);
     keep_errors(tp, v, e, n);
     return;
   }
@@ -181,14 +224,14 @@ void assign_jittered(P& p, double* v, tape& tp) {
   if (moved) {
     detail::assign<S>(e, signs); // f(x + errors), then |that - f(x)|: what the errors move it by
     detail::assign<S>(v, p);
-    errors_from(e, v, n, unit);
+    errors_from(e, v, n, unit, exact);
     move_leaves<false>(p, tp);
   } else {
     for (int i = 0; i < n; ++i) e[i] = 0;
   }
   detail::assign<S>(v, p);
   if (!moved)
-    for (int i = 0; i < n; ++i) e[i] = unit * std::abs(v[i]);
+    for (int i = 0; i < n; ++i) e[i] = own(i);
   keep_errors(tp, v, e, n);
 }
 
