@@ -248,4 +248,49 @@ TEST(Jitter, ProductsAndQuotientsByPowersOfTwoAreExact) {
   }
 }
 
+// acc = 1.1 acc + x[:, j] for each column j, then y = |acc|: a carried value that rounds at every
+// step, walked by tg::loop (Loop) or by a plain loop.
+template <bool Loop>
+constexpr auto carried_sum = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const r = p.program_id(0) * 16 + tg::arange<0, 16>();
+  auto const in = r < x.size(0);
+  auto acc = tg::zeros<F, 16>();
+  auto const body = [=](int j, auto& a) {
+    a = a * 1.1 + tg::load(x + r * x.stride(0) + j, in, 0.0);
+  };
+  if constexpr (Loop)
+    tg::loop(0, int(x.size(1)), 1, acc, body);
+  else
+    for (int j = 0; j < x.size(1); ++j) body(j, acc);
+  tg::store(y + r, tg::abs(acc), in);
+};
+
+TEST(Jitter, ACheckpointedLoopCarriesErrorsAndDrawsAsThePlainLoop) {
+  // Checkpointed (a record budget of 0), the carried sum keeps its error estimates from one
+  // iteration to the next, and a replay in the sweep draws what the forward run drew: y and dx are
+  // the plain loop's bits, in both kinds of moves. (Without the estimates the sum moved nowhere.)
+  tg::owned_tensor<double> x({37, 9}, "x"), y0({37}, "y"), y1({37}, "y"), dy({37}, "dy");
+  test_support::fill(x, 16);
+  test_support::fill(dy, 17);
+  std::size_t const budget = tg::set_loop_record_budget(0);
+  for (bool whole : {true, false}) {
+    tg::ad::jitter_scope const jitter({19, u32, 1, whole});
+    auto const g0 = tg::vjp(tg::grid(3), carried_sum<false>, tg::in("x", x), tg::out("y", y0, dy));
+    auto const g1 = tg::vjp(tg::grid(3), carried_sum<true>, tg::in("x", x), tg::out("y", y1, dy));
+    double moved = 0;
+    for (std::int64_t i = 0; i < 37; ++i) {
+      ASSERT_EQ(y1(i), y0(i)) << i << (whole ? " whole" : " per reader");
+      double exact = 0;
+      for (int j = 0; j < 9; ++j) exact = exact * 1.1 + x(i, j);
+      moved = std::max(moved, std::abs(y1(i) - std::abs(exact)) / (u32 * std::abs(exact)));
+    }
+    EXPECT_GT(moved, 0.5);
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      ASSERT_EQ(g1["x"].data()[i], g0["x"].data()[i]) << i << (whole ? " whole" : " per reader");
+  }
+  tg::set_loop_record_budget(budget);
+}
+
 } // namespace test_jitter

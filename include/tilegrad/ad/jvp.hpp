@@ -327,7 +327,9 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   (add_ref(args), ...);
   ad::check_overlaps(refs, "tilegrad::jvp",
                      "Pass a buffer once (tg::tangent_inout for one read and written in place); "
-                     "views of one buffer may share it as long as they share no element.");
+                     "views of one buffer may share it as long as they share no element; a tensor "
+                     "read twice, as it is and transposed (tied weights), is passed once, the "
+                     "other view made in the kernel from its data and strides.");
 
   auto duals = std::make_tuple(detail::to_dual<D>(args)...);
   // Bounds are always checked: an access outside a dual copy would be outside its storage.

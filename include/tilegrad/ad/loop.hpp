@@ -10,6 +10,7 @@
 
 #include "tilegrad/ad/adjoint.hpp"
 #include "tilegrad/ad/context.hpp"
+#include "tilegrad/ad/jitter.hpp"
 #include "tilegrad/ad/tape.hpp"
 #include "tilegrad/ad/tile.hpp"
 #include "tilegrad/core/config.hpp"
@@ -68,7 +69,7 @@ struct carried_slot {
     saved.reserve(static_cast<std::size_t>(n));
     saved.push_back(init);
   }
-  void stage(C const&) {}
+  void stage(tape&, C const&) {}
   void keep(int t, int n, tape&, C const& c, bool) { // a value: the rewind leaves it as it is
     if (t < n)
       saved.push_back(c);
@@ -81,7 +82,8 @@ struct carried_slot {
 
 /// An adjoint tile: its values at the start of every iteration and after the last, each on the
 /// tape where the iteration before it was rewound (a stack of values, one iteration's records
-/// above them at a time).
+/// above them at a time). Under rounding jitter (ad/jitter.hpp) their error estimates too, as a
+/// plain loop keeps them.
 template <class T, int... Ns>
 struct carried_slot<tile<adjoint<T>, Ns...>> {
   using tile_type = tile<adjoint<T>, Ns...>;
@@ -92,6 +94,8 @@ struct carried_slot<tile<adjoint<T>, Ns...>> {
   // iteration swept last (the adjoint its previous iteration's result receives).
   T* adj = nullptr;
   T* staging = nullptr; // the values an iteration produced, while its records are rewound
+  T* staging_errors = nullptr; // and their error estimates (jitter only)
+  bool staged_errors = false;
 
   void start(tape& tp, int n, tile_type const& init) {
     saved.reserve(static_cast<std::size_t>(n + 1));
@@ -99,13 +103,28 @@ struct carried_slot<tile<adjoint<T>, Ns...>> {
     init_adj = init.adjoints();
     adj = tp.alloc_zero<T>(size);
     staging = tp.alloc<T>(size);
+    if (jitter_active<T>())
+      staging_errors = tp.alloc<T>(size);
   }
-  void stage(tile_type const& c) { std::memcpy(staging, c.values(), sizeof(T) * size); }
+  void stage(tape& tp, tile_type const& c) {
+    std::memcpy(staging, c.values(), sizeof(T) * size);
+    staged_errors = false;
+    if (staging_errors)
+      if (void const* e = tp.errors_of(c.values())) {
+        std::memcpy(staging_errors, e, sizeof(T) * size);
+        staged_errors = true;
+      }
+  }
   // After the rewind: the values carried into iteration t (the result, after the last), which
   // the next iteration reads as a constant (the forward runs do not record).
   void keep(int t, int n, tape& tp, tile_type& c, bool recording) {
     T* v = tp.alloc<T>(size);
     std::memcpy(v, staging, sizeof(T) * size);
+    if (staged_errors) { // (kept below every later mark: a replay of iteration t finds them)
+      T* e = tp.alloc<T>(size);
+      std::memcpy(e, staging_errors, sizeof(T) * size);
+      tp.set_errors(v, e);
+    }
     saved.push_back(v);
     c = tile_type::from_buffers(v, t == n && recording ? adj : nullptr);
   }
@@ -258,11 +277,14 @@ struct loop_record final : record {
   std::tuple<carried_slot<C>...> slots;
   std::size_t end_access; // the program's accesses recorded up to the end of the loop
   std::size_t end_log;    // and its log's (log_length())
+  // Under rounding jitter, the program's stream of draws at the start of each iteration: a replay
+  // draws what the forward run drew, and recomputes the values it carried on.
+  std::vector<std::uint64_t> draws;
 
   loop_record(Body const& b, int b0, int s, int count, std::tuple<carried_slot<C>...>&& sl,
-              std::size_t acc, std::size_t log)
+              std::size_t acc, std::size_t log, std::vector<std::uint64_t>&& d)
       : body(b), begin(b0), step(s), n(count), slots(std::move(sl)), end_access(acc),
-        end_log(log) {}
+        end_log(log), draws(std::move(d)) {}
 
   void backward() override { replay(std::index_sequence_for<C...>{}); }
 
@@ -278,6 +300,8 @@ struct loop_record final : record {
     body_scope const scope(st, true, stored_after, end_access, end_log);
     for (int t = n - 1; t >= 0; --t) {
       auto const m = tp.mark();
+      if (!draws.empty())
+        st.jitter_state = draws[static_cast<std::size_t>(t)];
       std::tuple<C...> const start{std::get<I>(slots).restore(t, tp)...};
       std::tuple<C...> cur = start;
       body(loop_index(begin, step, t), std::get<I>(cur)...);
@@ -321,6 +345,7 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
   tape& tp = st.t;
   bool const recording = tp.recording(); // off: inside the forward run of an enclosing loop
   bool rerun_first = false;              // iteration 0 ran already: its accesses are recorded
+  std::uint64_t const first_draw = st.jitter_state;
   if (recording) {
     // The first iteration, recorded: if the whole loop's records fit the budget, it goes on as
     // a plain loop (a replay costs more than the cache misses of a tape that small).
@@ -337,8 +362,12 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
     }
     tp.rewind(m0);
     std::tie(carried...) = init;
+    st.jitter_state = first_draw; // (drawn again as they were)
     rerun_first = true;
   }
+  std::vector<std::uint64_t> draws;
+  if (recording && rounding_jitter().seed != 0)
+    draws.reserve(static_cast<std::size_t>(n));
   std::tuple<carried_slot<C>...> slots;
   (std::get<I>(slots).start(tp, n, carried), ...);
   {
@@ -347,15 +376,17 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
       // (Iteration 0 again: nothing was written after the loop yet.)
       body_scope const scope(st, t == 0 && rerun_first, 0, st.out->accesses.size(), log_length());
       auto const m = tp.mark();
+      if (draws.capacity() != 0)
+        draws.push_back(st.jitter_state);
       body(loop_index(begin, step, t), carried...);
-      (std::get<I>(slots).stage(carried), ...);
+      (std::get<I>(slots).stage(tp, carried), ...);
       tp.rewind(m);
       (std::get<I>(slots).keep(t + 1, n, tp, carried, recording), ...);
     }
   }
   if (recording)
     tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots),
-                                     st.out->accesses.size(), log_length());
+                                     st.out->accesses.size(), log_length(), std::move(draws));
 }
 
 } // namespace loop_detail

@@ -116,7 +116,8 @@ void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base)
       ", inside the body of tg::loop (the load at " + detail::where_string(loc) + ")" +
       " and writes that element after the loop: the reverse sweep runs the body again, and can "
       "no longer tell which of the program's stores the load saw. Write this loop as a plain "
-      "for loop.");
+      "for loop. (A loop whose records fit tg::set_loop_record_budget, 8 MiB by default, is "
+      "recorded whole and not replayed: the same kernel at a smaller size works.)");
 }
 #else
 ;

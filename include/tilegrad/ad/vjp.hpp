@@ -242,7 +242,9 @@ inline char const* role_name(role r, bool writable) {
 inline constexpr char const* shared_memory_hint =
     "An in-place kernel takes the buffer once, as one tensor marked inout (tg::inout(\"x\", x, "
     "dx): elements read before a store are inputs); views of one buffer (q, k, v of a packed "
-    "qkv) may share it as long as they share no element.";
+    "qkv) may share it as long as they share no element. A tensor read twice, as it is and "
+    "transposed (tied weights), is passed once: make the other view in the kernel from its data "
+    "and strides.";
 
 /// Refuses tensors of a launch that share elements (before any program runs) and marks those
 /// whose address ranges overlap another's, to be looked up by element.
