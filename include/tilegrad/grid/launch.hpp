@@ -20,7 +20,9 @@
 #include <utility>
 #include <vector>
 
-#if TILEGRAD_USE_TBB
+// (The executors below are machinery: with separate compilation only the file that compiles them
+// reads TBB's headers, about 0.5 s of every other file's compile.)
+#if TILEGRAD_USE_TBB && TILEGRAD_MACHINERY_BODIES
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_pipeline.h>
@@ -34,8 +36,10 @@
 // Without -fopenmp the pragma would be ignored and the "openmp" executor silently sequential.
 #error "tilegrad: TILEGRAD_USE_OPENMP=1 needs -fopenmp (link OpenMP::OpenMP_CXX, or set it to 0)"
 #endif
+#if TILEGRAD_MACHINERY_BODIES
 #include <mutex>
 #include <omp.h>
+#endif
 #endif
 
 namespace tilegrad {
@@ -298,7 +302,7 @@ void run_sequential(std::int64_t n, Run& run) {
     run(i);
 }
 
-#if TILEGRAD_USE_TBB
+#if TILEGRAD_USE_TBB && TILEGRAD_MACHINERY_BODIES
 /// Runs body(ctx) capped at num_threads (0: the enclosing arena's), isolated, with a task group
 /// context bound to the caller's: the frame of every TBB executor.
 template <class Body>
@@ -346,7 +350,7 @@ void run_tbb(std::int64_t n, int num_threads, Run& run) {
 }
 #endif
 
-#if TILEGRAD_USE_OPENMP
+#if TILEGRAD_USE_OPENMP && TILEGRAD_MACHINERY_BODIES
 template <class Run>
 void run_openmp(std::int64_t n, int num_threads, Run& run) {
   int const threads = num_threads > 0 ? num_threads : omp_get_max_threads();
@@ -382,7 +386,10 @@ void run_openmp(std::int64_t n, int num_threads, Run& run) {
 /// caller its program is done by a locked read-modify-write (TBB's and OpenMP's completion
 /// counts), which on x86, the only target with streaming stores here, waits for every earlier
 /// store, non-temporal ones included (Intel SDM vol. 3A, 8.1.2 and 8.2.2; AMD APM vol. 2, 7.4).
-inline void run_programs(launch_options const& opts, std::int64_t n, program_runner run) {
+TILEGRAD_MACHINERY void run_programs(launch_options const& opts, std::int64_t n,
+                                    program_runner run)
+#if TILEGRAD_MACHINERY_BODIES
+{
   struct fence_at_end {
     ~fence_at_end() { simd::finish_streaming(); }
   } fence;
@@ -402,14 +409,19 @@ inline void run_programs(launch_options const& opts, std::int64_t n, program_run
     return;
   }
 }
+#else
+;
+#endif
 
 /// Runs run(i) for every i in [0, n), in parallel, at most `window` of them begun and not yet
 /// done at a time, and done(i) for every i in order (0 first), one at a time, each after run(i)
 /// returned; done may launch in parallel itself. A stream, not batches: programs keep starting
 /// while done works through the finished ones, so no thread waits for the slowest program of a
 /// batch. (OpenMP and the sequential executor run batches of `window`, then their done calls.)
-inline void run_ordered(launch_options const& opts, std::int64_t n, int window, program_runner run,
-                        program_runner done) {
+TILEGRAD_MACHINERY void run_ordered(launch_options const& opts, std::int64_t n, int window,
+                                   program_runner run, program_runner done)
+#if TILEGRAD_MACHINERY_BODIES
+{
   window = std::max(window, 1);
 #if TILEGRAD_USE_TBB
   if (opts.exec == executor::tbb) {
@@ -446,6 +458,9 @@ inline void run_ordered(launch_options const& opts, std::int64_t n, int window, 
       done(i);
   }
 }
+#else
+;
+#endif
 
 /// Runs call(p) for every program p of g, each inside a program_scope with the given hooks
 /// (none: the fast path; a hooks object without tracker: bounds checked).
