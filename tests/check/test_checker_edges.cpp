@@ -7,6 +7,8 @@
 #include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/tilegrad.hpp>
 
+#include "../support/tensors.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,6 +123,59 @@ tg::check_report check_softmax(float scale, double logits) {
                             },
                             {.seeds = 3, .inputs = tg::uniform(-logits, logits)});
 }
+
+// y = x + b (rows of 16, 64 rows a program); db sums a whole column of dy.
+constexpr auto add_bias = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                      tg::tensor<T const> b, tg::tensor<T> y) {
+  auto const r = p.program_id(0) * 64 + tg::arange<0, 64>();
+  auto const c = tg::arange<0, 16>();
+  auto const in = tg::col(r < x.size(0));
+  auto const xv = tg::load(x + tg::col(r) * x.stride(0) + tg::row(c), in, 0.0f);
+  tg::store(y + tg::col(r) * y.stride(0) + tg::row(c), xv + tg::row(tg::load(b + c)), in);
+};
+
+// The bias's gradient as a plain loop would sum it: one row after another, in one program.
+constexpr auto bias_grad_in_sequence = []<class T>(tg::program const&, tg::tensor<T const> dy,
+                                                   tg::tensor<T> db, double scale) {
+  auto const c = tg::arange<0, 16>();
+  auto acc = tg::zeros<T, 16>();
+  for (std::int64_t i = 0; i < dy.size(0); ++i)
+    acc = acc + tg::load(dy + i * dy.stride(0) + c);
+  tg::store(db + c, acc * T(scale));
+};
+
+} // namespace
+
+TEST(CheckerEdges, ALongSumOfOneSignRunInSequencePasses) {
+  // db of 8192 positive terms summed one after another is typically 0.5 sqrt(8192) = 45 units
+  // of u * sum off, past k = 32 (a correct kernel failed 13 of 13 seeds): the bound allows
+  // sqrt(n) u |g_ref64|, n the longest axis. A db 1e-4 off still fails.
+  constexpr std::int64_t M = 8192;
+  tg::owned_tensor<float> x({M, 16}, "x"), b({16}, "b"), y({M, 16}, "y"), dy({M, 16}, "dy");
+  test_support::fill(dy, 5);
+  for (std::int64_t i = 0; i < dy.numel(); ++i)
+    dy.data()[i] = 1.0f + 0.5f * dy.data()[i];
+  auto check = [&](double scale) {
+    return tg::check_backward(
+        tg::forward(int(M / 64), add_bias, tg::in("x", x), tg::in("b", b), tg::out("y", y, dy)),
+        [&](tg::backward_context<float>& ctx) {
+          tg::owned_tensor<float> dx({M, 16}), db({16});
+          auto const g = ctx.cotangent("y");
+          for (std::int64_t i = 0; i < dx.numel(); ++i)
+            dx.data()[i] = g.data()[i];
+          tg::launch(ctx.options(), 1, bias_grad_in_sequence, g, db.view(), scale);
+          return tg::gradient_set{{"x", dx}, {"b", db}};
+        },
+        {.seeds = 4});
+  };
+  auto const ok = check(1);
+  EXPECT_TRUE(ok.ok()) << ok;
+  EXPECT_NE(ok.str().find("n = 8192, the longest axis"), std::string::npos) << ok;
+  auto const bad = check(1 + 1e-4);
+  EXPECT_FALSE(bad.ok()) << bad;
+}
+
+namespace {
 
 } // namespace
 

@@ -412,7 +412,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
 template <class T>
 check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_ref<T> backward,
                                  check_options const& o) {
-  constexpr dtype_rules dtype = rules_for<T>();
+  dtype_rules dtype = rules_for<T>();
   constexpr bool storage = std::is_same_v<T, bf16>; // the references compute in wider types
   using W = fp32<T>;                                // the working precision of the compute
   pass_rule const rule = o.rule.value_or(dtype.rule);
@@ -421,6 +421,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   auto& ins = f.ins;
   auto& passives = f.passives;
   auto& outs = f.outs;
+  for (auto const* group : {&ins, &passives, &outs})
+    for (auto const& n : *group)
+      for (int a = 0; a < n.t.rank(); ++a)
+        dtype.longest_axis = std::max(dtype.longest_axis, n.t.size(a));
   int const others = f.others;
   {
     std::ostringstream os;

@@ -166,15 +166,21 @@ struct tolerance {
   /// by k_explained times that more. Null elsewhere.
   std::shared_ptr<std::vector<double> const> explained;
   double k_explained = 0;
+  /// error_bound: sqrt(n) times the arithmetic's unit roundoff, n the longest axis of the launch:
+  /// an element may be off by that times |g_ref64| (a long sum of one sign run in sequence).
+  double sequence = 0;
+  std::int64_t sequence_n = 0;
 
   /// The largest error allowed at element i (flat index; -1: the tensor's largest) where the
   /// reference is `want`; one bound for the whole tensor under the baseline and normwise rules.
   double bound(double want, std::int64_t i = -1) const {
     switch (rule) {
     case pass_rule::error_bound:
-      return k_at(i) * (unit * (i < 0 || !magnitude ? max_magnitude
-                                                    : (*magnitude)[static_cast<std::size_t>(i)]) +
-                        underflow) +
+      return std::max(k_at(i) *
+                          (unit * (i < 0 || !magnitude ? max_magnitude
+                                                       : (*magnitude)[static_cast<std::size_t>(i)]) +
+                           underflow),
+                      sequence * std::abs(want)) +
              (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) +
              (i < 0 || !explained ? 0 : k_explained * (*explained)[static_cast<std::size_t>(i)]) +
              floor;
@@ -216,6 +222,9 @@ struct tolerance {
            << ", the largest in rows " << bands.first_row(b) << "-" << bands.last_row(b, numel)
            << " (the fp32 reference is " << (*band_units)[b_max] << " units off there)";
       }
+      if (sequence > k_min * unit)
+        os << ", or sqrt(n) * u' * |g_ref64| where larger (n = " << sequence_n
+           << ", the longest axis: sums of one sign run in sequence)";
       if (explained)
         os << " + " << k_explained
            << " * (how far the float64 reference moves when each value its forward computes moves "
@@ -306,6 +315,8 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
   if (t.rule == pass_rule::error_bound) {
     t.unit = dtype.eps / 2;
     t.underflow = t.unit * dtype.min_normal;
+    t.sequence_n = dtype.longest_axis;
+    t.sequence = std::sqrt(static_cast<double>(dtype.longest_axis)) * dtype.compute_unit;
     t.floor = o.floor_abs;
     if (magnitude) {
       t.magnitude = std::make_shared<std::vector<double> const>(*magnitude);

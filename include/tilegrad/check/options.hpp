@@ -5,6 +5,7 @@
 #include "tilegrad/core/bf16.hpp"
 #include "tilegrad/grid/launch.hpp"
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <random>
@@ -52,6 +53,13 @@ struct dtype_rules {
   /// The smallest normal number of the dtype: below it a rounding loses an absolute
   /// eps / 2 * min_normal (the spacing of the subnormals), whatever the size of the terms.
   double min_normal;
+  /// The unit roundoff of the arithmetic (float's for bf16 storage): a sum of n terms of one sign
+  /// run one after another (a loop over 8192 rows, per-row atomics) is typically
+  /// 0.5 sqrt(n) of it times the sum off, past k_bound units at n of a few thousand; an element
+  /// may be off by sqrt(n) compute_unit |g_ref64|, n the longest axis of the launch's tensors
+  /// (set by the checker).
+  double compute_unit;
+  std::int64_t longest_axis = 0;
 };
 
 /// The pass rules' constants for a working dtype (float, double or bf16). Every dtype is checked
@@ -66,12 +74,14 @@ constexpr dtype_rules rules_for() {
                 "tilegrad::check_backward: the float tensors are float, double or bf16");
   constexpr double units = dtype_rules::normwise_units;
   if constexpr (std::is_same_v<T, bf16>)
-    return {"bfloat16", 0x1p-7, pass_rule::error_bound, 1e-5, 1.6e-2, units * 0x1p-8, 4, 0x1p-126};
+    return {"bfloat16", 0x1p-7,   pass_rule::error_bound, 1e-5, 1.6e-2, units * 0x1p-8, 4,
+            0x1p-126,   0x1p-24, 0};
   else if constexpr (std::is_same_v<T, float>)
-    return {"float32", 0x1p-23, pass_rule::error_bound, 1e-5, 1.3e-6, units * 0x1p-24,
-            32,        0x1p-126};
+    return {"float32", 0x1p-23,  pass_rule::error_bound, 1e-5, 1.3e-6, units * 0x1p-24,
+            32,        0x1p-126, 0x1p-24,                0};
   else
-    return {"float64", 0x1p-52, pass_rule::error_bound, 1e-7, 1e-7, units * 0x1p-53, 32, 0x1p-1022};
+    return {"float64", 0x1p-52,   pass_rule::error_bound, 1e-7, 1e-7, units * 0x1p-53, 32,
+            0x1p-1022, 0x1p-53, 0};
 }
 
 /// Draws one input element; called in row-major order, per tensor, with a generator seeded
