@@ -166,8 +166,8 @@ struct tolerance {
   /// by k_explained times that more. Null elsewhere.
   std::shared_ptr<std::vector<double> const> explained;
   double k_explained = 0;
-  /// error_bound: sqrt(n) times the arithmetic's unit roundoff, n the longest axis of the launch:
-  /// an element may be off by that times |g_ref64| (a long sum of one sign run in sequence).
+  /// error_bound: 2 sqrt(n) times the arithmetic's unit roundoff, n the longest axis of the
+  /// launch: an element may be off by that times |g_ref64| (a long sum of one sign in sequence).
   double sequence = 0;
   std::int64_t sequence_n = 0;
 
@@ -223,7 +223,7 @@ struct tolerance {
            << " (the fp32 reference is " << (*band_units)[b_max] << " units off there)";
       }
       if (sequence > k_min * unit)
-        os << ", or sqrt(n) * u' * |g_ref64| where larger (n = " << sequence_n
+        os << ", or 2 sqrt(n) * u' * |g_ref64| where larger (n = " << sequence_n
            << ", the longest axis: sums of one sign run in sequence)";
       if (explained)
         os << " + " << k_explained
@@ -316,7 +316,7 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
     t.unit = dtype.eps / 2;
     t.underflow = t.unit * dtype.min_normal;
     t.sequence_n = dtype.longest_axis;
-    t.sequence = std::sqrt(static_cast<double>(dtype.longest_axis)) * dtype.compute_unit;
+    t.sequence = 2 * std::sqrt(static_cast<double>(dtype.longest_axis)) * dtype.compute_unit;
     t.floor = o.floor_abs;
     if (magnitude) {
       t.magnitude = std::make_shared<std::vector<double> const>(*magnitude);

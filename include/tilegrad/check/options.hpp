@@ -54,10 +54,10 @@ struct dtype_rules {
   /// eps / 2 * min_normal (the spacing of the subnormals), whatever the size of the terms.
   double min_normal;
   /// The unit roundoff of the arithmetic (float's for bf16 storage): a sum of n terms of one sign
-  /// run one after another (a loop over 8192 rows, per-row atomics) is typically
-  /// 0.5 sqrt(n) of it times the sum off, past k_bound units at n of a few thousand; an element
-  /// may be off by sqrt(n) compute_unit |g_ref64|, n the longest axis of the launch's tensors
-  /// (set by the checker).
+  /// run one after another (a loop over 8192 rows, per-row atomics) is off by about sqrt(n) / 3
+  /// of it times the sum (one standard deviation; past k_bound units at n of a few thousand in
+  /// the worst of many elements); an element may be off by 2 sqrt(n) compute_unit |g_ref64|, n
+  /// the longest axis of the launch's tensors (set by the checker).
   double compute_unit;
   std::int64_t longest_axis = 0;
 };
