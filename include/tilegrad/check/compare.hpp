@@ -176,10 +176,10 @@ struct tolerance {
   double bound(double want, std::int64_t i = -1) const {
     switch (rule) {
     case pass_rule::error_bound:
-      return std::max(k_at(i) *
-                          (unit * (i < 0 || !magnitude ? max_magnitude
-                                                       : (*magnitude)[static_cast<std::size_t>(i)]) +
-                           underflow),
+      return std::max(k_at(i) * (unit * (i < 0 || !magnitude
+                                             ? max_magnitude
+                                             : (*magnitude)[static_cast<std::size_t>(i)]) +
+                                 underflow),
                       sequence * std::abs(want)) +
              (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) +
              (i < 0 || !explained ? 0 : k_explained * (*explained)[static_cast<std::size_t>(i)]) +

@@ -45,7 +45,8 @@ struct dtype_rules {
   /// normwise_rtol = normwise_units * eps / 2: 4 * 2^-8 for bfloat16.
   static constexpr double normwise_units = 4;
   /// error_bound: the multiple of u * (|J|^T |w|) an element may be off by. float32 and float64:
-  /// 32, for sums run in any order (a correct FlashAttention backward reached 18 units).
+  /// 32, for sums run in any order of moderate depth (a correct FlashAttention backward reached
+  /// 18 units; long sums in sequence: compute_unit below).
   /// bfloat16: 4, for the few bf16 roundings of a kernel that computes in float (the forward's
   /// stored outputs the backward reads, the stored gradient): correct softmax and FlashAttention
   /// backwards stay within 2.3 units, one 3% off exceeds 6.2 (docs/checking.md has the sweeps).
