@@ -450,18 +450,36 @@ inline bool& magnitude_sweep() {
   return m;
 }
 
+/// In a magnitude sweep, whether it sums squares: every rule's contribution is g * d^2 (the
+/// rule applied twice: rules are linear in g) and dot's operands are squared, so that, seeded
+/// with squared cotangents, the sweep yields per element the sum over the terms of its gradient
+/// (the products of partials along each path) of their squares, |J|^2^T w^2 taken term by term:
+/// the size of a random walk of one independent rounding per term (the bf16 pass rule).
+inline bool& squares_sweep() {
+  thread_local bool s = false;
+  return s;
+}
+
 /// While it lives, the sweeps on this thread (and the vjp calls made from it, which pass the
-/// choice on to their worker threads) sweep magnitudes or not (see magnitude_sweep); the flag is
-/// restored after, so a worker thread never keeps it.
+/// choice on to their worker threads) sweep magnitudes or not (see magnitude_sweep), of absolute
+/// values or of squares (squares_sweep); the flags are restored after, so a worker thread never
+/// keeps them.
 class magnitude_scope {
 public:
-  explicit magnitude_scope(bool on = true) : saved_(magnitude_sweep()) { magnitude_sweep() = on; }
-  ~magnitude_scope() { magnitude_sweep() = saved_; }
+  explicit magnitude_scope(bool on = true, bool squares = false)
+      : saved_(magnitude_sweep()), saved_squares_(squares_sweep()) {
+    magnitude_sweep() = on;
+    squares_sweep() = on && squares;
+  }
+  ~magnitude_scope() {
+    magnitude_sweep() = saved_;
+    squares_sweep() = saved_squares_;
+  }
   magnitude_scope(magnitude_scope const&) = delete;
   magnitude_scope& operator=(magnitude_scope const&) = delete;
 
 private:
-  bool saved_;
+  bool saved_, saved_squares_;
 };
 
 /// A reference run with rounding jitter (check_backward's second look): the float64 forward

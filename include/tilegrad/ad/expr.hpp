@@ -315,14 +315,18 @@ struct no_result {};
 /// branch where() did not take, or of a masked lane, must not turn 0 * inf or 0 / 0 (log at 0,
 /// an overflowed exp, a division by an empty count) into NaN. Rules that are +-g or a select
 /// of g need no guard.
-/// In a magnitude sweep (magnitude_sweep()), the contribution's absolute value.
-template <class Op, class V>
-TILEGRAD_INLINE V zero_stays_zero(V const& g, V const& contribution) {
-  V c = contribution;
+/// In a magnitude sweep (magnitude_sweep()), the contribution's absolute value; in a sweep of
+/// squares (squares_sweep()), that of the rule applied twice, g * d^2 (rules are linear in g).
+template <class Op, class V, class Rule>
+TILEGRAD_INLINE V zero_stays_zero(V const& g, Rule const& rule) {
+  V c = rule(g);
   if constexpr (!Op::passes_adjoint)
     c = ops::detail::select(g == V(0), V(0), c);
-  if (magnitude_sweep()) [[unlikely]]
+  if (magnitude_sweep()) [[unlikely]] {
+    if (squares_sweep())
+      c = ops::detail::select(c == V(0), V(0), rule(c));
     c = ops::abs_op::apply(c);
+  }
   return c;
 }
 
@@ -331,7 +335,7 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
                                   std::index_sequence<I...>, Y const& known = {}) {
   using T = typename map_node<Op, Es...>::operand_type;
   auto const x = std::make_tuple(tilegrad::detail::get<I>(n.es).template load<W>(r, c)...);
-  auto const z = [&g](V const& contribution) { return zero_stays_zero<Op>(g, contribution); };
+  auto const z = [&g](auto const& rule) { return zero_stays_zero<Op>(g, rule); };
   if constexpr (std::is_same_v<Op, ops::where_op>) {
     auto const m = simd::mask_for<T, W>(std::get<0>(x));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
@@ -345,7 +349,8 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
       else
         return known;
     }();
-    backprop<W>(tilegrad::detail::get<0>(n.es), r, c, z(Op::grad(std::get<0>(x), y, g)));
+    backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
+                z([&](V const& h) { return Op::grad(std::get<0>(x), y, h); }));
   } else if constexpr (sizeof...(Es) == 2) {
     auto const& a = std::get<0>(x);
     auto const& b = std::get<1>(x);
@@ -356,20 +361,25 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
         return known;
     }();
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<0>(n.es), r, c, z(Op::grad0(a, b, y, g)));
+      backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
+                  z([&](V const& h) { return Op::grad0(a, b, y, h); }));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, z(Op::grad1(a, b, y, g)));
+      backprop<W>(tilegrad::detail::get<1>(n.es), r, c,
+                  z([&](V const& h) { return Op::grad1(a, b, y, h); }));
   } else {
     static_assert(std::is_same_v<Op, ops::fma_op>);
     auto const& a = std::get<0>(x);
     auto const& b = std::get<1>(x);
     auto const& cc = std::get<2>(x);
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<0>(n.es), r, c, z(Op::grad0(a, b, cc, g)));
+      backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
+                  z([&](V const& h) { return Op::grad0(a, b, cc, h); }));
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, z(Op::grad1(a, b, cc, g)));
+      backprop<W>(tilegrad::detail::get<1>(n.es), r, c,
+                  z([&](V const& h) { return Op::grad1(a, b, cc, h); }));
     if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<2>(n.es), r, c, z(Op::grad2(a, b, cc, g)));
+      backprop<W>(tilegrad::detail::get<2>(n.es), r, c,
+                  z([&](V const& h) { return Op::grad2(a, b, cc, h); }));
   }
   (void)sizeof(T);
 }

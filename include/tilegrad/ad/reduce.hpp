@@ -281,11 +281,16 @@ struct dot_record final : record {
     tape& tp = current_tape();
     T const* av = this->av;
     T const* bv = this->bv;
-    if (magnitude_sweep()) { // |dC| @ |B|^T and |A|^T @ |dC| (dC is already non-negative)
-      T* a = tp.alloc<T>(M * K);
+    if (magnitude_sweep()) { // |dC| @ |B|^T and |A|^T @ |dC| (dC is already non-negative),
+      T* a = tp.alloc<T>(M * K); // or dC @ (B^2)^T and (A^2)^T @ dC summing squares
       T* b = tp.alloc<T>(K * N);
-      for (int i = 0; i < M * K; ++i) a[i] = std::abs(av[i]);
-      for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);
+      if (squares_sweep()) {
+        for (int i = 0; i < M * K; ++i) a[i] = av[i] * av[i];
+        for (int i = 0; i < K * N; ++i) b[i] = bv[i] * bv[i];
+      } else {
+        for (int i = 0; i < M * K; ++i) a[i] = std::abs(av[i]);
+        for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);
+      }
       av = a;
       bv = b;
     }

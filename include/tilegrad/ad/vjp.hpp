@@ -432,7 +432,7 @@ template <class T>
 gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_entry>& entries,
                       std::vector<std::string> const& names, tilegrad::detail::program_call call,
                       tilegrad::detail::launch_tracker& plain) {
-  bool const magnitudes = ad::magnitude_sweep();
+  bool const magnitudes = ad::magnitude_sweep(), squares = ad::squares_sweep();
   ad::jitter_settings const jitter = ad::rounding_jitter();
   for (std::size_t i = 0; i < names.size(); ++i)
     for (std::size_t j = i + 1; j < names.size(); ++j)
@@ -564,7 +564,8 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
           state.direct = next == me; // every earlier program's contributions are added
         }
         {
-          ad::magnitude_scope const sweeping(magnitudes); // the caller's choice, on this thread
+          // the caller's choice, on this thread
+          ad::magnitude_scope const sweeping(magnitudes, squares);
           state.t.sweep();
         }
         if (any_stream && state.direct)

@@ -193,6 +193,9 @@ private:
   R (*fn_)(void*, A...);
 };
 
+/// What a float64 reference sweeps: the gradient, |J|^T |w| or |J|^2^T w^2 (ad::magnitude_scope).
+enum class sweep { plain, magnitudes, squares };
+
 /// What check_backward needs of a forward launch, with the kernel and argument types erased:
 /// the checker's body (reports, comparisons, structural checks) then depends on the working
 /// dtype only, and is compiled once per dtype, not once per forward kernel.
@@ -202,10 +205,10 @@ struct forward_parts {
   int others = 0;                       // arguments passed through unmarked
   std::vector<ad::memory_ref> unmarked; // unmarked float tensors, for the overlap check
   callable_ref<void()> run_forward;     // the forward, bounds checked
-  /// vjp in float64 on copies of the inputs (kept in `keep`) with the cotangents given, taken by
-  /// their magnitudes if asked
+  /// vjp in float64 on copies of the inputs (kept in `keep`) with the cotangents given, or their
+  /// magnitude sweep (|J|^T |w|, or |J|^2^T w^2 of squares: sweep)
   callable_ref<gradients<double>(std::vector<owned_tensor<T>> const&,
-                                 std::deque<owned_tensor<double>>&, bool)>
+                                 std::deque<owned_tensor<double>>&, sweep)>
       reference64;
   /// vjp at the working precision fp32<T>
   callable_ref<gradients<fp32<T>>(std::vector<owned_tensor<T>> const&,
@@ -322,15 +325,16 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         fwd.args);
   };
   // vjp of the forward on copies of the inputs in U, with the cotangents `cots` (taken by their
-  // magnitudes for the |J|^T |w| sweep); `keep` holds the copies.
+  // magnitudes for the |J|^T |w| sweep, squared for the |J|^2^T w^2 one); `keep` holds the
+  // copies.
   auto reference = [&]<class U>(std::vector<owned_tensor<T>> const& cots,
-                                std::deque<owned_tensor<U>>& keep, bool magnitudes = false) {
+                                std::deque<owned_tensor<U>>& keep, sweep kind = sweep::plain) {
     std::deque<owned_tensor<U>> cot_copies;
     for (auto const& c : cots) {
       cot_copies.push_back(detail::copy_as<U>(c.cview()));
-      if (magnitudes)
+      if (kind != sweep::plain)
         for (U& v : cot_copies.back())
-          v = std::abs(v);
+          v = kind == sweep::squares ? v * v : std::abs(v);
     }
     auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
       for (std::size_t j = 0; j < outs.size(); ++j)
@@ -342,8 +346,8 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         // Braces: the copies are made (and `keep` filled) in the order of the arguments.
         [&](auto const&... a) { return std::tuple{detail::rebind<U>(a, keep, cot)...}; }, fwd.args);
     std::optional<ad::magnitude_scope> scope;
-    if (magnitudes)
-      scope.emplace();
+    if (kind != sweep::plain)
+      scope.emplace(true, kind == sweep::squares);
     return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
                       args);
   };
@@ -400,7 +404,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   };
   auto reference64 = [&](std::vector<owned_tensor<T>> const& cots,
                          std::deque<owned_tensor<double>>& keep,
-                         bool magnitudes) { return reference(cots, keep, magnitudes); };
+                         sweep kind) { return reference(cots, keep, kind); };
   auto reference32 = [&](std::vector<owned_tensor<T>> const& cots,
                          std::deque<owned_tensor<fp32<T>>>& keep) { return reference(cots, keep); };
   // Copies: `reference` reads `outs`.
@@ -446,14 +450,18 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                                 "kernel; bf16 rounding differentiated as identity)"
                               : "";
     if (rule == pass_rule::error_bound) {
-      os << "|g - g_ref64| <= k * u * (|J|^T |w|) elementwise, k = max("
-         << o.k_bound.value_or(dtype.k_bound) << ", " << o.k
+      os << "|g - g_ref64| <= k * u * ("
+         << (dtype.squares ? "|g_ref64| + sqrt(|J|^2^T w^2)" : "|J|^T |w|")
+         << ") elementwise, k = max(" << o.k_bound.value_or(dtype.k_bound) << ", " << o.k
          << " * the units g_ref32 is off by at worst), u = 2^" << std::ilogb(dtype.eps) - 1
-         << " (the unit roundoff of " << dtype.name
-         << "); |J|^T |w|: vjp of the forward in float64 with every partial and cotangent taken "
-            "by its magnitude (a running error bound's weights); g_ref64, g_ref32: vjp in "
-            "float64 and "
-         << dtype_name<W>() << refs;
+         << " (the unit roundoff of " << dtype.name << "); "
+         << (dtype.squares
+                 ? "|J|^2^T w^2: vjp of the forward in float64 with every partial and cotangent "
+                   "squared, the sum of the squares of each gradient's terms (one rounding of the "
+                   "result, and a random walk of one rounding per term)"
+                 : "|J|^T |w|: vjp of the forward in float64 with every partial and cotangent "
+                   "taken by its magnitude (a running error bound's weights)")
+         << "; g_ref64, g_ref32: vjp in float64 and " << dtype_name<W>() << refs;
       if (o.floor_abs)
         os << "; + " << o.floor_abs;
     } else if (rule == pass_rule::baseline) {
@@ -726,7 +734,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         ad::jitter_scope const jittering(
             {(std::uint64_t{seed} << 8 | r) * 0x9e3779b97f4a7c15ull | 1,
              static_cast<double>(std::numeric_limits<W>::epsilon()) / 2, scale});
-        return f.reference64(cots, keep_j, false);
+        return f.reference64(cots, keep_j, sweep::plain);
       };
       for (std::uint64_t r = 1; r <= (o.jitter_reference ? 2 : 0); ++r) {
         std::optional<gradients<double>> full, half;
@@ -820,7 +828,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         ad::jitter_scope const jittering(
             {(std::uint64_t{seed} << 8 | 0x80) * 0x9e3779b97f4a7c15ull | 1,
              static_cast<double>(std::numeric_limits<W>::epsilon()) / 2, scale, true});
-        return f.reference64(cots, keep_j, false);
+        return f.reference64(cots, keep_j, sweep::plain);
       };
       std::optional<gradients<double>> full, half;
       try {
@@ -871,10 +879,11 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     std::optional<gradients<W>> g32;         // only the baseline rule reads it
     std::deque<owned_tensor<double>> keep64; // the float64 forward's values, for the second look
     try {
-      g64.emplace(f.reference64(cots, keep64, false));
+      g64.emplace(f.reference64(cots, keep64, sweep::plain));
       if (rule == pass_rule::error_bound) {
         std::deque<owned_tensor<double>> keepm;
-        gmag.emplace(f.reference64(cots, keepm, true));
+        gmag.emplace(
+            f.reference64(cots, keepm, dtype.squares ? sweep::squares : sweep::magnitudes));
       }
       if (rule == pass_rule::baseline || rule == pass_rule::error_bound) {
         std::deque<owned_tensor<W>> keep32;
@@ -905,6 +914,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       pd.ref64.push_back(detail::values_of((*g64)[n.name]));
       pd.ref32.push_back(g32 ? detail::values_of((*g32)[n.name]) : std::vector<double>{});
       pd.mag.push_back(gmag ? detail::values_of((*gmag)[n.name]) : std::vector<double>{});
+      if (gmag && dtype.squares) // |g_ref64| + sqrt(|J|^2^T w^2)
+        for (std::size_t i = 0; i < pd.mag.back().size(); ++i)
+          pd.mag.back()[i] = std::abs(pd.ref64.back()[i]) + std::sqrt(pd.mag.back()[i]);
     }
 
     if (rule == pass_rule::error_bound && o.jitter_reference)
@@ -1108,7 +1120,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             if (i != j)
               std::fill(alone[i].begin(), alone[i].end(), T{});
           std::deque<owned_tensor<double>> keep;
-          auto const g = f.reference64(alone, keep, false);
+          auto const g = f.reference64(alone, keep, sweep::plain);
           auto& pj = part.emplace_back();
           for (auto const& n : ins)
             pj.push_back(detail::values_of(g[n.name]));

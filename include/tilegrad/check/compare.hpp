@@ -153,8 +153,12 @@ struct tolerance {
   /// error_bound: k and the reference's units per band of rows (empty: k_bound everywhere).
   row_bands bands;
   std::shared_ptr<std::vector<double> const> band_k, band_units;
-  std::shared_ptr<std::vector<double> const> magnitude; ///< |J|^T |w|, per element
+  /// |J|^T |w| per element, or |g_ref64| + sqrt(|J|^2^T w^2) where `squares` (bf16)
+  std::shared_ptr<std::vector<double> const> magnitude;
   double max_magnitude = 0;
+  bool squares = false;
+  /// What `magnitude` holds, for the report.
+  char const* weight() const { return squares ? "|g_ref64| + sqrt(|J|^2^T w^2)" : "|J|^T |w|"; }
   /// error_bound, second look: how far the kernel's gradient moves, per element, when the
   /// values it reads from the forward (outputs, saved tensors) move by their rounding errors;
   /// element i may be off by k_saved times that more. Null unless the first look failed.
@@ -210,14 +214,14 @@ struct tolerance {
           b_max = b;
       }
       if (k_min == k_bound) {
-        os << "|err| <= k " << k_bound << " * u " << unit << " * (|J|^T |w|) elementwise";
+        os << "|err| <= k " << k_bound << " * u " << unit << " * (" << weight() << ") elementwise";
         if (ref_units > 0)
           os << " (the fp32 reference is " << ref_units << " units off at worst)";
       } else {
         // k per band of rows: say where it is largest and why.
         auto const numel = static_cast<std::int64_t>(magnitude ? magnitude->size() : 0);
         auto const b = static_cast<std::int64_t>(b_max);
-        os << "|err| <= k * u " << unit << " * (|J|^T |w|) elementwise, k per band of "
+        os << "|err| <= k * u " << unit << " * (" << weight() << ") elementwise, k per band of "
            << bands.rows_per_band << " row(s): " << k_min << " to " << k_bound
            << ", the largest in rows " << bands.first_row(b) << "-" << bands.last_row(b, numel)
            << " (the fp32 reference is " << (*band_units)[b_max] << " units off there)";
@@ -318,6 +322,7 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
     t.sequence_n = dtype.longest_axis;
     t.sequence = 2 * std::sqrt(static_cast<double>(dtype.longest_axis)) * dtype.compute_unit;
     t.floor = o.floor_abs;
+    t.squares = dtype.squares;
     if (magnitude) {
       t.magnitude = std::make_shared<std::vector<double> const>(*magnitude);
       t.max_magnitude = detail::max_abs(*magnitude);

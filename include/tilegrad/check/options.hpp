@@ -61,6 +61,13 @@ struct dtype_rules {
   /// the longest axis of the launch's tensors (set by the checker).
   double compute_unit;
   std::int64_t longest_axis = 0;
+  /// error_bound: what u multiplies per element. false: m = |J|^T |w|, a rounding charged to
+  /// every term of the element's gradient in full (float32, float64: sums of float roundings).
+  /// true (bfloat16): |g_ref64| + sqrt(|J|^2^T w^2), one rounding of the result plus a random walk
+  /// of one independent rounding per term; a kernel that computes in float rounds the terms of
+  /// a long reduction to bf16 at most once each (P and dS before their dot), where m charged
+  /// each its full size and let bugs of 20-50 % through (docs/checking.md, bf16 storage).
+  bool squares = false;
 };
 
 /// The pass rules' constants for a working dtype (float, double or bf16). Every dtype is checked
@@ -75,8 +82,8 @@ constexpr dtype_rules rules_for() {
                 "tilegrad::check_backward: the float tensors are float, double or bf16");
   constexpr double units = dtype_rules::normwise_units;
   if constexpr (std::is_same_v<T, bf16>)
-    return {"bfloat16", 0x1p-7,   pass_rule::error_bound, 1e-5, 1.6e-2, units * 0x1p-8, 4,
-            0x1p-126,   0x1p-24, 0};
+    return {"bfloat16", 0x1p-7,  pass_rule::error_bound, 1e-5, 1.6e-2, units * 0x1p-8, 4,
+            0x1p-126,   0x1p-24, 0,                      true};
   else if constexpr (std::is_same_v<T, float>)
     return {"float32", 0x1p-23,  pass_rule::error_bound, 1e-5, 1.3e-6, units * 0x1p-24,
             32,        0x1p-126, 0x1p-24,                0};

@@ -139,7 +139,7 @@ private:
         os << "      closest to its bound: " << g.at_worst_ratio.where() << " err "
            << g.at_worst_ratio.abs_err() << (g.worst_ratio <= 1 ? " <= " : " > ") << "bound "
            << g.worst_ratio_bound << " = " << g.worst_ratio_k << " * " << g.tol.unit << " * "
-           << g.worst_ratio_magnitude << " (|J|^T |w| there)";
+           << g.worst_ratio_magnitude << " (" << g.tol.weight() << " there)";
         if (g.worst_ratio_explained > 0)
           os << " + " << g.worst_ratio_explained << " (the forward's roundings, first look)";
         if (g.worst_ratio_saved > 0)
