@@ -47,9 +47,10 @@ struct dtype_rules {
   /// error_bound: the multiple of u * (|J|^T |w|) an element may be off by. float32 and float64:
   /// 32, for sums run in any order of moderate depth (a correct FlashAttention backward reached
   /// 18 units; long sums in sequence: compute_unit below).
-  /// bfloat16: 4, for the few bf16 roundings of a kernel that computes in float (the forward's
-  /// stored outputs the backward reads, the stored gradient): correct softmax and FlashAttention
-  /// backwards stay within 2.3 units, one 3% off exceeds 6.2 (docs/checking.md has the sweeps).
+  /// bfloat16: 4, for the bf16 roundings of a kernel that computes in float (the stored
+  /// gradient, P and dS before their dot, the forward's outputs the backward reads), in units of
+  /// `squares` below: correct softmax and FlashAttention backwards stay within 2.6 units, one 2%
+  /// off reaches 4.2-5 (docs/checking.md has the sweeps).
   double k_bound;
   /// The smallest normal number of the dtype: below it a rounding loses an absolute
   /// eps / 2 * min_normal (the spacing of the subnormals), whatever the size of the terms.
@@ -72,10 +73,10 @@ struct dtype_rules {
 
 /// The pass rules' constants for a working dtype (float, double or bf16). Every dtype is checked
 /// by error_bound, with u its unit roundoff. bf16 takes a smaller k: the kernel computes in
-/// float with bf16-rounded operands and stores bf16, so what it loses is a few bf16 roundings,
-/// each weighed by the magnitudes |J|^T |w| sums (the references run in float and double, bf16
-/// rounding differentiated as identity; the baseline's max|g_ref32 - g_ref64| says nothing of
-/// what a bf16 kernel loses).
+/// float with bf16-rounded operands and stores bf16, so what it loses is a few bf16 roundings:
+/// of its result, and, as a random walk, of the terms it sums (the references run in float and
+/// double, bf16 rounding differentiated as identity; the baseline's max|g_ref32 - g_ref64| says
+/// nothing of what a bf16 kernel loses).
 template <class T>
 constexpr dtype_rules rules_for() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>,

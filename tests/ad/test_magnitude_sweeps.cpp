@@ -1,0 +1,143 @@
+// The reference's magnitude sweeps (ad::magnitude_scope), which weigh check_backward's pass rule,
+// against plain scalar loops over the terms of each gradient element (a term: the product of the
+// partials along one path from a cotangent to the input): of absolute values, sum |term|
+// (|J|^T |w|), and of squares, sum term^2 (|J|^2^T w^2, the bf16 rule's random walk). The kernel
+// has a dot, an elementwise chain, a row broadcast, a sum over each row and an operand read twice
+// (x * x: two terms), on shapes that do not fill the tiles; both sweeps in float64 and float32.
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include "../support/tensors.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace test_magnitude_sweeps {
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int BM = 16, BK = 32, BN = 32;
+constexpr std::int64_t M = 37, K = 20, N = 24;
+
+// y = tanh(x @ w) * b (b broadcast down the rows), z = sum over each row of x * x.
+constexpr auto kernel = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<T const> w, tg::tensor<T const> b, tg::tensor<T> y,
+                                    tg::tensor<T> z) {
+  using F = tg::fp32<T>;
+  auto const rows = p.program_id(0) * BM + tg::arange<0, BM>();
+  auto const ks = tg::arange<0, BK>();
+  auto const cols = tg::arange<0, BN>();
+  auto const rin = rows < x.size(0);
+  tg::tile<F, BM, BK> const xs = tg::load(x + tg::col(rows) * x.stride(0) + tg::row(ks),
+                                          tg::col(rin) & tg::row(ks < x.size(1)), 0.0f);
+  tg::tile<F, BK, BN> const ws = tg::load(w + tg::col(ks) * w.stride(0) + tg::row(cols),
+                                          tg::col(ks < w.size(0)) & tg::row(cols < w.size(1)), 0.0f);
+  tg::tile<F, BN> const bs = tg::load(b + cols, cols < b.size(0), 0.0f);
+  auto const t = tg::tanh(tg::dot(xs, ws));
+  tg::store(y + tg::col(rows) * y.stride(0) + tg::row(cols), t * tg::row(bs),
+            tg::col(rin) & tg::row(cols < y.size(1)));
+  tg::store(z + rows, tg::sum<1>(xs * xs), rin);
+};
+
+template <class T>
+struct sweeps {
+  tg::owned_tensor<T> x{{M, K}}, w{{K, N}}, b{{N}}, y{{M, N}}, z{{M}}, dy{{M, N}}, dz{{M}};
+  sweeps() {
+    test_support::fill(x, 1);
+    test_support::fill(w, 2);
+    test_support::fill(b, 3);
+    test_support::fill(dy, 4);
+    test_support::fill(dz, 5);
+  }
+  // The sweep, seeded with |cotangents| or their squares.
+  tg::gradients<T> run(bool squares) {
+    tg::owned_tensor<T> sy{{M, N}}, sz{{M}};
+    for (std::int64_t i = 0; i < dy.numel(); ++i)
+      sy.data()[i] = squares ? dy.data()[i] * dy.data()[i] : std::abs(dy.data()[i]);
+    for (std::int64_t i = 0; i < dz.numel(); ++i)
+      sz.data()[i] = squares ? dz.data()[i] * dz.data()[i] : std::abs(dz.data()[i]);
+    tg::ad::magnitude_scope const sweep(true, squares);
+    return tg::vjp(static_cast<int>(tg::cdiv(M, std::int64_t{BM})), kernel, tg::in("x", x),
+                   tg::in("w", w), tg::in("b", b), tg::out("y", y, sy), tg::out("z", z, sz));
+  }
+};
+
+// The terms, in double, summed as |term| or term^2.
+struct expected {
+  std::vector<double> x, w, b;
+};
+template <class T>
+expected by_terms(sweeps<T> const& s, bool squares) {
+  auto const acc = [squares](double& a, double term) {
+    a += squares ? term * term : std::abs(term);
+  };
+  expected e{std::vector<double>(M * K), std::vector<double>(K * N), std::vector<double>(N)};
+  for (std::int64_t i = 0; i < M; ++i) {
+    for (std::int64_t j = 0; j < N; ++j) {
+      double a = 0;
+      for (std::int64_t k = 0; k < K; ++k)
+        a += double(s.x(i, k)) * double(s.w(k, j));
+      double const t = std::tanh(a), dy = s.dy(i, j), bj = s.b(j);
+      double const dt = dy * bj * (1 - t * t); // through tanh into the dot
+      for (std::int64_t k = 0; k < K; ++k) {
+        acc(e.x[i * K + k], dt * double(s.w(k, j)));
+        acc(e.w[k * N + j], dt * double(s.x(i, k)));
+      }
+      acc(e.b[j], dy * t);
+    }
+    for (std::int64_t k = 0; k < K; ++k) { // z = sum x * x: two terms per element
+      double const term = double(s.dz(i)) * double(s.x(i, k));
+      acc(e.x[i * K + k], term);
+      acc(e.x[i * K + k], term);
+    }
+  }
+  return e;
+}
+
+template <class T>
+void expect_sweeps_match(double rel) {
+  sweeps<T> s;
+  for (bool squares : {false, true}) {
+    auto const g = s.run(squares);
+    auto const e = by_terms(s, squares);
+    auto const check = [&](char const* name, std::vector<double> const& want) {
+      auto const& got = g[name];
+      ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size()));
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_GT(want[i], 0) << name << " " << i;
+        EXPECT_NEAR(double(got.data()[i]), want[i], rel * want[i])
+            << name << " " << i << (squares ? " squares" : " magnitudes");
+      }
+    };
+    check("x", e.x);
+    check("w", e.w);
+    check("b", e.b);
+  }
+}
+
+} // namespace
+
+TEST(MagnitudeSweeps, SumTheTermsOfEachElementByAbsoluteValueOrSquare) {
+  expect_sweeps_match<double>(1e-12);
+  expect_sweeps_match<float>(1e-5);
+}
+
+TEST(MagnitudeSweeps, SquaresAreAtMostTheSquareOfTheMagnitudes) {
+  // sum term^2 <= (sum |term|)^2, with room for a random walk: over 20 terms of the dot, x's
+  // squares are well below the square of its magnitudes.
+  sweeps<double> s;
+  auto const m = s.run(false), q = s.run(true);
+  double ratio = 0;
+  for (std::int64_t i = 0; i < m["x"].numel(); ++i) {
+    double const a = m["x"].data()[i], sq = q["x"].data()[i];
+    EXPECT_LE(sq, a * a * (1 + 1e-12)) << i;
+    ratio = std::max(ratio, std::sqrt(sq) / a);
+  }
+  EXPECT_LT(ratio, 0.9);
+}
+
+} // namespace test_magnitude_sweeps
