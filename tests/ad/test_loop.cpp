@@ -11,6 +11,8 @@
 
 #include "../support/tensors.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -693,6 +695,65 @@ TEST(Loop, IntegerAtomicsAndCapturedWritesAreNoRacesInReverseMode) {
   EXPECT_EQ(flag(1), 1);
   EXPECT_EQ(captured(0), 7);
   EXPECT_EQ(captured(1), 7);
+}
+
+// Another program's atomic on a counter a tg::loop body reads, landing between the loop's first
+// run and its replay in the sweep: the replay reads the new count and would differentiate other
+// columns (program 1's dx went to the columns of count 1 where y read those of count 0, with no
+// error). The replay is refused, naming the loop and the iteration. Two programs on two OpenMP
+// threads, made to meet in that order by host flags (each wait gives up after 10 s: a machine
+// that cannot run both at once checks nothing, and says so).
+TEST(Loop, AReplayThatReadsAnotherProgramsAtomicIsRefused) {
+  if (!tg::executor_available(tg::executor::openmp))
+    GTEST_SKIP() << "needs two programs running at once (OpenMP)";
+  checkpoint_every_loop const checkpointed;
+  std::atomic<int> stage{0};
+  bool waited_out = false;
+  auto wait_for = [&](int s) {
+    auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (stage.load() < s)
+      if (std::chrono::steady_clock::now() > until) {
+        waited_out = true;
+        return;
+      }
+  };
+  auto k = [&]<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y,
+                        tg::tensor<std::int32_t> count) {
+    using F = tg::fp32<T>;
+    auto const one = tg::arange<0, 1>();
+    if (p.program_id(0) == 0) { // bumps the count once program 1 has run its loop
+      wait_for(1);
+      (void)tg::atomic_add(count + one, 1);
+      stage.store(2);
+      return;
+    }
+    auto acc = tg::zeros<F, C>();
+    auto const body = [=](int t, auto& acc) {
+      int const c = tg::load(count + one)(0); // which block of columns: 0, or 1 once bumped
+      auto const cols = (t + c) * C + tg::arange<0, C>();
+      tg::tile<F, C> const v = tg::load(x + cols, cols < x.size(0), 0.0f);
+      acc = acc + v * v;
+    };
+    tg::loop(0, 2, 1, acc, body);
+    stage.store(1);
+    wait_for(2);
+    tg::store(y + tg::arange<0, C>(), acc);
+  };
+  owned<float> x({3 * C}, "x"), y({C}, "y"), dy({C}, "dy");
+  test_support::fill(x, 3);
+  test_support::fill(dy, 4);
+  owned<std::int32_t> count({1}, "count");
+  count(0) = 0;
+  std::string const m = message_of([&] {
+    (void)tg::vjp({tg::executor::openmp, 2}, tg::grid(2), k, tg::in("x", x), tg::out("y", y, dy),
+                  count.view());
+  });
+  if (waited_out)
+    GTEST_SKIP() << "the two programs did not run at once";
+  EXPECT_NE(m.find("program (1, 0, 0)"), std::string::npos) << m;
+  EXPECT_NE(m.find("the body of tg::loop (at "), std::string::npos) << m;
+  EXPECT_NE(m.find("iteration 1, read other values"), std::string::npos) << m;
+  EXPECT_EQ(count(0), 1);
 }
 
 // Sizes come as int64: a bound past the int range of the body's index is refused, naming the

@@ -379,6 +379,10 @@ struct program_state {
   std::size_t log_after_loop = 0;
   // Rounding jitter (rounding_jitter()): the program's random stream, seeded from its id.
   std::uint64_t jitter_state = 0;
+  // Inside a tg::loop body: a digest of the values it loaded from tensors vjp does not
+  // differentiate (integer tensors; plain_load_hook), per iteration, so that a replay that reads
+  // other values (another program's atomic on a counter or flag the body reads) is refused.
+  std::uint64_t load_digest = 0;
   /// Whether this program wrote element el of tensor t after the loop being replayed.
   bool written_after_loop(int t, std::int64_t el) const {
     auto const& acc = out->accesses;
@@ -432,8 +436,16 @@ struct program_state {
     stored_after = 0;
     after_loop = 0;
     log_after_loop = 0;
+    load_digest = 0;
   }
 };
+
+/// Folds the value v of element el into a digest (program_state::load_digest).
+inline std::uint64_t mix_digest(std::uint64_t h, std::uint64_t v, std::int64_t el) {
+  h ^= v + 0x9e3779b97f4a7c15u + (static_cast<std::uint64_t>(el) << 6) + (h >> 2);
+  h *= 0xbf58476d1ce4e5b9u;
+  return h ^ (h >> 31);
+}
 
 /// The reverse-mode state of the program running on this thread.
 inline program_state*& current_state() {

@@ -265,6 +265,20 @@ inline std::size_t log_length() {
   return h && h->log ? h->log->accesses.size() : 0;
 }
 
+/// Refuses a replay of a tg::loop iteration whose body read other values than its first run did
+/// from tensors vjp does not differentiate.
+[[noreturn]] inline void loads_changed(std::source_location const& where, int index) {
+  program const* p = tilegrad::detail::current_program();
+  throw std::invalid_argument(
+      "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
+      ": the body of tg::loop (at " + tilegrad::detail::where_string(where) + "), iteration " +
+      std::to_string(index) + ", read other values from a tensor vjp does not differentiate (an " +
+      "integer tensor) when the reverse sweep ran it again: another program changed them since " +
+      "its first run (an atomic on a counter or flag the body reads), and the replay would " +
+      "differentiate another path. Write this loop as a plain for loop, or read the value " +
+      "before the loop and carry it.");
+}
+
 inline int loop_index(int begin, int step, int t) {
   return static_cast<int>(std::int64_t{begin} + std::int64_t{t} * step);
 }
@@ -280,11 +294,16 @@ struct loop_record final : record {
   // Under rounding jitter, the program's stream of draws at the start of each iteration: a replay
   // draws what the forward run drew, and recomputes the values it carried on.
   std::vector<std::uint64_t> draws;
+  // Per iteration, the digest of the values its body loaded from tensors vjp does not
+  // differentiate (program_state::load_digest): a replay must read the same.
+  std::vector<std::uint64_t> digests;
+  std::source_location where;
 
   loop_record(Body const& b, int b0, int s, int count, std::tuple<carried_slot<C>...>&& sl,
-              std::size_t acc, std::size_t log, std::vector<std::uint64_t>&& d)
+              std::size_t acc, std::size_t log, std::vector<std::uint64_t>&& d,
+              std::vector<std::uint64_t>&& dg, std::source_location const& w)
       : body(b), begin(b0), step(s), n(count), slots(std::move(sl)), end_access(acc),
-        end_log(log), draws(std::move(d)) {}
+        end_log(log), draws(std::move(d)), digests(std::move(dg)), where(w) {}
 
   void backward() override { replay(std::index_sequence_for<C...>{}); }
 
@@ -298,19 +317,24 @@ struct loop_record final : record {
       if (acc[i].kind != access_kind::load)
         stored_after |= std::uint64_t{1} << acc[i].tensor;
     body_scope const scope(st, true, stored_after, end_access, end_log);
+    std::uint64_t const outer = st.load_digest;
     for (int t = n - 1; t >= 0; --t) {
       auto const m = tp.mark();
       if (!draws.empty())
         st.jitter_state = draws[static_cast<std::size_t>(t)];
       std::tuple<C...> const start{std::get<I>(slots).restore(t, tp)...};
       std::tuple<C...> cur = start;
+      st.load_digest = 0;
       body(loop_index(begin, step, t), std::get<I>(cur)...);
+      if (st.load_digest != digests[static_cast<std::size_t>(t)])
+        loads_changed(where, loop_index(begin, step, t));
       (std::get<I>(slots).seed(std::get<I>(cur)), ...);
       tp.sweep_from(m);
       (std::get<I>(slots).take(std::get<I>(start)), ...);
       tp.rewind(m);
     }
     (std::get<I>(slots).finish(), ...);
+    st.load_digest = outer;
   }
 };
 
@@ -341,11 +365,13 @@ private:
 
 template <class Body, class... C, std::size_t... I>
 void run_checkpointed(program_state& st, int begin, int step, int n, Body const& body,
-                      std::index_sequence<I...>, C&... carried) {
+                      std::source_location const& where, std::index_sequence<I...>,
+                      C&... carried) {
   tape& tp = st.t;
   bool const recording = tp.recording(); // off: inside the forward run of an enclosing loop
   bool rerun_first = false;              // iteration 0 ran already: its accesses are recorded
   std::uint64_t const first_draw = st.jitter_state;
+  std::uint64_t const outer_digest = st.load_digest;
   if (recording) {
     // The first iteration, recorded: if the whole loop's records fit the budget, it goes on as
     // a plain loop (a replay costs more than the cache misses of a tape that small).
@@ -353,11 +379,19 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
     std::size_t const before = tp.in_use();
     auto const m0 = tp.mark();
     body_scope const scope(st, false, 0, 0, 0);
+    // (Each iteration's digest is folded into the enclosing one's the same way on every path, so
+    // that an enclosing loop's replay, which records this loop, reads what its first run did.)
+    st.load_digest = 0;
     body(loop_index(begin, step, 0), carried...);
     std::size_t const per_iteration = tp.in_use() - before;
     if (per_iteration * static_cast<std::size_t>(n) <= loop_record_budget()) {
-      for (int t = 1; t < n; ++t)
+      std::uint64_t fold = mix_digest(outer_digest, st.load_digest, 0);
+      for (int t = 1; t < n; ++t) {
+        st.load_digest = 0;
         body(loop_index(begin, step, t), carried...);
+        fold = mix_digest(fold, st.load_digest, t);
+      }
+      st.load_digest = fold;
       return;
     }
     tp.rewind(m0);
@@ -365,11 +399,13 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
     st.jitter_state = first_draw; // (drawn again as they were)
     rerun_first = true;
   }
+  std::vector<std::uint64_t> digests(static_cast<std::size_t>(recording ? n : 0));
   std::vector<std::uint64_t> draws;
   if (recording && rounding_jitter().seed != 0)
     draws.reserve(static_cast<std::size_t>(n));
   std::tuple<carried_slot<C>...> slots;
   (std::get<I>(slots).start(tp, n, carried), ...);
+  std::uint64_t outer_fold = outer_digest; // what an enclosing loop's iteration read, this loop's
   {
     recording_off const values_only(tp);
     for (int t = 0; t < n; ++t) {
@@ -378,15 +414,21 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
       auto const m = tp.mark();
       if (draws.capacity() != 0)
         draws.push_back(st.jitter_state);
+      st.load_digest = 0;
       body(loop_index(begin, step, t), carried...);
+      if (recording)
+        digests[static_cast<std::size_t>(t)] = st.load_digest;
+      outer_fold = mix_digest(outer_fold, st.load_digest, t);
       (std::get<I>(slots).stage(tp, carried), ...);
       tp.rewind(m);
       (std::get<I>(slots).keep(t + 1, n, tp, carried, recording), ...);
     }
   }
+  st.load_digest = outer_fold;
   if (recording)
     tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots),
-                                     st.out->accesses.size(), log_length(), std::move(draws));
+                                     st.out->accesses.size(), log_length(), std::move(draws),
+                                     std::move(digests), where);
 }
 
 } // namespace loop_detail
@@ -404,8 +446,8 @@ void checkpointed_loop(int begin, int end, int step, Body const& body,
   if (n == 0)
     return;
   loop_detail::check_captures(body, where);
-  loop_detail::run_checkpointed(*st, begin, step, n, body, std::index_sequence_for<C...>{},
-                                carried...);
+  loop_detail::run_checkpointed(*st, begin, step, n, body, where,
+                                std::index_sequence_for<C...>{}, carried...);
 }
 
 } // namespace tilegrad::ad

@@ -20,6 +20,7 @@
 #include "tilegrad/memory/pointer.hpp"
 #include "tilegrad/tile/elementwise.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <source_location>
@@ -164,7 +165,17 @@ TILEGRAD_MACHINERY bool plain_load_hook(tilegrad::detail::access_hooks const& h,
                                         std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
 {
-  program_state const* st = current_state();
+  program_state* st = current_state();
+  if (st && st->loop_depth > 0 && h.tracker) { // the values the body reads, for its replays
+    auto const& tt = h.tracker->tensor_at(t);
+    for (run const& l : lanes)
+      for (int k = 0; k < l.count; ++k) {
+        std::uint64_t v = 0;
+        std::memcpy(&v, tt.lo + tt.elem * static_cast<std::size_t>(l.element(k)),
+                    std::min(tt.elem, sizeof v));
+        st->load_digest = mix_digest(st->load_digest, v, l.element(k));
+      }
+  }
   if (!st || !st->replaying || !h.log || !h.tracker)
     return true;
   auto const& log = *h.log;
