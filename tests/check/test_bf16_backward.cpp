@@ -446,4 +446,100 @@ TEST(CheckBf16, ALongReductionAFewPercentOffFails) {
   }
 }
 
+namespace {
+
+// The weight gradient of y = x * w summed the way Triton's layer-norm tutorial sums its partial
+// weight gradients: each group of 64 rows adds its terms in float and stores the sum to a bf16
+// buffer; a second launch adds the buffer's rows up. Each partial sum is rounded to bf16 at its
+// full size, and with cotangents whose sign flips from group to group the partial sums cancel.
+void scale_backward_bf16_partials(tg::backward_context<tg::bf16>& ctx) {
+  auto const x = ctx.input("x");
+  auto const w = ctx.input("w");
+  auto const dy = ctx.cotangent("y");
+  std::int64_t const groups = tg::cdiv(x.size(0), std::int64_t{scale_rows});
+  tg::owned_tensor<tg::bf16> dx({x.size(0), x.size(1)}), dw({w.size(0)}),
+      partial({groups, x.size(1)}, "partial");
+  auto const partials = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<T const> w, tg::tensor<T const> dy,
+                                    tg::tensor<T> dx, tg::tensor<T> partial) {
+    auto const rows = p.program_id(0) * scale_rows + tg::arange<0, scale_rows>();
+    auto const cols = tg::arange<0, scale_cols>();
+    auto const mask = tg::col(rows < x.size(0)) & tg::row(cols < x.size(1));
+    auto const xs = tg::to<tg::fp32<T>>(
+        tg::load(x + tg::col(rows) * x.stride(0) + tg::row(cols) * x.stride(1), mask, 0.0f));
+    auto const g = tg::to<tg::fp32<T>>(
+        tg::load(dy + tg::col(rows) * dy.stride(0) + tg::row(cols) * dy.stride(1), mask, 0.0f));
+    auto const ws = tg::to<tg::fp32<T>>(tg::load(w + cols * w.stride(0), cols < w.size(0), 0.0f));
+    tg::store(dx + tg::col(rows) * dx.stride(0) + tg::row(cols) * dx.stride(1), g * tg::row(ws),
+              mask);
+    tg::store(partial + p.program_id(0) * partial.stride(0) + cols * partial.stride(1),
+              tg::sum<0>(xs * g), cols < partial.size(1));
+  };
+  auto const total = []<class T>(tg::program const&, tg::tensor<T const> partial,
+                                 tg::tensor<T> dw) {
+    auto const cols = tg::arange<0, scale_cols>();
+    auto acc = tg::zeros<tg::fp32<T>, scale_cols>();
+    for (std::int64_t r = 0; r < partial.size(0); ++r)
+      acc += tg::to<tg::fp32<T>>(tg::load(
+          partial + r * partial.stride(0) + cols * partial.stride(1), cols < partial.size(1), 0.0f));
+    tg::store(dw + cols * dw.stride(0), acc, cols < dw.size(0));
+  };
+  tg::launch(ctx.options(), static_cast<int>(groups), partials, x, w, dy, dx.view(),
+             partial.view());
+  tg::launch(ctx.options(), 1, total, partial.cview(), dw.view());
+  ctx.set_gradient("x", dx);
+  ctx.set_gradient("w", dw);
+}
+
+template <class Backward>
+tg::check_report check_cancelling_groups(Backward backward, tg::check_options o) {
+  std::int64_t const m = 4000;
+  tg::owned_tensor<tg::bf16> x({m, 48}), w({48}), y({m, 48}), dy({m, 48});
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < 48; ++j) {
+      double const wiggle = std::sin(0.7 * double(i * 48 + j));
+      x(i, j) = tg::bf16(1.0 + 0.1 * wiggle);
+      dy(i, j) = tg::bf16(((i / scale_rows) % 2 == 0 ? 1.0 : -1.0) * (1.0 + 0.05 * wiggle));
+    }
+  o.seeds = 1;
+  o.given = {"x"};
+  o.check_linearity = false;
+  return tg::check_backward(
+      tg::forward(static_cast<int>(tg::cdiv(m, std::int64_t{scale_rows})), scale_fwd,
+                  tg::in("x", x), tg::in("w", w), tg::out("y", y, dy)),
+      backward, o);
+}
+
+} // namespace
+
+TEST(CheckBf16, PartialSumsKeptInBf16AreSeenAndJudgedByTheRunningBound) {
+  // The partial sums' roundings (up to a quarter at 64) add up past the random walk of one
+  // rounding per term where they cancel; the checker sees the bf16 buffer the backward writes
+  // and does not hand over, says so, and weighs the gradients by |J|^T |w|.
+  auto const seen = check_cancelling_groups(scale_backward_bf16_partials, {});
+  EXPECT_BACKWARD_OK(seen);
+  EXPECT_TRUE(seen.mentions("the backward keeps sums in bf16 memory ('partial' is written by "
+                            "the backward and not handed over as a gradient)"))
+      << seen;
+  EXPECT_TRUE(contains(seen.rule, "k * u * (|J|^T |w|) elementwise")) << seen;
+  EXPECT_FALSE(seen.gradient("w")->tol.squares);
+  // Told the backward does not: judged by the random walk, it fails, with the hint.
+  auto const forced =
+      check_cancelling_groups(scale_backward_bf16_partials, {.bf16_partial_sums = false});
+  EXPECT_FALSE(forced);
+  EXPECT_FALSE(forced.gradient("w")->ok) << forced;
+  EXPECT_TRUE(forced.gradient("x")->ok) << forced;
+  EXPECT_TRUE(forced.mentions("check it with .bf16_partial_sums = true")) << forced;
+  // The float-accumulating backward of the same data: nothing kept in bf16, the tight weight.
+  auto const tight = check_cancelling_groups(scale_backward<dw_bug::none>, {});
+  EXPECT_BACKWARD_OK(tight);
+  EXPECT_TRUE(tight.gradient("w")->tol.squares);
+  EXPECT_FALSE(tight.mentions("keeps sums in bf16")) << tight;
+  // And asked for, the running bound applies to it too.
+  auto const asked =
+      check_cancelling_groups(scale_backward<dw_bug::none>, {.bf16_partial_sums = true});
+  EXPECT_BACKWARD_OK(asked);
+  EXPECT_FALSE(asked.gradient("w")->tol.squares);
+}
+
 } // namespace test_bf16_backward

@@ -429,6 +429,30 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     for (auto const& n : *group)
       for (int a = 0; a < n.t.rank(); ++a)
         dtype.longest_axis = std::max(dtype.longest_axis, n.t.size(a));
+  auto const refs = storage ? " on copies of the bfloat16 inputs and cotangents (the same "
+                              "kernel; bf16 rounding differentiated as identity)"
+                            : "";
+  if (storage && o.bf16_partial_sums.value_or(false))
+    dtype.squares = false; // sums kept in bf16: the running error bound
+  auto const error_bound_rule = [&] {
+    std::ostringstream r;
+    r.precision(3);
+    r << "|g - g_ref64| <= k * u * ("
+      << (dtype.squares ? "|g_ref64| + sqrt(|J|^2^T w^2)" : "|J|^T |w|")
+      << ") elementwise, k = max(" << o.k_bound.value_or(dtype.k_bound) << ", " << o.k
+      << " * the units g_ref32 is off by at worst), u = 2^" << std::ilogb(dtype.eps) - 1
+      << " (the unit roundoff of " << dtype.name << "); "
+      << (dtype.squares
+              ? "|J|^2^T w^2: vjp of the forward in float64 with every partial and cotangent "
+                "squared, the sum of the squares of each gradient's terms (one rounding of the "
+                "result, and a random walk of one rounding per term)"
+              : "|J|^T |w|: vjp of the forward in float64 with every partial and cotangent "
+                "taken by its magnitude (a running error bound's weights)")
+      << "; g_ref64, g_ref32: vjp in float64 and " << dtype_name<W>() << refs;
+    if (o.floor_abs)
+      r << "; + " << o.floor_abs;
+    return r.str();
+  };
   int const others = f.others;
   {
     std::ostringstream os;
@@ -446,24 +470,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     rep.launch = os.str();
     os.str("");
     os.precision(3);
-    auto const refs = storage ? " on copies of the bfloat16 inputs and cotangents (the same "
-                                "kernel; bf16 rounding differentiated as identity)"
-                              : "";
     if (rule == pass_rule::error_bound) {
-      os << "|g - g_ref64| <= k * u * ("
-         << (dtype.squares ? "|g_ref64| + sqrt(|J|^2^T w^2)" : "|J|^T |w|")
-         << ") elementwise, k = max(" << o.k_bound.value_or(dtype.k_bound) << ", " << o.k
-         << " * the units g_ref32 is off by at worst), u = 2^" << std::ilogb(dtype.eps) - 1
-         << " (the unit roundoff of " << dtype.name << "); "
-         << (dtype.squares
-                 ? "|J|^2^T w^2: vjp of the forward in float64 with every partial and cotangent "
-                   "squared, the sum of the squares of each gradient's terms (one rounding of the "
-                   "result, and a random walk of one rounding per term)"
-                 : "|J|^T |w|: vjp of the forward in float64 with every partial and cotangent "
-                   "taken by its magnitude (a running error bound's weights)")
-         << "; g_ref64, g_ref32: vjp in float64 and " << dtype_name<W>() << refs;
-      if (o.floor_abs)
-        os << "; + " << o.floor_abs;
+      os << error_bound_rule();
     } else if (rule == pass_rule::baseline) {
       os << "max|g - g_ref64| <= k * max|g_ref32 - g_ref64| + floor, k = " << o.k
          << ", floor = " << o.floor_ulps << " * eps(" << dtype.name << ") * max|g_ref64|"
@@ -847,6 +855,19 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     backward_run first = run_backward(cots);
     if (first.error)
       sr.problems.push_back("the backward threw: " + *first.error);
+    // bf16 sums the backward keeps in bf16 memory are rounded at every step, at their full size:
+    // the random walk of one rounding per term does not cover them (check_options).
+    if (si == 0 && dtype.squares && rule == pass_rule::error_bound && !o.bf16_partial_sums)
+      if (auto const why = detail::bf16_sums_seen(first.launches, first.got); !why.empty()) {
+        dtype.squares = false;
+        rep.rule = error_bound_rule();
+        rep.notes.push_back(
+            "the backward keeps sums in bf16 memory (" + why +
+            "): they are rounded at every step, so its bf16 gradients are weighed by the running "
+            "error bound |J|^T |w| rather than by |g_ref64| + sqrt(|J|^2^T w^2), which lets "
+            "errors of 20 % through in long reductions; accumulate in float32 for the tighter "
+            "bound (.bf16_partial_sums = false forces it)");
+      }
     for (std::size_t l = 0; l < first.launches.launches.size(); ++l)
       if (auto const& race = first.launches.launches[l].race) {
         auto const& d = first.launches.launches[l].g;
@@ -1147,6 +1168,19 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
       break;
     }
+  if (dtype.squares && rule == pass_rule::error_bound) {
+    bool failed = false;
+    for (auto const& sr : rep.seeds)
+      for (auto const& g : sr.gradients)
+        failed = failed || (g.compared && !g.ok);
+    if (failed)
+      rep.hints.push_back(
+          "bf16 gradients are weighed by |g_ref64| + sqrt(|J|^2^T w^2), one rounding of the "
+          "result and a random walk of one rounding per term; a backward that keeps sums in bf16 "
+          "where its launches do not show it (an accumulator rounded to bf16 as it adds, partial "
+          "sums added up on the host) loses more: if yours does by design, check it with "
+          ".bf16_partial_sums = true (the running error bound |J|^T |w|, looser)");
+  }
   return rep;
 }
 

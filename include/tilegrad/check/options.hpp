@@ -116,6 +116,14 @@ struct check_options {
   /// dtype's (32 for float32 and float64, 4 for bfloat16; docs/checking.md has the sweeps that
   /// set them).
   std::optional<double> k_bound = {};
+  /// error_bound with bfloat16 tensors: whether the backward keeps sums of many terms in bf16
+  /// memory (partial weight gradients in a bf16 buffer, read back and added to, as in Triton's
+  /// layer-norm tutorial). Such a sum is rounded at every step, at its full size, and the random
+  /// walk of one rounding per term (|g_ref64| + sqrt(|J|^2^T w^2)) does not cover it: the
+  /// gradients are then weighed by the running error bound |J|^T |w|, as float32 ones are, which
+  /// lets bugs of 20 % through in long reductions. Unset: seen in the backward's launches (a bf16
+  /// tensor a launch both reads and writes, or one it writes that is not a gradient handed back).
+  std::optional<bool> bf16_partial_sums = {};
   /// error_bound, second look: when an element is over its bound, the backward runs again with
   /// the values it reads from the forward (outputs, unmarked tensors the forward writes) moved by
   /// their rounding errors, and each element may also be off by k_saved times how far it moved

@@ -218,6 +218,7 @@ struct tracked_tensor {
   std::byte const* hi = nullptr;
   std::size_t elem = 0;
   std::int64_t span = 0;
+  bool bf16 = false;                 // of bf16 elements (a view of any of its views)
   char const* name = "";             // the first view's
   std::vector<tracked_view> views;   // every view, the first first
   zeroed_array<element_state> state; // allocated when the check first meets it
@@ -295,15 +296,17 @@ private:
   void add(tensor<E> const& t) {
     add_layout(tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
                                        t.shape(), t.strides(), t.name()),
-               sizeof(E));
+               sizeof(E), std::is_same_v<std::remove_const_t<E>, tilegrad::bf16>);
   }
   /// Tracks the tensor of layout t (its data the tensor's), of elements of `elem` bytes.
-  TILEGRAD_MACHINERY_MEMBER void add_layout(tensor<std::byte const> const& t, std::size_t elem)
+  TILEGRAD_MACHINERY_MEMBER void add_layout(tensor<std::byte const> const& t, std::size_t elem,
+                                            bool bf16)
 #if TILEGRAD_MACHINERY_BODIES
   {
     tracked_tensor e;
     e.span = t.span();
     e.elem = elem;
+    e.bf16 = bf16;
     e.lo = t.data();
     e.hi = e.lo + e.span * static_cast<std::int64_t>(elem);
     e.name = t.name();
@@ -322,6 +325,7 @@ private:
       o.views.insert(o.views.end(), e.views.begin(), e.views.end());
       e.views = std::move(o.views);
       e.name = o.name;
+      e.bf16 = e.bf16 || o.bf16;
       e.hi = std::max(o.hi, e.hi);
       e.lo = lo;
       e.span = (e.hi - e.lo) / step;
@@ -641,6 +645,8 @@ struct launch_writes {
   std::vector<std::byte const*> from;
   std::size_t from_elem = 0;
   double from_unit = 0;
+  bool bf16 = false; ///< of bf16 elements
+  std::string name; ///< the tensor's (its first view's; a copy: the view may not outlive it)
 };
 
 /// What the last write of an element was, followed through copies to the launch that made it.
@@ -671,7 +677,7 @@ public:
     for (auto& t : tr.tensors()) {
       if (!t.state)
         continue;
-      launch_writes w{t.lo, t.hi, t.elem, {}, {}, {}, 0, 0};
+      launch_writes w{t.lo, t.hi, t.elem, {}, {}, {}, 0, 0, t.bf16, t.name};
       w.ops.resize(static_cast<std::size_t>(t.span));
       bool any = false;
       for (std::int64_t i = 0; i < t.span; ++i) {
@@ -703,7 +709,8 @@ public:
       lo = i == 0 ? b : std::min(lo, b);
       hi = i == 0 ? b + sizeof(Dst) : std::max(hi, b + sizeof(Dst));
     }
-    launch_writes w{lo, hi, sizeof(Dst), {}, {}, {}, sizeof(Src), unit};
+    launch_writes w{lo,   hi,   sizeof(Dst), {}, {}, {}, sizeof(Src), unit,
+                    std::is_same_v<std::remove_const_t<Dst>, tilegrad::bf16>, dst.name()};
     auto const span = static_cast<std::size_t>((hi - lo) / static_cast<std::ptrdiff_t>(sizeof(Dst)));
     w.ops.assign(span, 0);
     w.from.assign(span, nullptr);
