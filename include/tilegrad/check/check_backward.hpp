@@ -1169,11 +1169,16 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       break;
     }
   if (dtype.squares && rule == pass_rule::error_bound) {
-    bool failed = false;
+    // Only where every failing gradient is off by a few times its bound (sums kept in bf16 are
+    // off by the roundings of their partial sums; a missing term or row, by far more).
+    bool failed = false, near = true;
     for (auto const& sr : rep.seeds)
       for (auto const& g : sr.gradients)
-        failed = failed || (g.compared && !g.ok);
-    if (failed)
+        if (g.compared && !g.ok) {
+          failed = true;
+          near = near && g.worst_ratio < 16;
+        }
+    if (failed && near)
       rep.hints.push_back(
           "bf16 gradients are weighed by |g_ref64| + sqrt(|J|^2^T w^2), one rounding of the "
           "result and a random walk of one rounding per term; a backward that keeps sums in bf16 "
