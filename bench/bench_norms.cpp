@@ -20,9 +20,9 @@ namespace {
 
 constexpr std::int64_t M = 4096;
 constexpr float eps = 1e-5f;
-// Layer-norm tiles: the forward walks a row in blocks of LnBlock columns; the backward takes
-// tiles of BwdRows x BwdBlock (one group of rows per program), the reduction RedGroups x RedBlock.
-constexpr int LnBlock = 1024, BwdBlock = 256, BwdRows = 8, RedGroups = 8, RedBlock = 256;
+// Layer-norm tiles: the forward walks a row in blocks of LnBlock columns; the backward a group of
+// BwdRows rows per program in blocks of 1 x BwdBlock, the reduction RedGroups x RedBlock.
+constexpr int LnBlock = 1024, BwdBlock = 1024, BwdRows = 16, RedGroups = 8, RedBlock = 256;
 
 using wall = std::chrono::steady_clock;
 
@@ -113,20 +113,9 @@ void BM_layer_norm_fwd_loop(benchmark::State& state) {
   timed(state, (2 * M * n + 2 * n + 2 * M) * 4, run);
 }
 
-template <int Block>
-void layer_norm_bwd_dx(tg::launch_options const& opts, int groups, tg::owned_tensor<float> const& x,
-                       tg::owned_tensor<float> const& w, tg::owned_tensor<float> const& mean,
-                       tg::owned_tensor<float> const& rstd, tg::owned_tensor<float> const& dy,
-                       tg::owned_tensor<float>& dx, tg::owned_tensor<float>& pdw,
-                       tg::owned_tensor<float>& pdb) {
-  tg::launch(opts, groups, tg::kernels::layer_norm_bwd<Block, BwdRows>, x.cview(), w.cview(),
-             mean.cview(), rstd.cview(), dy.cview(), dx.view(), pdw.view(), pdb.view());
-}
-
-/// The backward in blocks of BwdBlock columns, or (whole_rows) of the row's N columns: a
-/// (BwdRows, N) block of a row-major tensor is laid out as the tile, so its loads read in place;
-/// a (BwdRows, 256) block of longer rows is copied.
-void layer_norm_bwd(benchmark::State& state, bool whole_rows) {
+/// The backward: dx with a partial row of dw and db per group of BwdRows rows, then the
+/// reduction of the partial rows (both launches timed together).
+void BM_layer_norm_bwd(benchmark::State& state) {
   std::int64_t const n = state.range(0);
   int const groups = static_cast<int>(tg::cdiv<std::int64_t>(M, BwdRows));
   tg::owned_tensor<float> x({M, n}, "x"), w({n}, "w"), b({n}, "b"), y({M, n}, "y");
@@ -141,12 +130,8 @@ void layer_norm_bwd(benchmark::State& state, bool whole_rows) {
   tg::launch(opts, static_cast<int>(M), tg::kernels::layer_norm_fwd<LnBlock>, x.cview(), w.cview(),
              b.cview(), y.view(), mean.view(), rstd.view(), eps);
   auto run = [&] {
-    if (!whole_rows)
-      layer_norm_bwd_dx<BwdBlock>(opts, groups, x, w, mean, rstd, dy, dx, pdw, pdb);
-    else if (n == 1024)
-      layer_norm_bwd_dx<1024>(opts, groups, x, w, mean, rstd, dy, dx, pdw, pdb);
-    else
-      layer_norm_bwd_dx<4096>(opts, groups, x, w, mean, rstd, dy, dx, pdw, pdb);
+    tg::launch(opts, groups, tg::kernels::layer_norm_bwd<BwdBlock, BwdRows>, x.cview(), w.cview(),
+               mean.cview(), rstd.cview(), dy.cview(), dx.view(), pdw.view(), pdb.view());
     tg::launch(opts, tg::cdiv<int>(static_cast<int>(n), RedBlock),
                tg::kernels::layer_norm_reduce_dwdb<RedGroups, RedBlock>, pdw.cview(), pdb.cview(),
                dw.view(), db.view());
@@ -163,8 +148,46 @@ void layer_norm_bwd(benchmark::State& state, bool whole_rows) {
   timed(state, (3 * M * n + 3 * n + 2 * M) * 4, run);
 }
 
-void BM_layer_norm_bwd(benchmark::State& state) { layer_norm_bwd(state, false); }
-void BM_layer_norm_bwd_whole_rows(benchmark::State& state) { layer_norm_bwd(state, true); }
+/// The same backward as plain loops over the same TBB threads (a group of BwdRows rows per
+/// task, then the partial rows summed per column): what the access pattern costs without tiles.
+void BM_layer_norm_bwd_loop(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  int const threads = static_cast<int>(state.range(1));
+  std::int64_t const groups = tg::cdiv<std::int64_t>(M, BwdRows);
+  tg::owned_tensor<float> x({M, n}, "x"), w({n}, "w"), mean({M}, "mean"), rstd({M}, "rstd");
+  tg::owned_tensor<float> dy({M, n}, "dy"), dx({M, n}, "dx");
+  tg::owned_tensor<float> pdw({groups, n}, "partial_dw"), pdb({groups, n}, "partial_db");
+  tg::owned_tensor<float> dw({n}, "dw"), db({n}, "db");
+  bench::fill(x, 1);
+  bench::fill(w, 2);
+  bench::fill(dy, 4);
+  for (std::int64_t i = 0; i < M; ++i) {
+    mean(i) = 0.01f * static_cast<float>(i % 7);
+    rstd(i) = 1.0f + 0.01f * static_cast<float>(i % 5);
+  }
+  auto run = [&] {
+    tbb::task_arena arena(threads);
+    arena.execute([&] {
+      tbb::parallel_for(std::int64_t{0}, groups, [&](std::int64_t g) {
+        bench::layer_norm_bwd_rows(x.data(), w.data(), mean.data(), rstd.data(), dy.data(),
+                                   dx.data(), pdw.data() + g * n, pdb.data() + g * n, g * BwdRows,
+                                   std::min(M, (g + 1) * BwdRows), n);
+      });
+      tbb::parallel_for(std::int64_t{0}, n, std::int64_t{RedBlock}, [&](std::int64_t c0) {
+        std::int64_t const c1 = std::min(n, c0 + RedBlock);
+        for (std::int64_t j = c0; j < c1; ++j)
+          dw(j) = db(j) = 0;
+        for (std::int64_t g = 0; g < groups; ++g)
+#pragma omp simd
+          for (std::int64_t j = c0; j < c1; ++j) {
+            dw.data()[j] += pdw.data()[g * n + j];
+            db.data()[j] += pdb.data()[g * n + j];
+          }
+      });
+    });
+  };
+  timed(state, (3 * M * n + 3 * n + 2 * M) * 4, run);
+}
 
 template <int Block>
 void softmax_fwd(tg::launch_options const& opts, tg::owned_tensor<float> const& x,
@@ -243,7 +266,7 @@ void sizes_and_threads(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_layer_norm_fwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_layer_norm_fwd_loop)->Apply(sizes_and_threads);
 BENCHMARK(BM_layer_norm_bwd)->Apply(sizes_and_threads);
-BENCHMARK(BM_layer_norm_bwd_whole_rows)->Apply(sizes_and_threads);
+BENCHMARK(BM_layer_norm_bwd_loop)->Apply(sizes_and_threads);
 BENCHMARK(BM_softmax_fwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_softmax_bwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_triad)->Apply(sizes_and_threads);

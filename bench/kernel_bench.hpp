@@ -95,4 +95,44 @@ inline void layer_norm_row(float const* xr, float const* wr, float const* br, fl
     yr[j] = (xr[j] - mu) * r * wr[j] + br[j];
 }
 
+/// The layer-norm backward of a group of rows [r0, r1) as a plain loop (the baseline beside the
+/// tilegrad kernel): per row, the two row means in one `omp simd` loop, then dx and the group's
+/// partial sums of dw and db (pw, pb: one row of N each) in another.
+inline void layer_norm_bwd_rows(float const* x, float const* w, float const* mean,
+                                float const* rstd, float const* dy, float* dx, float* pw,
+                                float* pb, std::int64_t r0, std::int64_t r1, std::int64_t n) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    float const* xr = x + r * n;
+    float const* gr = dy + r * n;
+    float* dxr = dx + r * n;
+    float const mu = mean[r], rs = rstd[r];
+    float c1 = 0, c2 = 0;
+#pragma omp simd reduction(+ : c1, c2)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float const wdy = w[j] * gr[j];
+      c1 += (xr[j] - mu) * rs * wdy;
+      c2 += wdy;
+    }
+    c1 /= static_cast<float>(n);
+    c2 /= static_cast<float>(n);
+    if (r == r0) { // the group's first row sets its partial sums
+#pragma omp simd
+      for (std::int64_t j = 0; j < n; ++j) {
+        float const xhat = (xr[j] - mu) * rs;
+        dxr[j] = (w[j] * gr[j] - (xhat * c1 + c2)) * rs;
+        pw[j] = gr[j] * xhat;
+        pb[j] = gr[j];
+      }
+    } else {
+#pragma omp simd
+      for (std::int64_t j = 0; j < n; ++j) {
+        float const xhat = (xr[j] - mu) * rs;
+        dxr[j] = (w[j] * gr[j] - (xhat * c1 + c2)) * rs;
+        pw[j] += gr[j] * xhat;
+        pb[j] += gr[j];
+      }
+    }
+  }
+}
+
 } // namespace bench

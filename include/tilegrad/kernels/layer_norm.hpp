@@ -92,68 +92,89 @@ inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T co
 ///                                          c2 = mean over the row of wdy;
 /// and for the group g of rows [g * Rows, (g + 1) * Rows):
 ///   partial_dw[g, :] = sum over its rows of dy * xhat,  partial_db[g, :] = sum of dy.
-/// Each program owns one group (a (Rows, BlockN) tile at a time) and one row of each partial
-/// buffer; layer_norm_reduce_dwdb sums them. Grid: cdiv(M, Rows) programs; partial_dw and
-/// partial_db have shape (cdiv(M, Rows), N). Neither Rows need divide M nor BlockN divide N.
+/// Each program owns one group and one row of each partial buffer; layer_norm_reduce_dwdb sums
+/// them. Grid: cdiv(M, Rows) programs; partial_dw and partial_db have shape (cdiv(M, Rows), N).
+/// Neither Rows need divide M nor BlockN divide N.
 /// Under check_backward, pass mean and rstd to the forward unmarked (no gradient, no cotangent)
 /// and let the backward capture them: the checker runs the float forward before each backward
 /// call (examples/05_layer_norm.cpp).
+///
+/// The group is walked a row at a time, in (1, BlockN) blocks: a block of one row is contiguous,
+/// so its loads read x and dy in place, where a (Rows, BlockN) block of longer rows is copied
+/// into a tile (measured 1.3-1.6x slower, docs/performance.md). The first pass takes each row's
+/// c1 and c2; the second walks the columns, and for each block of columns the group's rows,
+/// adding dw and db into two (1, BlockN) tiles, stored once per block. The group's rows are read
+/// twice, the second time from the cache: Rows x N x 2 x sizeof(T) bytes should fit in L2.
 template <int BlockN, int Rows>
 inline constexpr auto layer_norm_bwd =
     []<class T>(program const& p, tensor<T const> x, tensor<T const> w, tensor<T const> mean,
                 tensor<T const> rstd, tensor<T const> dy, tensor<T> dx, tensor<T> partial_dw,
                 tensor<T> partial_db) {
       std::int64_t const r0 = p.program_id(0) * std::int64_t{Rows};
+      int const rows = static_cast<int>(std::min<std::int64_t>(Rows, x.size(0) - r0));
       int const col_tiles = static_cast<int>(cdiv<std::int64_t>(x.size(1), BlockN));
       // A number meets an fp32<T> tile in the tile's type: float on the fast path, double in the
       // fp64 instantiation.
       double const n = static_cast<double>(x.size(1));
-      // Padding reads 0: rows past M get mean = rstd = 0, hence xhat = 0; columns past N get
-      // w = dy = 0, hence wdy = 0 and dy * xhat = 0. Neither adds to a sum, so no mask is needed.
-      tile<fp32<T>, Rows> const mu = load(make_block_ptr<Rows>(mean, {r0}), bounds<0>);
-      tile<fp32<T>, Rows> const rs = load(make_block_ptr<Rows>(rstd, {r0}), bounds<0>);
-      auto xb = make_block_ptr<Rows, BlockN>(x, {r0, 0});
-      auto gb = make_block_ptr<Rows, BlockN>(dy, {r0, 0});
-      auto wb = make_block_ptr<BlockN>(w, {0});
-
-      // First pass: the two row means c1 and c2. (Loads are named tiles, as in the forward.)
+      // Columns past N read 0 in x, w and dy, hence wdy = 0 and dy * xhat = 0: no mask needed.
+      auto const k = arange<0, Rows>(); // the row of the group, to set and pick c1 and c2
       auto c1 = zeros<fp32<T>, Rows>();
       auto c2 = zeros<fp32<T>, Rows>();
-      for (int i = 0; i < col_tiles; ++i) {
-        tile<fp32<T>, Rows, BlockN> const xv = load(xb, bounds<0, 1>);
-        tile<fp32<T>, Rows, BlockN> const g = load(gb, bounds<0, 1>);
-        tile<fp32<T>, BlockN> const wv = load(wb, bounds<0>);
-        auto const xhat = (xv - col(mu)) * col(rs); // expressions, summed where they are read
-        auto const wdy = row(wv) * g;
-        c1 += sum<1>(xhat * wdy);
-        c2 += sum<1>(wdy);
-        xb = xb.advance(0, BlockN);
-        gb = gb.advance(0, BlockN);
-        wb = wb.advance(BlockN);
-      }
-      c1 /= n;
-      c2 /= n;
 
-      // Second pass: dx, and this group's partial sums of dw and db.
-      xb = make_block_ptr<Rows, BlockN>(x, {r0, 0});
-      gb = make_block_ptr<Rows, BlockN>(dy, {r0, 0});
-      wb = make_block_ptr<BlockN>(w, {0});
-      auto dxb = make_block_ptr<Rows, BlockN>(dx, {r0, 0});
+      // First pass, a row at a time: its c1 and c2, set into element r of the group's tiles.
+      for (int r = 0; r < rows; ++r) {
+        tile<fp32<T>> const mu = load(mean + (r0 + r) * mean.stride(0));
+        tile<fp32<T>> const rs = load(rstd + (r0 + r) * rstd.stride(0));
+        auto xb = make_block_ptr<1, BlockN>(x, {r0 + r, 0});
+        auto gb = make_block_ptr<1, BlockN>(dy, {r0 + r, 0});
+        auto wb = make_block_ptr<BlockN>(w, {0});
+        tile<fp32<T>> s1 = zeros<fp32<T>>();
+        tile<fp32<T>> s2 = zeros<fp32<T>>();
+        for (int i = 0; i < col_tiles; ++i) {
+          tile<fp32<T>, 1, BlockN> const xv = load(xb, bounds<1>); // named: read in place
+          tile<fp32<T>, 1, BlockN> const g = load(gb, bounds<1>);
+          tile<fp32<T>, BlockN> const wv = load(wb, bounds<0>);
+          auto const wdy = row(wv) * g; // an expression, summed where it is read
+          s1 += sum((xv - mu) * rs * wdy);
+          s2 += sum(wdy);
+          xb = xb.advance(0, BlockN);
+          gb = gb.advance(0, BlockN);
+          wb = wb.advance(BlockN);
+        }
+        c1 = where(k == r, s1 / n, c1);
+        c2 = where(k == r, s2 / n, c2);
+      }
+
+      // Second pass, a block of columns at a time: dx of each row, and the group's partial sums.
+      // dx is written once and read by the next layer's backward, not by this launch: a large
+      // dx is streamed past the caches (output_hint, memory/hints.hpp).
+      cache_hints const out_hint = output_hint(dx.size(0) * dx.size(1) * std::int64_t{sizeof(T)});
+      auto wb = make_block_ptr<BlockN>(w, {0});
       auto pwb = make_block_ptr<1, BlockN>(partial_dw, {p.program_id(0), 0});
       auto pbb = make_block_ptr<1, BlockN>(partial_db, {p.program_id(0), 0});
       for (int i = 0; i < col_tiles; ++i) {
-        tile<fp32<T>, Rows, BlockN> const xv = load(xb, bounds<0, 1>);
-        tile<fp32<T>, Rows, BlockN> const g = load(gb, bounds<0, 1>);
+        std::int64_t const c0 = std::int64_t{i} * BlockN;
         tile<fp32<T>, BlockN> const wv = load(wb, bounds<0>);
-        tile<fp32<T>, Rows, BlockN> const xhat = (xv - col(mu)) * col(rs);
-        auto const wdy = row(wv) * g;
-        store(dxb, (wdy - (xhat * col(c1) + col(c2))) * col(rs), bounds<0, 1>);
-        store(pwb, sum<0>(g * xhat, keep_dims), bounds<1>);
-        store(pbb, sum<0>(g, keep_dims), bounds<1>);
-        xb = xb.advance(0, BlockN);
-        gb = gb.advance(0, BlockN);
+        auto dw = zeros<fp32<T>, 1, BlockN>();
+        auto db = zeros<fp32<T>, 1, BlockN>();
+        for (int r = 0; r < rows; ++r) {
+          tile<fp32<T>> const mu = load(mean + (r0 + r) * mean.stride(0));
+          tile<fp32<T>> const rs = load(rstd + (r0 + r) * rstd.stride(0));
+          tile<fp32<T>> const c1r = sum(where(k == r, c1, 0.0f));
+          tile<fp32<T>> const c2r = sum(where(k == r, c2, 0.0f));
+          tile<fp32<T>, 1, BlockN> const xv = load(make_block_ptr<1, BlockN>(x, {r0 + r, c0}),
+                                                   bounds<1>);
+          tile<fp32<T>, 1, BlockN> const g = load(make_block_ptr<1, BlockN>(dy, {r0 + r, c0}),
+                                                  bounds<1>);
+          auto const xhat = (xv - mu) * rs;
+          store(make_block_ptr<1, BlockN>(dx, {r0 + r, c0}),
+                (row(wv) * g - (xhat * c1r + c2r)) * rs, bounds<1>, out_hint);
+          dw += g * xhat;
+          db += g;
+        }
+        store(pwb, dw, bounds<1>);
+        store(pbb, db, bounds<1>);
         wb = wb.advance(BlockN);
-        dxb = dxb.advance(0, BlockN);
         pwb = pwb.advance(0, BlockN);
         pbb = pbb.advance(0, BlockN);
       }
