@@ -7,6 +7,8 @@
 #include <tilegrad/kernels/layer_norm.hpp>
 #include <tilegrad/kernels/softmax.hpp>
 
+#include <tbb/enumerable_thread_specific.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -240,6 +242,73 @@ void BM_softmax_bwd(benchmark::State& state) {
   timed(state, 3 * M * n * 4, run); // y, dy in, dx out
 }
 
+/// Runs row(i) for the M rows over `threads` TBB threads, then fences non-temporal stores.
+template <class Row>
+void plain_rows(int threads, Row&& row) {
+  tbb::task_arena arena(threads);
+  arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, M),
+                      [&](tbb::blocked_range<std::int64_t> const& r) {
+                        for (std::int64_t i = r.begin(); i < r.end(); ++i)
+                          row(i);
+                      });
+  });
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
+
+/// The softmax forward as a plain loop per row over the same TBB threads (bench::softmax_row:
+/// the library's exp, y streamed as the kernel streams it): what the access pattern and the
+/// exponentials cost without tiles.
+void BM_softmax_fwd_loop(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  int const threads = static_cast<int>(state.range(1));
+  tg::owned_tensor<float> x({M, n}, "x"), y({M, n}, "y");
+  bench::fill(x, 1);
+  bool const stream = M * n * 4 >= tg::large_output_bytes;
+  tbb::enumerable_thread_specific<std::vector<float>> bufs([n] { return std::vector<float>(n); });
+  auto run = [&] {
+    plain_rows(threads, [&](std::int64_t i) {
+      bench::softmax_row(x.data() + i * n, y.data() + i * n, bufs.local().data(), n, stream);
+    });
+  };
+  run();
+  double s = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    s += y(0, j);
+  if (!near(s, 1)) {
+    state.SkipWithError("a row of the softmax does not sum to 1");
+    return;
+  }
+  timed(state, 2 * M * n * 4, run);
+}
+
+/// The softmax backward as a plain loop per row (bench::softmax_bwd_row).
+void BM_softmax_bwd_loop(benchmark::State& state) {
+  std::int64_t const n = state.range(0);
+  int const threads = static_cast<int>(state.range(1));
+  tg::owned_tensor<float> x({M, n}, "x"), y({M, n}, "y"), dy({M, n}, "dy"), dx({M, n}, "dx");
+  bench::fill(x, 1);
+  bench::fill(dy, 2);
+  n == 1024 ? softmax_fwd<1024>(on(threads), x, y) : softmax_fwd<4096>(on(threads), x, y);
+  bool const stream = M * n * 4 >= tg::large_output_bytes;
+  auto run = [&] {
+    plain_rows(threads, [&](std::int64_t i) {
+      bench::softmax_bwd_row(y.data() + i * n, dy.data() + i * n, dx.data() + i * n, n, stream);
+    });
+  };
+  run();
+  double dot = 0;
+  for (std::int64_t j = 0; j < n; ++j)
+    dot += double(dy(0, j)) * y(0, j);
+  if (!near(dx(0, 0), y(0, 0) * (dy(0, 0) - dot))) {
+    state.SkipWithError("result differs from the closed form");
+    return;
+  }
+  timed(state, 3 * M * n * 4, run);
+}
+
 /// The triad alone over three M x N arrays, as a plain baseline row in the table.
 void BM_triad(benchmark::State& state) {
   int const threads = static_cast<int>(state.range(1));
@@ -269,5 +338,7 @@ BENCHMARK(BM_layer_norm_bwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_layer_norm_bwd_loop)->Apply(sizes_and_threads);
 BENCHMARK(BM_softmax_fwd)->Apply(sizes_and_threads);
 BENCHMARK(BM_softmax_bwd)->Apply(sizes_and_threads);
+BENCHMARK(BM_softmax_fwd_loop)->Apply(sizes_and_threads);
+BENCHMARK(BM_softmax_bwd_loop)->Apply(sizes_and_threads);
 BENCHMARK(BM_triad)->Apply(sizes_and_threads);
 BENCHMARK_MAIN();

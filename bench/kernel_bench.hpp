@@ -135,4 +135,76 @@ inline void layer_norm_bwd_rows(float const* x, float const* w, float const* mea
   }
 }
 
+/// A row of the softmax forward as a plain loop (the baseline beside the tilegrad kernel): the
+/// row's maximum, its exponentials into `buf` with their sum, then y = buf times the sum's
+/// reciprocal. The exponentials are the library's exp of 16 floats where the target has AVX-512
+/// (`simd::exp16`; std::exp elsewhere, or when n is not a multiple of 16), so the baseline
+/// differs from the kernel in the tiles only. With `stream`, y is written with non-temporal
+/// stores where the row covers whole 64-byte lines (the kernels' rule for outputs of
+/// large_output_bytes and more); the caller fences.
+inline void softmax_row(float const* x, float* y, float* buf, std::int64_t n, bool stream) {
+  float m = -INFINITY, s = 0;
+#if TILEGRAD_USE_XSIMD && defined(__AVX512F__)
+  if (n % 16 == 0) {
+    // (GCC 12 leaves a max reduction under omp simd a scalar chain: the maximum by hand.)
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (std::int64_t j = 0; j < n; j += 16)
+      mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + j));
+    m = _mm512_reduce_max_ps(mx);
+    __m512 acc = _mm512_setzero_ps();
+    __m512 const mv = _mm512_set1_ps(m);
+    for (std::int64_t j = 0; j < n; j += 16) {
+      __m512 const e = tilegrad::simd::exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
+      _mm512_storeu_ps(buf + j, e);
+      acc = _mm512_add_ps(acc, e);
+    }
+    s = _mm512_reduce_add_ps(acc);
+  } else
+#endif
+  {
+    for (std::int64_t j = 0; j < n; ++j)
+      m = std::max(m, x[j]);
+    for (std::int64_t j = 0; j < n; ++j) {
+      buf[j] = std::exp(x[j] - m);
+      s += buf[j];
+    }
+  }
+  float const inv = 1.0f / s;
+#if defined(__AVX512F__)
+  if (stream && n % 16 == 0 && reinterpret_cast<std::uintptr_t>(y) % 64 == 0) {
+    for (std::int64_t j = 0; j < n; j += 16)
+      _mm512_stream_ps(y + j, _mm512_mul_ps(_mm512_loadu_ps(buf + j), _mm512_set1_ps(inv)));
+    return;
+  }
+#endif
+  (void)stream;
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j)
+    y[j] = buf[j] * inv;
+}
+
+/// A row of the softmax backward as a plain loop: dx = y (dy - <dy, y>), dx streamed as
+/// softmax_row streams y.
+inline void softmax_bwd_row(float const* y, float const* dy, float* dx, std::int64_t n,
+                            bool stream) {
+  float d = 0;
+#pragma omp simd reduction(+ : d)
+  for (std::int64_t j = 0; j < n; ++j)
+    d += dy[j] * y[j];
+#if defined(__AVX512F__)
+  if (stream && n % 16 == 0 && reinterpret_cast<std::uintptr_t>(dx) % 64 == 0) {
+    __m512 const dv = _mm512_set1_ps(d);
+    for (std::int64_t j = 0; j < n; j += 16) {
+      __m512 const yv = _mm512_loadu_ps(y + j);
+      _mm512_stream_ps(dx + j, _mm512_mul_ps(yv, _mm512_sub_ps(_mm512_loadu_ps(dy + j), dv)));
+    }
+    return;
+  }
+#endif
+  (void)stream;
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j)
+    dx[j] = y[j] * (dy[j] - d);
+}
+
 } // namespace bench
