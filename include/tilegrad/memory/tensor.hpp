@@ -29,6 +29,17 @@ namespace detail {
   throw std::out_of_range("tilegrad::tensor: axis " + std::to_string(axis) +
                           " out of range for rank " + std::to_string(rank));
 }
+// The message of a t[i] that has no row i, built out of line.
+[[noreturn]] TILEGRAD_NOINLINE inline void bad_row_index(std::int64_t i, int rank,
+                                                         std::int64_t rows, char const* name) {
+  std::string const what = std::string(*name ? name : "unnamed");
+  if (rank < 2)
+    throw std::invalid_argument("tilegrad::tensor: t[i] needs rank 2 or more (tensor " + what +
+                                ")");
+  throw std::out_of_range("tilegrad::tensor: index " + std::to_string(i) +
+                          " out of range for axis 0 of size " + std::to_string(rows) +
+                          " (tensor " + what + ")");
+}
 } // namespace detail
 
 /// A view of strided memory: what kernels take as arguments (Triton's pointer arguments plus
@@ -113,20 +124,17 @@ public:
   /// t[i]: the view of index i along the first axis, one rank lower and under the same name
   /// (PyTorch's t[i]; a kernel takes q[b][h] for the (N, D) matrix of batch b, head h).
   tensor operator[](std::int64_t i) const {
-    if (rank_ < 2)
-      throw std::invalid_argument("tilegrad::tensor: t[i] needs rank 2 or more (tensor " +
-                                  std::string(*name_ ? name_ : "unnamed") + ")");
-    if (i < 0 || i >= shape_[0])
-      throw std::out_of_range("tilegrad::tensor: index " + std::to_string(i) +
-                              " out of range for axis 0 of size " + std::to_string(shape_[0]) +
-                              " (tensor " + std::string(*name_ ? name_ : "unnamed") + ")");
+    if (rank_ < 2 || i < 0 || i >= shape_[0]) [[unlikely]]
+      detail::bad_row_index(i, rank_, shape_[0], name_);
+    // (A fixed number of steps: a row kernel takes a view per program, and this is its cost.)
     tensor t;
     t.data_ = data_ + i * strides_[0];
     t.rank_ = rank_ - 1;
     t.name_ = name_;
-    for (int a = 1; a < rank_; ++a) {
-      t.shape_[a - 1] = shape_[a];
-      t.strides_[a - 1] = strides_[a];
+    for (int a = 0; a + 1 < max_tensor_rank; ++a) {
+      bool const in = a + 1 < rank_;
+      t.shape_[a] = in ? shape_[a + 1] : 1;
+      t.strides_[a] = in ? strides_[a + 1] : 1;
     }
     return t;
   }
