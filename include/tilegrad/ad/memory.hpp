@@ -187,11 +187,12 @@ TILEGRAD_MACHINERY bool plain_load_hook(tilegrad::detail::access_hooks const& h,
       for (run const& l : lanes)
         for (int k = 0; k < l.count; ++k)
           if (run_holds(log.runs[j], l.element(k))) {
-            auto const [name, coords] = h.tracker->tensor_at(t).element(l.element(k));
+            auto const& tt = h.tracker->tensor_at(t);
+            auto const [view, coords] = tt.element(l.element(k));
             program const* p = tilegrad::detail::current_program();
             throw std::invalid_argument(
                 "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
-                " loads tensor " + tilegrad::detail::tensor_label(name) + ", element " + coords +
+                " loads tensor " + tt.label(view) + ", element " + coords +
                 ", inside the body of tg::loop (the load at " +
                 tilegrad::detail::where_string(loc) + ") and writes that element after the loop " +
                 "(at " + tilegrad::detail::where_string(a.loc) + "): the reverse sweep runs the " +

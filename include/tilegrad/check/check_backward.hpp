@@ -218,6 +218,8 @@ struct forward_parts {
   callable_ref<std::vector<saved_values>(std::deque<owned_tensor<double>> const&)> saved_of;
   /// the contents of every float tensor of the forward, which a backward must leave as they are
   callable_ref<std::vector<kept_contents>()> keep_all;
+  /// where the float forward left NaN or Inf in a tensor it writes, as a problem (empty: none)
+  callable_ref<std::string()> nonfinite_written;
 };
 
 template <class T>
@@ -235,7 +237,8 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
 /// fills ctx.set_gradient(name, g); it must hand back one gradient per tensor marked in, of the
 /// working dtype (for bf16 tensors: bf16, float or double) and the input's shape. The checker
 /// overwrites the inputs (in and passive) with seeded random values and the outputs with the
-/// forward's results.
+/// forward's results. Each run of the forward starts with the outputs zeroed and the unmarked
+/// tensors it may write as they were given.
 ///
 /// The forward, the references and every launch the backward makes (from the calling thread)
 /// check bounds whatever checked() says; the backward's launches are also checked for races
@@ -313,9 +316,53 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       },
       fwd.args);
 
-  // The forward on the tensors as they are, bounds checked whatever checked() says: an access
-  // outside is a message, not a crash.
+  // What the forward writes, as every run of it starts: outputs zeroed (as in the references),
+  // and the unmarked tensors it may write, integer ones too, as the caller gave them. A forward
+  // that adds into them atomically, or counts tickets in them, then finds the same on every seed
+  // and in every reference.
+  std::vector<std::function<void()>> zero_outputs, unmarked_initial;
+  std::apply(
+      [&](auto const&... a) {
+        auto visit = [&]<class X>(X const& x) {
+          if constexpr (detail::arg_kind<X>::out)
+            zero_outputs.push_back(detail::contents_of(x.t, true));
+          else if constexpr (detail::unmarked_writable_v<X>)
+            unmarked_initial.push_back(detail::contents_of(x));
+        };
+        (visit(a), ...);
+      },
+      fwd.args);
+  // The unmarked tensors the forward may write put back as the caller gave them, for the scope's
+  // lifetime; then what they held before.
+  struct unmarked_as_given {
+    std::vector<std::function<void()>> now;
+    unmarked_as_given(std::vector<std::function<void()>> const& initial,
+                      forward_launch<Kernel, Args...> const& fwd) {
+      std::apply(
+          [&](auto const&... a) {
+            auto visit = [&]<class X>(X const& x) {
+              if constexpr (detail::unmarked_writable_v<X>)
+                now.push_back(detail::contents_of(x));
+            };
+            (visit(a), ...);
+          },
+          fwd.args);
+      for (auto const& f : initial)
+        f();
+    }
+    ~unmarked_as_given() {
+      for (auto const& f : now)
+        f();
+    }
+  };
+
+  // The forward, bounds checked whatever checked() says: an access outside is a message, not a
+  // crash.
   auto run_forward = [&] {
+    for (auto const& f : zero_outputs)
+      f();
+    for (auto const& f : unmarked_initial)
+      f();
     launch_options checked_launch = o.launch;
     checked_launch.check_bounds = true;
     std::apply(
@@ -329,6 +376,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   // copies.
   auto reference = [&]<class U>(std::vector<owned_tensor<T>> const& cots,
                                 std::deque<owned_tensor<U>>& keep, sweep kind = sweep::plain) {
+    unmarked_as_given const as_given(unmarked_initial, fwd); // the float forward's put back after
     std::deque<owned_tensor<U>> cot_copies;
     for (auto const& c : cots) {
       cot_copies.push_back(detail::copy_as<U>(c.cview()));
@@ -402,14 +450,50 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         fwd.args);
     return kept;
   };
+  // The first tensor the forward writes that holds NaN or Inf, where and how many.
+  auto nonfinite_written = [&]() -> std::string {
+    std::string found;
+    auto scan = [&]<class E>(std::string const& what, tensor<E> const& t) {
+      if (!found.empty())
+        return;
+      std::int64_t count = 0, first = -1;
+      for (std::int64_t i = 0; i < t.numel(); ++i)
+        if (!std::isfinite(static_cast<double>(t.data()[t.row_major_offset(i)])) && count++ == 0)
+          first = i;
+      if (count)
+        found = "the forward's " + what + " holds " + std::to_string(count) +
+                " NaN/Inf element(s), the first at " + t.coordinates(t.row_major_offset(first)) +
+                " (on this seed's inputs): the references and the gradients are then NaN too. "
+                "Guard what makes them (a where around a log or a division; in an online "
+                "softmax, a row whose every key is masked, where m stays -inf)";
+    };
+    std::apply(
+        [&](auto const&... a) {
+          auto visit = [&]<class X>(X const& x) {
+            using K = detail::arg_kind<X>;
+            if constexpr (K::out)
+              scan("output '" + std::string(x.name) + "'", x.t);
+            else if constexpr (K::float_tensor) {
+              if constexpr (!std::is_const_v<typename X::element_type>)
+                scan(*x.name() ? "unmarked tensor '" + std::string(x.name()) + "'"
+                               : std::string("unmarked tensor"),
+                     x);
+            }
+          };
+          (visit(a), ...);
+        },
+        fwd.args);
+    return found;
+  };
   auto reference64 = [&](std::vector<owned_tensor<T>> const& cots,
                          std::deque<owned_tensor<double>>& keep,
                          sweep kind) { return reference(cots, keep, kind); };
   auto reference32 = [&](std::vector<owned_tensor<T>> const& cots,
                          std::deque<owned_tensor<fp32<T>>>& keep) { return reference(cots, keep); };
   // Copies: `reference` reads `outs`.
-  forward_parts<T> parts{ins,         passives,    outs,        others,   std::move(unmarked),
-                         run_forward, reference64, reference32, saved_of, keep_all};
+  forward_parts<T> parts{ins,         passives,    outs,        others,
+                         std::move(unmarked), run_forward, reference64, reference32,
+                         saved_of,    keep_all,    nonfinite_written};
   return check_backward_core(fwd.g, parts, backward, o);
 }
 
@@ -613,6 +697,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     std::vector<std::vector<double>> saved;  // second look: per input marked in, or empty
     std::vector<std::vector<double>> explained; // first look's jittered reference, or empty
     std::optional<gradient_set> zero, twice; // first seed: scaled cotangents
+    detail::launch_observer first_launches, twice_launches; // ... and what their launches wrote
+    std::string forward_nonfinite; // the float forward's NaN or Inf, as a problem (empty: none)
     std::vector<std::pair<std::string, tolerance>> tols; // per gradient compared
   };
   std::vector<pending> later;
@@ -661,6 +747,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       sr.problems.push_back(std::string("the forward threw: ") + e.what());
       continue;
     }
+    std::string const forward_nonfinite = f.nonfinite_written();
 
     // The user's backward, on given cotangents. Every launch it makes is tracked: bounds are
     // checked and races kept (in `launches`) rather than thrown, so the launch runs to its end.
@@ -931,6 +1018,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     pending& pd = later.emplace_back();
     pd.seed_index = rep.seeds.size() - 1;
     pd.got = first.got;
+    pd.forward_nonfinite = forward_nonfinite;
     for (auto const& n : ins) {
       pd.ref64.push_back(detail::values_of((*g64)[n.name]));
       pd.ref32.push_back(g32 ? detail::values_of((*g32)[n.name]) : std::vector<double>{});
@@ -977,16 +1065,21 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
     }
     if (o.check_linearity) {
-      auto scaled_run = [&](double f) -> std::optional<gradient_set> {
+      auto scaled_run = [&](double f,
+                            detail::launch_observer* launches) -> std::optional<gradient_set> {
         backward_run r = run_backward(scaled(f));
         if (r.error) {
           sr.problems.push_back("the backward threw on scaled cotangents: " + *r.error);
           return std::nullopt;
         }
+        if (launches)
+          *launches = std::move(r.launches);
         return std::move(r.got);
       };
-      pd.zero = scaled_run(0);
-      pd.twice = pd.zero ? scaled_run(2) : std::nullopt;
+      pd.zero = scaled_run(0, nullptr);
+      pd.twice = pd.zero ? scaled_run(2, &pd.twice_launches) : std::nullopt;
+      if (pd.twice)
+        pd.first_launches = std::move(first.launches);
     }
   }
 
@@ -1012,6 +1105,21 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   for (auto& pd : later) {
     seed_report& sr = rep.seeds[pd.seed_index];
     auto const* got = &pd.got;
+    // A forward that made NaN or Inf: the cause, named before what follows from it (a problem
+    // where the reference or the gradients are not finite, a warning where they are).
+    if (!pd.forward_nonfinite.empty()) {
+      bool follows = false;
+      for (auto const& r : pd.ref64)
+        for (double v : r)
+          follows = follows || !std::isfinite(v);
+      for (auto const& e : got->entries())
+        for (double v : e.values)
+          follows = follows || !std::isfinite(v);
+      if (follows)
+        sr.problems.insert(sr.problems.begin(), pd.forward_nonfinite);
+      else
+        rep.warnings.push_back("seed " + std::to_string(sr.seed) + ": " + pd.forward_nonfinite);
+    }
     std::vector<std::pair<std::string, tolerance>> tols;
     for (std::size_t q = 0; q < ins.size(); ++q) {
       auto const& n = ins[q];
@@ -1025,11 +1133,11 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       // All zeros with a non-zero |J|^T |w|: the kernel reads the input and the terms cancel
       // (attention over one key), which is no capture.
       bool const cancels = !pd.mag[q].empty() && detail::max_abs(pd.mag[q]) > 0;
-      if (!ref64.empty() && detail::max_abs(ref64) == 0 && cancels)
+      if (finite && !ref64.empty() && detail::max_abs(ref64) == 0 && cancels)
         rep.warnings.push_back("the reference gradient of '" + n.name +
                                "' is all zeros by cancellation (|J|^T |w| is not): the kernel "
                                "reads it, and its terms cancel");
-      if (!ref64.empty() && detail::max_abs(ref64) == 0 && !cancels) {
+      if (finite && !ref64.empty() && detail::max_abs(ref64) == 0 && !cancels) {
         auto msg = "the reference gradient of '" + n.name +
                    "' is all zeros: does the kernel capture it instead of taking it as an "
                    "argument, or not depend on it?";
@@ -1097,7 +1205,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         continue;
       for (std::int64_t i = 0; i < e.numel(); ++i) {
         auto const u = static_cast<std::size_t>(i);
-        if (!std::isfinite(e.values[u]))
+        if (!std::isfinite(e.values[u]) || !std::isfinite(tol->bound(0)))
           continue; // reported as NaN/Inf already
         if (!(std::abs(z->values[u]) <= tol->bound(0))) {
           sr.problems.push_back("not linear in the cotangent: with zero cotangents '" + e.name +
@@ -1108,9 +1216,18 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
       for (std::int64_t i = 0; i < e.numel(); ++i) {
         auto const u = static_cast<std::size_t>(i);
-        if (!std::isfinite(e.values[u]))
+        double const allowed = 2 * tol->bound(e.values[u], i);
+        if (!std::isfinite(e.values[u]) || !std::isfinite(allowed))
           continue;
-        if (!(std::abs(t2->values[u] - 2 * e.values[u]) <= 2 * tol->bound(e.values[u], i))) {
+        double const d = std::abs(t2->values[u] - 2 * e.values[u]);
+        // Doubling every contribution is exact: the sums differ only where the order of
+        // atomic additions did, and by no more than it can.
+        if (!(d <= allowed) &&
+            !(d <= detail::reordering_bound(
+                       pd.first_launches.last_write(e.source_of(i), e.elem_size, e.traced),
+                       pd.twice_launches.last_write(t2->source_of(i), t2->elem_size, t2->traced),
+                       std::max(std::abs(2 * e.values[u]), std::abs(t2->values[u])),
+                       detail::unit_roundoff(e.dtype), 2))) {
           sr.problems.push_back("not linear in the cotangent: doubling the cotangents makes '" +
                                 e.name + "' " + detail::number(t2->values[u]) + " at " +
                                 detail::coordinates_of(e, i) + ", not 2 * " +

@@ -34,11 +34,35 @@ struct determinism_verdict {
   std::string problem, note;
 };
 
+/// How far two values of one element, each written last by atomic_add alone in one of two runs
+/// (ta, tb: as traced there), may differ by the order of their additions alone: recursive
+/// summation of x0 + v1 + ... + vn in any order is within n u (|x0| + sum|v|) of the exact sum,
+/// so two orders within twice that; x0 is not known, but |x0| <= |g| + sum|v| for the sum g, which
+/// gives 2 n u (|g| + 2 sum|v|). Through a copy (an fp32 accumulator rounded into the gradient's
+/// type) the additions ran at the source's roundoff, and the final rounding may differ by one
+/// unit, 2 u |g| more. `scale_a` multiplies a's additions (a run on scaled cotangents is
+/// compared). -1 where either was written otherwise.
+inline double reordering_bound(traced_write const& ta, traced_write const& tb, double g, double u,
+                               double scale_a = 1) {
+  if (ta.ops != op_atomic_add || tb.ops != op_atomic_add)
+    return -1;
+  double const adds = std::max(ta.sum.n, tb.sum.n);
+  double const mag = std::max<double>(scale_a * ta.sum.abs, tb.sum.abs);
+  double const u_add = std::max(ta.copied_from_unit, tb.copied_from_unit);
+  return u_add > 0 ? 2 * adds * u_add * (g + 2 * mag) + 2 * u * g : 2 * adds * u * (g + 2 * mag);
+}
+
+/// A tensor some launch of a run wrote holding a lock, as messages name it (empty: none).
+inline std::string locked_writes(launch_observer const& o) {
+  for (auto const& l : o.launches)
+    if (!l.locked.empty())
+      return l.locked;
+  return {};
+}
+
 /// Compares gradient a of one run with b of another on the same data; la and lb are the runs'
 /// launches. An element written last by atomic_add alone in both runs may differ by the order
-/// of its n additions: recursive summation of x0 + v1 + ... + vn in any order is within
-/// n u (|x0| + sum|v|) of the exact sum, so two orders within twice that; the initial value x0
-/// is not known, but |x0| <= |g| + sum|v| for the sum g. The bound is 2 n u (|g| + 2 sum|v|).
+/// of its additions (reordering_bound).
 inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradient const& b,
                                         launch_observer const& la, launch_observer const& lb) {
   determinism_verdict v;
@@ -57,22 +81,14 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
     ++diff;
     traced_write const ta = la.last_write(a.source_of(i), a.elem_size, a.traced);
     traced_write const tb = lb.last_write(b.source_of(i), b.elem_size, b.traced);
-    bool const atomic = ta.ops == op_atomic_add && tb.ops == op_atomic_add;
-    add_sum const sa = ta.sum, sb = tb.sum;
-    if (!atomic) {
+    double const g = std::max(std::abs(a.values[at]), std::abs(b.values[at]));
+    double const bound = reordering_bound(ta, tb, g, u);
+    if (bound < 0) {
       if (unexplained++ == 0)
         first = i;
       continue;
     }
-    std::uint32_t const adds = std::max(sa.n, sb.n);
-    double const mag = std::max<double>(sa.abs, sb.abs);
-    double const g = std::max(std::abs(a.values[at]), std::abs(b.values[at]));
-    // Through a copy (an fp32 accumulator rounded into the gradient's type), the additions ran
-    // at the source's roundoff, and the final rounding may then differ by one unit in the last
-    // place of the gradient's type, at most 2 u |g|.
-    double const u_add = std::max(ta.copied_from_unit, tb.copied_from_unit);
-    double const bound = u_add > 0 ? 2 * adds * u_add * (g + 2 * mag) + 2 * u * g
-                                   : 2 * adds * u * (g + 2 * mag);
+    std::uint32_t const adds = std::max(ta.sum.n, tb.sum.n);
     double const d = std::abs(a.values[at] - b.values[at]);
     double const ratio =
         d <= bound ? (bound > 0 ? d / bound : 0) : std::numeric_limits<double>::infinity();
@@ -108,6 +124,13 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
        << " elements of '" << a.name << "', the first at " << coords(first);
     if (diff > unexplained)
       os << " (and in " << diff - unexplained << " that atomic_add alone wrote)";
+    if (std::string const locked = locked_writes(la).empty() ? locked_writes(lb)
+                                                             : locked_writes(la);
+        !locked.empty())
+      os << ". The backward writes tensor " << locked
+         << " holding a lock: programs take a lock in the order their threads reach it, so sums "
+            "made under one change with that order. If that is intended, set "
+            "check_options::check_determinism = false";
   } else if (over) {
     os << "not deterministic: two runs on the same data differ in " << over << " of " << n
        << " elements of '" << a.name

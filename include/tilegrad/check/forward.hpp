@@ -85,6 +85,13 @@ struct arg_kind<tensor<E>> : arg_kind<void> {
   using type = std::remove_const_t<E>;
 };
 
+/// An unmarked tensor argument the forward may write (of any element type: a float statistic,
+/// an integer counter or lock).
+template <class X>
+inline constexpr bool unmarked_writable_v = false;
+template <class E>
+inline constexpr bool unmarked_writable_v<tensor<E>> = !std::is_const_v<E>;
+
 template <class X>
 inline constexpr bool is_inout_v = false;
 template <class T>

@@ -84,6 +84,21 @@ kept_contents keep_contents(std::string what, tensor<E> t) {
   }};
 }
 
+/// Puts the contents t has now back into it, each time it is called; with `zero`, zeroes it.
+template <class E>
+std::function<void()> contents_of(tensor<E> t, bool zero = false) {
+  auto kept = std::make_shared<std::vector<E>>();
+  if (!zero) {
+    kept->reserve(static_cast<std::size_t>(t.numel()));
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      kept->push_back(t.data()[t.row_major_offset(i)]);
+  }
+  return [t, kept, zero] {
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t.data()[t.row_major_offset(i)] = zero ? E{} : (*kept)[static_cast<std::size_t>(i)];
+  };
+}
+
 /// The saved values of tensor t (as the float forward left it), whose float64 forward values
 /// are `ref`, contiguous in row-major order.
 template <class E>

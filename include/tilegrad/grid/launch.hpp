@@ -585,7 +585,10 @@ void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args)
   };
   if (opts.check_races || detail::current_observer()) [[unlikely]] {
     detail::launch_tracker tracker(g);
-    std::apply([&](auto const&... a) { (tracker.add_arg(a), ...); }, held);
+    std::apply([&](auto const&... a) {
+      int arg = 0;
+      (tracker.add_arg(a, ++arg), ...);
+    }, held);
     detail::launch_tracked(opts, g, tracker, detail::program_call(call));
     return;
   }

@@ -519,11 +519,14 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
 }
 
 // An atomic in a launch that checks bounds or races: always checked, and recorded when tracked
-// (an atomic_add of float or double values with the magnitude of each value).
+// (an atomic_add of float or double values with the magnitude of each value). On an integer
+// tensor, atomic_xchg and atomic_cas synchronise programs (locks, flags) rather than race, and
+// on one element they take and give back the program's locks (`cmps`: atomic_cas's compare
+// values, null for the others).
 template <class S, class T, class Off, class Val, class Mask, class F>
 TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, Off> const& p,
                                      Val const& val, Mask const& mask, F& f, char const* what,
-                                     std::source_location const& loc) {
+                                     std::source_location const& loc, T const* cmps) {
   if (h.before_write)
     h.before_write(what, loc);
   access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
@@ -537,18 +540,24 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
       rec.value(static_cast<double>(v));
   });
   std::string_view const w(what);
+  bool const exchange = w == "atomic_xchg" || w == "atomic_cas";
   // (vjp: logged for tg::loop's replay check, not as a race.)
-  std::uint8_t const unraced = h.lenient ? op_unraced : 0;
+  std::uint8_t const unraced = h.lenient || (std::is_integral_v<T> && exchange) ? op_unraced : 0;
   rec.commit(unraced | (add                 ? op_atomic_add
                         : w == "atomic_max" ? op_atomic_max
                         : w == "atomic_min" ? op_atomic_min
                                             : op_atomic),
-             loc);
+             loc);  if constexpr (std::is_integral_v<T> && S::size == 1)
+    if (exchange && rec.active() && !h.lenient && rec.lanes() == 1)
+      h.log->lock_event(rec.tensor(), rec.last_element(), static_cast<std::int64_t>(old[0]),
+                        static_cast<std::int64_t>(val.template load<1>(0, 0)), cmps != nullptr,
+                        cmps ? static_cast<std::int64_t>(cmps[0]) : 0);
 }
 
 template <class T, class Off, class Val, class Mask, class F>
 auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
-                 char const* what, std::source_location const& loc) {
+                 char const* what, std::source_location const& loc,
+                 std::remove_const_t<T> const* cmps = nullptr) {
   static_assert(!std::is_const_v<T>, "tilegrad: atomic on a const tensor");
   if constexpr (!value_fits_pointers_v<shape_of_t<Val>, access_shape_t<Off, Mask>>) {
     return 0; // the assertion above has said why
@@ -568,7 +577,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     auto val = bcast<S>(convert_as<T>(val_in));
     tile_t<T, S> old;
     if (access_hooks const* h = current_hooks()) [[unlikely]]
-      atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc);
+      atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc, cmps);
     else
       atomic_into<1, S>(
           old.data(), p, val, mask, f, what, loc, checked(), [](int, std::int64_t, int) {},
@@ -634,7 +643,7 @@ auto atomic_cas(ptr_tile<T, Off> const& p, C&& cmp, V&& value,
         a.compare_exchange_strong(expected, v, std::memory_order_acq_rel);
         return expected;
       },
-      "atomic_cas", loc);
+      "atomic_cas", loc, cmps.data());
 }
 
 } // namespace tilegrad

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -48,13 +49,27 @@ inline constexpr std::uint8_t op_unraced = 128;
 
 /// One access of a program to a tracked tensor: its lanes are runs [first, first + count) of
 /// the program's log; an atomic_add of float or double values keeps the magnitude of each
-/// lane's value, from `values` on (-1: none).
+/// lane's value, from `values` on (-1: none); `lock`, the program's outermost lock held then
+/// (an index into its log's locks; -1: none).
 struct logged_access {
   std::uint8_t op;
   int tensor;
   std::uint32_t first, count;
   std::int64_t values;
   std::source_location loc;
+  int lock = -1;
+};
+
+/// A lock a program took: a successful atomic_cas on one element of an integer tensor that
+/// changed it from `unlocked`; released when the same program writes `unlocked` back with
+/// atomic_xchg or atomic_cas. Only a lock released by the program that took it guards what
+/// the program did while holding it (a claim flag or a ticket taken by atomic_cas and never
+/// given back guards nothing).
+struct held_lock {
+  int tensor;
+  std::int64_t element;
+  std::int64_t unlocked;
+  bool released;
 };
 
 /// The accesses of one program, in program order; reused from wave to wave.
@@ -62,10 +77,37 @@ struct program_log {
   std::vector<logged_access> accesses;
   std::vector<run> runs, scratch;
   std::vector<float> values;
+  std::vector<held_lock> locks;
+  std::vector<int> open; // the locks held now, outermost first
   void clear() {
     accesses.clear();
     runs.clear();
     values.clear();
+    locks.clear();
+    open.clear();
+  }
+  /// The lock the next access is made under (-1: none).
+  int holding() const { return open.empty() ? -1 : open.front(); }
+  /// An atomic_xchg (cmp_on false) or atomic_cas of one element of an integer tensor, which
+  /// held `old` and was given `v` (by atomic_cas only where old == cmp): takes or releases a
+  /// lock.
+  void lock_event(int tensor, std::int64_t el, std::int64_t old, std::int64_t v, bool is_cas,
+                  std::int64_t cmp) {
+    bool const wrote = !is_cas || old == cmp;
+    for (std::size_t i = open.size(); i-- > 0;) {
+      held_lock& l = locks[static_cast<std::size_t>(open[i])];
+      if (l.tensor != tensor || l.element != el)
+        continue;
+      if (wrote && v == l.unlocked) {
+        l.released = true;
+        open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      return;
+    }
+    if (is_cas && old == cmp && v != cmp) {
+      open.push_back(static_cast<int>(locks.size()));
+      locks.push_back({tensor, el, cmp, false});
+    }
   }
 };
 
@@ -186,12 +228,15 @@ private:
 /// element holds loads by any programs, atomics by any programs, or anything by one program, so
 /// the first two programs that touched it always name one that differs from the next: each
 /// with the source line (a site, 1-based; 0 past 65535 sites) of its weightiest access (store,
-/// atomic, load). 16 bytes, no padding: a run of elements in one state is compared whole.
+/// atomic, load), and the lock every access so far was made under (1 + its index among the
+/// launch's locks; 0: none, or not one lock for all). 16 bytes, no padding: a run of elements in
+/// one state is compared whole.
 struct element_state {
   std::uint32_t first, second; // linear program id + 1; 0: none
   std::uint16_t first_site, second_site;
+  std::uint16_t lock;
   std::uint8_t ops;
-  std::uint8_t unused[3];
+  std::uint8_t unused;
 };
 static_assert(sizeof(element_state) == 16);
 
@@ -207,6 +252,7 @@ struct tracked_view {
   char const* name = "";
   tensor<std::byte const> layout; // shape and strides
   std::int64_t shift = 0;
+  int arg = 0; // its place among the kernel's arguments after the program (1-based; 0: unknown)
 };
 
 /// A tensor the kernel of a tracked launch may write (it takes it as a non-const view). Writable
@@ -224,14 +270,22 @@ struct tracked_tensor {
   zeroed_array<element_state> state; // allocated when the check first meets it
   zeroed_array<add_sum> sums;        // allocated at its first atomic_add
 
-  /// The name of the view holding element el (from lo) and its coordinates there.
-  std::pair<char const*, std::string> element(std::int64_t el) const {
+  /// The view holding element el (from lo; null: none) and its coordinates there.
+  std::pair<tracked_view const*, std::string> element(std::int64_t el) const {
     for (auto const& v : views)
       if (v.layout.contains(el - v.shift))
-        return {v.name, v.layout.coordinates(el - v.shift)};
+        return {&v, v.layout.coordinates(el - v.shift)};
     if (views.empty())
-      return {name, std::to_string(el)};
-    return {name, views[0].layout.coordinates(el - views[0].shift)};
+      return {nullptr, std::to_string(el)};
+    return {&views[0], views[0].layout.coordinates(el - views[0].shift)};
+  }
+  /// How messages name the view holding element el: 'name', or its place among the kernel's
+  /// arguments when it has no name.
+  std::string label(tracked_view const* v) const {
+    char const* const n = v ? v->name : name;
+    if ((n && *n) || !v || v->arg == 0)
+      return tensor_label(n);
+    return "(unnamed: the kernel's argument " + std::to_string(v->arg) + " after the program)";
   }
 };
 
@@ -251,13 +305,14 @@ public:
   launch_tracker(launch_tracker const&) = delete;
   launch_tracker& operator=(launch_tracker const&) = delete;
 
-  /// Tracks an argument of the launch if it is a tensor the kernel may write.
+  /// Tracks an argument of the launch if it is a tensor the kernel may write; `arg` is its
+  /// place among the kernel's arguments after the program (1-based; 0: unknown).
   template <class A>
-  void add_arg(A const& a) {
+  void add_arg(A const& a, int arg = 0) {
     if constexpr (is_view<std::remove_cvref_t<A>>::value)
       if constexpr (!std::is_const_v<typename std::remove_cvref_t<A>::element_type>)
         if (a.numel() > 0)
-          add(a);
+          add(a, arg);
   }
 
   /// The tracked tensor whose memory meets that of a view the kernel accesses, [base, base +
@@ -285,6 +340,8 @@ public:
       check_program(static_cast<std::uint32_t>(first + i + 1), logs[i]);
   }
   std::optional<race_found> const& race() const { return race_; }
+  /// A tensor a program wrote holding a lock, as messages name it (empty: none).
+  std::string const& locked_writes() const { return locked_; }
 
 private:
   template <class X>
@@ -293,14 +350,14 @@ private:
   struct is_view<tensor<E>> : std::true_type {};
 
   template <class E>
-  void add(tensor<E> const& t) {
+  void add(tensor<E> const& t, int arg) {
     add_layout(tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
                                        t.shape(), t.strides(), t.name()),
-               sizeof(E), std::is_same_v<std::remove_const_t<E>, tilegrad::bf16>);
+               sizeof(E), std::is_same_v<std::remove_const_t<E>, tilegrad::bf16>, arg);
   }
   /// Tracks the tensor of layout t (its data the tensor's), of elements of `elem` bytes.
   TILEGRAD_MACHINERY_MEMBER void add_layout(tensor<std::byte const> const& t, std::size_t elem,
-                                            bool bf16)
+                                            bool bf16, int arg)
 #if TILEGRAD_MACHINERY_BODIES
   {
     tracked_tensor e;
@@ -310,7 +367,7 @@ private:
     e.lo = t.data();
     e.hi = e.lo + e.span * static_cast<std::int64_t>(elem);
     e.name = t.name();
-    e.views.push_back({t.name(), t, 0});
+    e.views.push_back({t.name(), t, 0, arg});
     // Merge with every tracked tensor whose memory overlaps at whole elements.
     auto const step = static_cast<std::ptrdiff_t>(elem);
     for (std::size_t i = 0; i < tensors_.size();) {
@@ -350,6 +407,24 @@ private:
     return static_cast<std::uint16_t>(sites_.size());
   }
 
+  /// The launch's id of lock `i` of a program's log (1-based; 0: none, a lock the program
+  /// did not give back, or past 65535 locks).
+  std::uint16_t lock_id(program_log const& log, int i) {
+    if (i < 0)
+      return 0;
+    held_lock const& l = log.locks[static_cast<std::size_t>(i)];
+    if (!l.released)
+      return 0;
+    auto const key = (static_cast<std::uint64_t>(l.tensor) << 48) ^
+                     static_cast<std::uint64_t>(l.element);
+    auto const [it, added] = locks_.try_emplace(key, static_cast<std::uint16_t>(locks_.size() + 1));
+    if (added && locks_.size() > 0xffff) {
+      locks_.erase(it);
+      return 0;
+    }
+    return it->second;
+  }
+
   static int weight(std::uint8_t ops) {
     return ops & op_store ? 3 : ops & op_atomics ? 2 : ops & op_load ? 1 : 0;
   }
@@ -372,15 +447,17 @@ private:
     r.program = describe(me);
     r.other = describe(other);
     auto [view, coordinates] = t.element(el);
-    r.tensor = view;
+    r.tensor = view ? view->name : t.name;
     r.element = std::move(coordinates);
     r.where = at;
-    r.message = std::string(who_) + ": race on tensor " + tensor_label(view) + ", element " +
+    r.message = std::string(who_) + ": race on tensor " + t.label(view) + ", element " +
                 r.element + ": " + r.program + " " + mine + " it at " + where_string(at) +
                 ", and " + r.other + " " + theirs +
                 (site_other ? " at " + where_string(sites_[site_other - 1u]) : std::string()) +
                 ". Within one launch each element is written by one program (or only "
-                "accumulated with atomics), and no program reads what another writes.";
+                "accumulated with atomics), and no program reads what another writes, unless "
+                "both hold one lock (taken by atomic_cas on an integer tensor and given back by "
+                "the same program with atomic_xchg or atomic_cas).";
     race_ = std::move(r);
   }
 #else
@@ -410,7 +487,8 @@ private:
   /// Applies access `op` (at site `at`) by program me to an element in state s: the conflict it
   /// makes (false, reported), or the new state (true).
   bool apply(element_state& s, std::uint32_t me, std::uint8_t op, std::uint16_t at,
-             tracked_tensor const& t, std::int64_t el, logged_access const& a) {
+             tracked_tensor const& t, std::int64_t el, logged_access const& a,
+             std::uint16_t lock) {
     // The other program in the state, if any (the first two always hold one).
     std::uint32_t other = 0;
     std::uint16_t other_site = 0;
@@ -418,7 +496,8 @@ private:
       other = s.first, other_site = s.first_site;
     else if (s.second && s.second != me)
       other = s.second, other_site = s.second_site;
-    if (other)
+    // Accesses every program made holding one lock are ordered by it (lockset, as in Eraser).
+    if (other && !(lock && s.lock == lock))
       if (char const* theirs = conflict(s.ops, op)) {
         char const* const mine = op == op_load    ? "loads"
                                  : op == op_store ? "stores"
@@ -435,6 +514,10 @@ private:
       s.second = me;
       s.second_site = at;
     }
+    if (s.ops == 0)
+      s.lock = lock;
+    else if (s.lock != lock)
+      s.lock = 0;
     s.ops |= op;
     return true;
   }
@@ -451,6 +534,9 @@ private:
       if (a.values >= 0 && !t.sums)
         t.sums = zeroed_array<add_sum>(static_cast<std::size_t>(t.span));
       std::uint16_t const at = site(a.loc);
+      std::uint16_t const lock = lock_id(log, a.lock);
+      if (lock && (a.op & op_write) && locked_.empty())
+        locked_ = t.label(t.element(log.runs[a.first].offset).first);
       float const* v = a.values >= 0 ? log.values.data() + a.values : nullptr;
       element_state* const st = t.state.get();
       for (std::uint32_t ri = a.first; ri < a.first + a.count; ++ri) {
@@ -468,7 +554,7 @@ private:
               t.sums.get()[el].abs += v[k];
               ++t.sums.get()[el].n;
             }
-            if (!apply(st[el], me, a.op, at, t, el, a))
+            if (!apply(st[el], me, a.op, at, t, el, a, lock))
               return;
           }
           if (v)
@@ -494,7 +580,7 @@ private:
           uniform = std::memcmp(&st[r.element(k)], &s0, sizeof s0) == 0;
         if (uniform) {
           element_state s1 = s0;
-          if (!apply(s1, me, a.op, at, t, r.offset, a))
+          if (!apply(s1, me, a.op, at, t, r.offset, a, lock))
             return;
           // Usually nothing changes (the next program adding atomically to the same elements).
           if (std::memcmp(&s1, &s0, sizeof s1) != 0)
@@ -503,7 +589,7 @@ private:
           continue;
         }
         for (int k = 0; k < r.count; ++k)
-          if (!apply(st[r.element(k)], me, a.op, at, t, r.element(k), a))
+          if (!apply(st[r.element(k)], me, a.op, at, t, r.element(k), a, lock))
             return;
       }
     }
@@ -517,6 +603,8 @@ private:
   std::vector<tracked_tensor> tensors_;
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
+  std::unordered_map<std::uint64_t, std::uint16_t> locks_;
+  std::string locked_;
 };
 
 /// Throws access_error for a write by a program of a tracked launch to a tensor `name` that
@@ -566,6 +654,11 @@ public:
   access_recorder& operator=(access_recorder const&) = delete;
 
   bool active() const { return log_ != nullptr; }
+  /// The tracked tensor, and the element (from its first) of the last lane recorded, and how
+  /// many lanes were.
+  int tensor() const { return tensor_; }
+  std::int64_t last_element() const { return last_; }
+  int lanes() const { return pos_; }
   /// Whether the access must still visit its lanes: it records them, or it is a write of `op` to
   /// an untracked tensor, refused if a lane is written (commit).
   bool wanted(std::uint8_t op) const { return log_ || (untracked_ && (op & op_write)); }
@@ -578,6 +671,7 @@ public:
       builder_->add(pos_, off + shift_);
     else
       builder_->add(pos_, off + shift_, n);
+    last_ = off + shift_ + n - 1;
     pos_ += n; // lane positions only chain the runs: consecutive calls merge by offset
   }
   /// Room for the values of n lanes of an atomic_add (before its lanes).
@@ -615,7 +709,7 @@ private:
     auto const first = static_cast<std::uint32_t>(log_->runs.size());
     log_->runs.insert(log_->runs.end(), log_->scratch.begin(), log_->scratch.end());
     log_->accesses.push_back({op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
-                              op == op_atomic_add ? values_ : -1, loc});
+                              op == op_atomic_add ? values_ : -1, loc, log_->holding()});
   }
 #else
   ;
@@ -627,7 +721,7 @@ private:
   bool touched_ = false;            // whether a lane of it was
   int tensor_ = -1;
   int pos_ = 0;
-  std::int64_t shift_ = 0, values_ = -1;
+  std::int64_t shift_ = 0, values_ = -1, last_ = -1;
   float* next_ = nullptr;
   std::optional<run_builder> builder_;
 };
@@ -665,6 +759,7 @@ public:
   struct launch_record {
     grid g;
     std::optional<race_found> race;
+    std::string locked; ///< a tensor written holding a lock, as messages name it (empty: none)
   };
   std::vector<launch_record> launches;
   std::vector<launch_writes> writes; // launch by launch, in order
@@ -673,7 +768,7 @@ public:
   TILEGRAD_MACHINERY_MEMBER void add(launch_tracker& tr, grid g)
 #if TILEGRAD_MACHINERY_BODIES
   {
-    launches.push_back({g, tr.race()});
+    launches.push_back({g, tr.race(), tr.locked_writes()});
     for (auto& t : tr.tensors()) {
       if (!t.state)
         continue;

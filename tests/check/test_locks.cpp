@@ -1,0 +1,209 @@
+// Locks in checked launches: the Triton layer-norm tutorial's backward, whose programs add their
+// rows' dw and db into per-group partial sums inside a spin lock (atomic_cas to take it,
+// atomic_xchg to give it back), passes check_backward: accesses that programs make holding the
+// same lock do not race. Broken variants still fail with a race naming the partial sums and the
+// line: a store after the lock is given back, the wrong lock for the group, a ticket taken with
+// atomic_cas and never given back (not a lock), a read of the partial sums before the lock is
+// taken. Sums made under a lock change with the order the programs take it; when two runs differ
+// so, the determinism check says why and how to accept it.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/kernels/layer_norm.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_locks {
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int BlockN = 128, Groups = 8, BG = 4;
+constexpr double eps = 1e-5;
+
+enum class bug {
+  none,
+  store_after_release, // the lock given back before the partial sums are stored
+  wrong_lock,          // rows r and r + 1 share a partial row but not a lock
+  ticket,              // a ticket taken by atomic_cas (never given back) instead of a lock
+  read_before_lock,    // the partial sums loaded before the lock is taken
+};
+
+int const bwd_first_line = __LINE__;
+// _layer_norm_bwd_dx_fused of the tutorial: one row per program (BlockN >= N); `locks` holds
+// Groups locks and then Groups counts (0: the group's partial row not written yet). `order`
+// walks the rows backwards when 1, so that the partial sums get their rows in another order.
+constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                          tg::tensor<T const> w, tg::tensor<T const> mean,
+                                          tg::tensor<T const> rstd, tg::tensor<T const> dy,
+                                          tg::tensor<T> dx, tg::tensor<T> partial_dw,
+                                          tg::tensor<T> partial_db, tg::tensor<int> locks,
+                                          int which, int order) {
+  auto const b = static_cast<bug>(which);
+  std::int64_t const m = x.size(0), n = x.size(1);
+  std::int64_t const row = order ? m - 1 - p.program_id(0) : p.program_id(0);
+  auto const cols = tg::arange<0, BlockN>();
+  auto const mask = cols < n;
+  tg::tile<T, BlockN> const xv = tg::load(x + row * x.stride(0) + cols, mask, 0.0f);
+  tg::tile<T, BlockN> const g = tg::load(dy + row * dy.stride(0) + cols, mask, 0.0f);
+  tg::tile<T, BlockN> const wv = tg::load(w + cols, mask, 0.0f);
+  tg::tile<T> const mu = tg::load(mean + row), rs = tg::load(rstd + row);
+  tg::tile<T, BlockN> const xhat = tg::where(mask, (xv - mu) * rs, 0.0f);
+  tg::tile<T, BlockN> const wdy = tg::where(mask, wv * g, 0.0f);
+  tg::tile<T> const c1 = tg::sum(xhat * wdy) / double(n), c2 = tg::sum(wdy) / double(n);
+  tg::store(dx + row * dx.stride(0) + cols, (wdy - (xhat * c1 + c2)) * rs, mask);
+
+  std::int64_t const group = b == bug::wrong_lock ? (row / 2) % Groups : row % Groups;
+  std::int64_t const lock = row % Groups, count = Groups + lock;
+  auto const pdw = partial_dw + group * partial_dw.stride(0) + cols;
+  auto const pdb = partial_db + group * partial_db.stride(0) + cols;
+  tg::tile<T, BlockN> dw = g * xhat, db = g;
+  tg::tile<T, BlockN> early = tg::zeros<T, BlockN>();
+  if (b == bug::read_before_lock)
+    early = tg::load(pdw, mask, 0.0f);
+  if (b == bug::ticket) {
+    for (;;) { // takes the next ticket: the count goes up, nothing gives it back
+      int const t = tg::load(locks + count).item();
+      if (tg::atomic_cas(locks + count, t, t + 1).item() == t)
+        break;
+    }
+  } else {
+    while (tg::atomic_cas(locks + lock, 0, 1).item() == 1) {
+    }
+  }
+  if (b != bug::ticket && tg::load(locks + count).item() == 0) {
+    (void)tg::atomic_xchg(locks + count, 1);
+  } else {
+    dw += b == bug::read_before_lock ? early : tg::load(pdw, mask, 0.0f);
+    db += tg::load(pdb, mask, 0.0f);
+  }
+  if (b == bug::store_after_release)
+    (void)tg::atomic_xchg(locks + lock, 0);
+  tg::store(pdw, dw, mask);
+  tg::store(pdb, db, mask);
+  if (b != bug::store_after_release && b != bug::ticket)
+    (void)tg::atomic_xchg(locks + lock, 0);
+};
+
+// The backward: the tutorial's kernel, then the library's reduction of the partial rows. Calls
+// alternate the row order when `alternate` is set (the determinism check runs it twice).
+struct tutorial_backward {
+  bug b;
+  tg::tensor<float const> mean, rstd;
+  bool alternate = false;
+  int* calls = nullptr;
+
+  tg::gradient_set operator()(tg::backward_context<float>& ctx) const {
+    auto const x = ctx.input("x");
+    auto const w = ctx.input("w");
+    std::int64_t const m = x.size(0), n = x.size(1);
+    tg::owned_tensor<float> dx({m, n}), pdw({Groups, n}, "partial_dw"), pdb({Groups, n}, "partial_db");
+    tg::owned_tensor<float> dw({n}), db({n});
+    tg::owned_tensor<int> locks({2 * Groups}, "locks");
+    int const order = alternate ? (*calls)++ % 2 : 0;
+    tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
+               pdw.view(), pdb.view(), locks.view(),
+               static_cast<int>(b), order);
+    tg::launch(ctx.options(), tg::cdiv(n, BlockN), tg::kernels::layer_norm_reduce_dwdb<BG, BlockN>,
+               pdw.cview(), pdb.cview(), dw.view(), db.view());
+    return {{"x", dx}, {"w", dw}, {"b", db}};
+  }
+};
+
+tg::check_report check(tutorial_backward bwd, std::int64_t m, std::int64_t n,
+                       tg::check_options o) {
+  tg::owned_tensor<float> x({m, n}), w({n}), bias({n}), y({m, n}), mean({m}), rstd({m});
+  bwd.mean = mean.cview();
+  bwd.rstd = rstd.cview();
+  return tg::check_backward(tg::forward(m, tg::kernels::layer_norm_fwd<BlockN>, tg::in("x", x),
+                                        tg::in("w", w), tg::in("b", bias), tg::out("y", y),
+                                        mean.view(), rstd.view(), eps),
+                            bwd, o);
+}
+
+} // namespace
+
+TEST(Locks, TutorialLockedPartialSumsPass) {
+  // Rows and columns that Groups and BlockN do not divide; every executor.
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential})
+    for (int threads : {1, 4}) {
+      if (!tg::executor_available(e))
+        continue;
+      tg::launch_options const lo{e, threads};
+    for (auto [m, n] : {std::pair<std::int64_t, std::int64_t>{203, 100}, {9, 1 + BlockN / 2}}) {
+      auto const r = check({bug::none, {}, {}}, m, n,
+                           {.seeds = 2, .check_determinism = false, .launch = lo});
+      EXPECT_BACKWARD_OK(r) << m << " x " << n;
+      EXPECT_FALSE(r.mentions("race")) << r;
+    }
+  }
+}
+
+TEST(Locks, BrokenLockingIsARaceOnThePartialSums) {
+  // Program 8 shares partial row 0 with program 0 (program 1 too with the wrong lock): the race
+  // names both, what each did and where (lines from the kernel's first).
+  struct expect {
+    bug b;
+    char const* mine; // what the later program did, at line `at` ...
+    int at;
+    char const* theirs; // ... and what program 0 did, at line `other`
+    int other;
+  };
+  int const early_load = 31, locked_load = 45, store = 50;
+  for (auto [b, mine, at, theirs, other] :
+       {expect{bug::store_after_release, "program (8, 0, 0) loads it", locked_load, "stores it",
+               store},
+        expect{bug::wrong_lock, "program (1, 0, 0) stores it", store, "stores it too", store},
+        expect{bug::ticket, "program (8, 0, 0) loads it", locked_load, "stores it", store},
+        expect{bug::read_before_lock, "program (8, 0, 0) loads it", early_load, "stores it",
+               store}}) {
+    auto const r = check({b, {}, {}}, 203, 100, {.seeds = 1, .check_determinism = false});
+    int const k = static_cast<int>(b);
+    EXPECT_FALSE(r) << k;
+    EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (0, 0): ")) << k << r;
+    EXPECT_TRUE(r.mentions(mine)) << k << r;
+    EXPECT_TRUE(r.mentions("test_locks.cpp:" + std::to_string(bwd_first_line + at) +
+                           ", and program (0, 0, 0) " + theirs + " at "))
+        << k << r;
+    EXPECT_TRUE(r.mentions("test_locks.cpp:" + std::to_string(bwd_first_line + other) + ". "))
+        << k << r;
+  }
+}
+
+TEST(Locks, SumsMadeUnderALockInAnotherOrderAreNotDeterministicAndSaySo) {
+  // The second run of the backward takes the rows in reverse order: the partial sums differ in
+  // their last bits, the verdict is "not deterministic", and the report says where the lock is
+  // and how to accept the order.
+  int calls = 0;
+  auto const r = check({bug::none, {}, {}, true, &calls}, 203, 100, {.seeds = 1});
+  EXPECT_FALSE(r);
+  EXPECT_TRUE(r.mentions("not deterministic")) << r;
+  EXPECT_TRUE(r.mentions("writes tensor 'partial_dw' holding a lock")) << r;
+  EXPECT_TRUE(r.mentions("check_determinism = false")) << r;
+  EXPECT_FALSE(r.mentions("race")) << r;
+  calls = 0;
+  EXPECT_BACKWARD_OK(check({bug::none, {}, {}, true, &calls}, 203, 100,
+                           {.seeds = 1, .check_determinism = false}));
+}
+
+TEST(Locks, ARaceOnAnUnnamedTensorNamesItsArgument) {
+  // The kernel's third argument after the program: every program stores element 0.
+  tg::owned_tensor<float> a({4}), b({4}), c({4});
+  auto const k = []<class T>(tg::program const&, tg::tensor<T>, tg::tensor<T>, tg::tensor<T> z) {
+    tg::store(z + 0, tg::full<T>(1.0f));
+  };
+  try {
+    tg::launch({.check_races = true}, 3, k, a.view(), b.view(), c.view());
+    ADD_FAILURE() << "no race reported";
+  } catch (tg::race_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("(unnamed: the kernel's argument 3 after the program)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+} // namespace test_locks
