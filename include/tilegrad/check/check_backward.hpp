@@ -280,73 +280,53 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                                  backward_ref<T> backward, check_options const& o) {
   std::vector<detail::named_tensor<T>> ins, passives, outs;
   int others = 0;
-  std::apply(
-      [&](auto const&... a) {
-        auto collect = [&]<class X>(X const& x) {
-          using K = detail::arg_kind<X>;
-          if constexpr (K::in)
-            ins.push_back({x.name, "in", x.t});
-          else if constexpr (K::out)
-            outs.push_back({x.name, "out", x.t, x.cotangent});
-          else if constexpr (K::passive)
-            passives.push_back({x.name, "passive",
-                                tensor<T>(const_cast<T*>(x.t.data()), x.t.rank(), x.t.shape(),
-                                          x.t.strides(), x.name)});
-          else
-            ++others;
-        };
-        (collect(a), ...);
-      },
-      fwd.args);
+  detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
+    using K = detail::arg_kind<X>;
+    if constexpr (K::in)
+      ins.push_back({x.name, "in", x.t});
+    else if constexpr (K::out)
+      outs.push_back({x.name, "out", x.t, x.cotangent});
+    else if constexpr (K::passive)
+      passives.push_back({x.name, "passive",
+                          tensor<T>(const_cast<T*>(x.t.data()), x.t.rank(), x.t.shape(),
+                                    x.t.strides(), x.name)});
+    else
+      ++others;
+  });
 
   // Unmarked float tensors, for the overlap check (marked ones are added by the core).
   std::vector<ad::memory_ref> unmarked;
-  std::apply(
-      [&](auto const&... a) {
-        auto add = [&]<class X>(X const& x) {
-          if constexpr (detail::arg_kind<X>::float_tensor) {
-            auto const* lo = reinterpret_cast<std::byte const*>(x.data());
-            unmarked.push_back(
-                {x.name(), "unmarked", lo,
-                 tensor<std::byte const>(lo, x.rank(), x.shape(), x.strides(), x.name()), sizeof(T),
-                 !std::is_const_v<typename X::element_type>, false});
-          }
-        };
-        (add(a), ...);
-      },
-      fwd.args);
+  detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
+    if constexpr (detail::arg_kind<X>::float_tensor) {
+      auto const* lo = reinterpret_cast<std::byte const*>(x.data());
+      unmarked.push_back(
+          {x.name(), "unmarked", lo,
+           tensor<std::byte const>(lo, x.rank(), x.shape(), x.strides(), x.name()), sizeof(T),
+           !std::is_const_v<typename X::element_type>, false});
+    }
+  });
 
   // What the forward writes, as every run of it starts: outputs zeroed (as in the references),
   // and the unmarked tensors it may write, integer ones too, as the caller gave them. A forward
   // that adds into them atomically, or counts tickets in them, then finds the same on every seed
   // and in every reference.
   std::vector<std::function<void()>> zero_outputs, unmarked_initial;
-  std::apply(
-      [&](auto const&... a) {
-        auto visit = [&]<class X>(X const& x) {
-          if constexpr (detail::arg_kind<X>::out)
-            zero_outputs.push_back(detail::contents_of(x.t, true));
-          else if constexpr (detail::unmarked_writable_v<X>)
-            unmarked_initial.push_back(detail::contents_of(x));
-        };
-        (visit(a), ...);
-      },
-      fwd.args);
+  detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
+    if constexpr (detail::arg_kind<X>::out)
+      zero_outputs.push_back(detail::contents_of(x.t, true));
+    else if constexpr (detail::unmarked_writable_v<X>)
+      unmarked_initial.push_back(detail::contents_of(x));
+  });
   // The unmarked tensors the forward may write put back as the caller gave them, for the scope's
   // lifetime; then what they held before.
   struct unmarked_as_given {
     std::vector<std::function<void()>> now;
     unmarked_as_given(std::vector<std::function<void()>> const& initial,
                       forward_launch<Kernel, Args...> const& fwd) {
-      std::apply(
-          [&](auto const&... a) {
-            auto visit = [&]<class X>(X const& x) {
-              if constexpr (detail::unmarked_writable_v<X>)
-                now.push_back(detail::contents_of(x));
-            };
-            (visit(a), ...);
-          },
-          fwd.args);
+      detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
+        if constexpr (detail::unmarked_writable_v<X>)
+          now.push_back(detail::contents_of(x));
+      });
       for (auto const& f : initial)
         f();
     }
@@ -405,22 +385,17 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   auto saved_of = [&](std::deque<owned_tensor<double>> const& keep) {
     std::vector<detail::saved_values> saved;
     std::size_t k = 0;
-    std::apply(
-        [&](auto const&... a) {
-          auto visit = [&]<class X>(X const& x) {
-            using K = detail::arg_kind<X>;
-            if constexpr (K::out)
-              saved.push_back(detail::make_saved_values(x.name, x.t, keep[k].data()));
-            else if constexpr (K::float_tensor) {
-              if constexpr (!std::is_const_v<typename X::element_type>)
-                saved.push_back(detail::make_saved_values(x.name(), x, keep[k].data()));
-            }
-            if constexpr (K::in || K::out || K::passive || K::float_tensor)
-              ++k;
-          };
-          (visit(a), ...);
-        },
-        fwd.args);
+    detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
+      using K = detail::arg_kind<X>;
+      if constexpr (K::out)
+        saved.push_back(detail::make_saved_values(x.name, x.t, keep[k].data()));
+      else if constexpr (K::float_tensor) {
+        if constexpr (!std::is_const_v<typename X::element_type>)
+          saved.push_back(detail::make_saved_values(x.name(), x, keep[k].data()));
+      }
+      if constexpr (K::in || K::out || K::passive || K::float_tensor)
+        ++k;
+    });
     return saved;
   };
   // The contents of every float tensor of the forward, as the backward is about to find them.
@@ -432,22 +407,17 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
           detail::keep_contents(std::move(what), tensor<M>(const_cast<M*>(t.data()), t.rank(),
                                                            t.shape(), t.strides(), t.name())));
     };
-    std::apply(
-        [&](auto const&... a) {
-          auto visit = [&]<class X>(X const& x) {
-            using K = detail::arg_kind<X>;
-            if constexpr (K::in || K::passive)
-              keep("input '" + std::string(x.name) + "'", x.t);
-            else if constexpr (K::out)
-              keep("output '" + std::string(x.name) + "' of the forward", x.t);
-            else if constexpr (K::float_tensor)
-              keep(*x.name() ? "unmarked tensor '" + std::string(x.name()) + "' of the forward"
-                             : std::string("an unmarked tensor of the forward"),
-                   x);
-          };
-          (visit(a), ...);
-        },
-        fwd.args);
+    detail::for_each_float_tensor(fwd.args, [&](detail::float_role r, std::string const& name,
+                                                auto const& t) {
+      if (r == detail::float_role::input)
+        keep("input '" + name + "'", t);
+      else if (r == detail::float_role::output)
+        keep("output '" + name + "' of the forward", t);
+      else
+        keep(name.empty() ? std::string("an unmarked tensor of the forward")
+                          : "unmarked tensor '" + name + "' of the forward",
+             t);
+    });
     return kept;
   };
   // The first tensor the forward writes that holds NaN or Inf, where and how many.
@@ -467,22 +437,13 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                 "Guard what makes them (a where around a log or a division; in an online "
                 "softmax, a row whose every key is masked, where m stays -inf)";
     };
-    std::apply(
-        [&](auto const&... a) {
-          auto visit = [&]<class X>(X const& x) {
-            using K = detail::arg_kind<X>;
-            if constexpr (K::out)
-              scan("output '" + std::string(x.name) + "'", x.t);
-            else if constexpr (K::float_tensor) {
-              if constexpr (!std::is_const_v<typename X::element_type>)
-                scan(*x.name() ? "unmarked tensor '" + std::string(x.name()) + "'"
-                               : std::string("unmarked tensor"),
-                     x);
-            }
-          };
-          (visit(a), ...);
-        },
-        fwd.args);
+    detail::for_each_float_tensor(fwd.args, [&](detail::float_role r, std::string const& name,
+                                                auto const& t) {
+      if (r == detail::float_role::output)
+        scan("output '" + name + "'", t);
+      else if (r == detail::float_role::unmarked_written)
+        scan(name.empty() ? std::string("unmarked tensor") : "unmarked tensor '" + name + "'", t);
+    });
     return found;
   };
   auto reference64 = [&](std::vector<owned_tensor<T>> const& cots,

@@ -85,6 +85,33 @@ struct arg_kind<tensor<E>> : arg_kind<void> {
   using type = std::remove_const_t<E>;
 };
 
+/// Calls f on each of a forward's arguments (its tuple), in order.
+template <class Args, class F>
+void for_each_arg(Args const& args, F&& f) {
+  std::apply([&](auto const&... a) { (f(a), ...); }, args);
+}
+
+/// The role of a float tensor among a forward's arguments.
+enum class float_role { input, output, unmarked, unmarked_written };
+
+/// Calls f(role, name, tensor) on each float tensor of a forward's arguments, in order: inputs
+/// (passive ones too), outputs and unmarked float tensors (`unmarked_written` those the forward
+/// may write).
+template <class Args, class F>
+void for_each_float_tensor(Args const& args, F&& f) {
+  for_each_arg(args, [&]<class X>(X const& x) {
+    using K = arg_kind<X>;
+    if constexpr (K::in || K::passive)
+      f(float_role::input, std::string(x.name), x.t);
+    else if constexpr (K::out)
+      f(float_role::output, std::string(x.name), x.t);
+    else if constexpr (K::float_tensor)
+      f(std::is_const_v<typename X::element_type> ? float_role::unmarked
+                                                  : float_role::unmarked_written,
+        std::string(x.name()), x);
+  });
+}
+
 /// An unmarked tensor argument the forward may write (of any element type: a float statistic,
 /// an integer counter or lock).
 template <class X>
