@@ -205,6 +205,49 @@ tg::race_error expect_race(F&& f) {
   return tg::race_error("", "", "", "", "", std::source_location::current());
 }
 
+TEST(VjpMisuse, ElementAccessInAKernelThrowsInsteadOfGivingZeroGradients) {
+  // y(i) = x(i) * x(i) by element access: vjp cannot differentiate it (its gradient was a silent
+  // zero); vjp and jvp refuse it, naming the program, the tensor, the element and the line.
+  auto const k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    int const i = p.program_id(0);
+    y(i) = x(i) * x(i);
+  };
+  unsigned const line = __LINE__ - 2;
+  tg::owned_tensor<float> x({5}, "x"), y({5}, "y"), dy({5}, "dy"), u({5}, "u");
+  fill(x, 41);
+  fill(dy, 42);
+  fill(u, 43);
+  auto const expect_refused = [&](auto&& run) {
+    try {
+      run();
+      ADD_FAILURE() << "no error";
+    } catch (tg::access_error const& e) {
+      std::string const what = e.what();
+      EXPECT_EQ(e.tensor(), "x");
+      EXPECT_EQ(e.element(), "(0)");
+      EXPECT_EQ(e.where().line(), line);
+      EXPECT_NE(what.find("by program (0, 0, 0)"), std::string::npos) << what;
+      EXPECT_NE(what.find("vjp does not differentiate it"), std::string::npos) << what;
+    }
+  };
+  expect_refused([&] {
+    (void)tg::vjp({tg::executor::sequential}, 5, k, tg::in("x", x), tg::out("y", y, dy));
+  });
+  expect_refused([&] {
+    (void)tg::jvp({tg::executor::sequential}, 5, k, tg::tangent_in("x", x, u),
+                  tg::tangent_out("y", y));
+  });
+  // Written with load and store, the same kernel differentiates.
+  auto const loads = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) + tg::arange<0, 1>();
+    auto const v = tg::load(x + i);
+    tg::store(y + i, v * v);
+  };
+  auto const g = tg::vjp(5, loads, tg::in("x", x), tg::out("y", y, dy));
+  for (int i = 0; i < 5; ++i)
+    EXPECT_FLOAT_EQ(g["x"](i), 2 * x(i) * dy(i)) << i;
+}
+
 TEST(VjpRaces, TwoProgramsStoringOneElement) {
   // Program p stores its block, and program `culprit` also stores element 0.
   auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y, int culprit) {

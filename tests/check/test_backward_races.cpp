@@ -443,6 +443,64 @@ TEST(LaunchRaces, AWriteThroughACapturedViewIsRefused) {
                              x.cview(), y.view()));
 }
 
+TEST(LaunchRaces, ElementAccessInsideACheckedLaunchIsRefusedNotPassed) {
+  // A backward whose programs each add their row into dw through element access,
+  // dw(c) += x(r, c) * dy(r, c): lost updates no race check can see (it lost 2 runs in 50 on two
+  // threads), and a check that passed it. In a checked launch element access throws, naming the
+  // program, the tensor, the element and the line; outside one it is host code, left alone.
+  constexpr int R = 300, C = 16;
+  constexpr auto fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                   tg::tensor<T const> w, tg::tensor<T> y) {
+    auto const o = p.program_id(0) * C + tg::arange<0, C>();
+    tg::store(y + o, tg::load(x + o) * tg::load(w + tg::arange<0, C>()));
+  };
+  constexpr auto dx_of = [](tg::program const& p, tg::tensor<float const> w,
+                            tg::tensor<float const> dy, tg::tensor<float> dx) {
+    auto const o = p.program_id(0) * C + tg::arange<0, C>();
+    tg::store(dx + o, tg::load(dy + o) * tg::load(w + tg::arange<0, C>()));
+  };
+  constexpr auto dw_by_elements = [](tg::program const& p, tg::tensor<float const> x,
+                                     tg::tensor<float const> dy, tg::tensor<float> dw) {
+    int const r = p.program_id(0);
+    for (int c = 0; c < C; ++c)
+      dw(c) += x(r, c) * dy(r, c);
+  };
+  int const line = __LINE__ - 2;
+  tg::owned_tensor<float> x({R, C}, "x"), w({C}, "w"), y({R, C}, "y");
+  auto const rep = tg::check_backward(
+      tg::forward(R, fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+      [&](tg::backward_context<float>& ctx) {
+        tg::owned_tensor<float> dx({R, C}), dw({C}, "dw");
+        tg::launch(ctx.options(), R, dx_of, ctx.input("w"), ctx.cotangent("y"), dx.view());
+        tg::launch(ctx.options(), R, dw_by_elements, ctx.input("x"), ctx.cotangent("y"),
+                   dw.view());
+        return tg::gradient_set{{"x", dx}, {"w", dw}};
+      });
+  EXPECT_FALSE(rep.ok()) << rep.str();
+  std::string const s = rep.str();
+  EXPECT_NE(s.find("element access 'x'(0, 0) by program (0, 0, 0)"), std::string::npos) << s;
+  EXPECT_NE(s.find("test_backward_races.cpp:" + std::to_string(line)), std::string::npos) << s;
+  EXPECT_NE(s.find("use tg::load, tg::store or tg::atomic_add"), std::string::npos) << s;
+
+  // A launch that checks for races says the same; a plain launch runs it as host code would.
+  tg::owned_tensor<float> dy({R, C}, "dy"), dw({C}, "dw");
+  std::fill(x.begin(), x.end(), 1.0f);
+  std::fill(dy.begin(), dy.end(), 0.5f);
+  try {
+    tg::launch({.check_races = true}, R, dw_by_elements, x.cview(), dy.cview(), dw.view());
+    ADD_FAILURE() << "no error";
+  } catch (tg::access_error const& e) {
+    EXPECT_EQ(e.tensor(), "x");
+    EXPECT_EQ(e.element(), "(0, 0)");
+    EXPECT_EQ(e.where().line(), static_cast<unsigned>(line));
+  }
+  std::fill(dw.begin(), dw.end(), 0.0f);
+  tg::launch({.exec = tg::executor::sequential}, R, dw_by_elements, x.cview(), dy.cview(),
+             dw.view());
+  for (int c = 0; c < C; ++c)
+    EXPECT_EQ(dw(c), 0.5f * R) << c;
+}
+
 TEST(LaunchRaces, CorrectKernelsPassAndComputeTheSame) {
   std::int64_t const n = 40;
   tg::owned_tensor<float> q({n, D}), k({n, D}), v({n, D}), o1({n, D}), o2({n, D}), dq({n, D}),

@@ -170,9 +170,127 @@ TEST(CheckerEdges, ALongSumOfOneSignRunInSequencePasses) {
   };
   auto const ok = check(1);
   EXPECT_TRUE(ok.ok()) << ok;
-  EXPECT_NE(ok.str().find("n = 8192, the longest axis"), std::string::npos) << ok;
+  EXPECT_NE(ok.str().find("the effective number of terms of its sum"), std::string::npos) << ok;
+  EXPECT_NE(ok.str().find("at most 8192"), std::string::npos) << ok;
   auto const bad = check(1 + 1e-4);
   EXPECT_FALSE(bad.ok()) << bad;
+}
+
+namespace {
+
+// y = x + b over the rows of 16 of a contiguous x of any rank (a bias over (B, H, N) rows).
+constexpr auto add_bias_rows = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                           tg::tensor<T const> b, tg::tensor<T> y) {
+  auto const r = p.program_id(0) * 64 + tg::arange<0, 64>();
+  auto const c = tg::arange<0, 16>();
+  auto const in = tg::col(r < x.numel() / 16);
+  auto const o = tg::col(r) * 16 + tg::row(c);
+  tg::store(y + o, tg::load(x + o, in, 0.0f) + tg::row(tg::load(b + c)), in);
+};
+
+constexpr auto bias_grad_rows_in_sequence = []<class T>(tg::program const&, tg::tensor<T const> dy,
+                                                        tg::tensor<T> db, double scale) {
+  auto const c = tg::arange<0, 16>();
+  auto acc = tg::zeros<T, 16>();
+  for (std::int64_t i = 0; i < dy.numel() / 16; ++i)
+    acc = acc + tg::load(dy + i * 16 + c);
+  tg::store(db + c, acc * T(scale));
+};
+
+// y = x * t[: len(x)], t a passive table that may be much longer than x.
+constexpr auto scale_by_table = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                            tg::tensor<T const> t, tg::tensor<T> y) {
+  auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = offs < x.numel();
+  tg::store(y + offs, tg::load(x + offs, m) * tg::load(t + offs, m), m);
+};
+
+constexpr auto scale_by_table_bwd = [](tg::program const& p, tg::tensor<float const> t,
+                                       tg::tensor<float const> dy, tg::tensor<float> dx,
+                                       float scale) {
+  auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = offs < dx.numel();
+  tg::store(dx + offs, tg::load(dy + offs, m) * tg::load(t + offs, m) * scale, m);
+};
+
+} // namespace
+
+TEST(CheckerEdges, TheLongSumAllowanceFollowsTheSumsNotTheShapes) {
+  // The allowance of a long sum, 2 sqrt(n) u |g_ref64|, takes n from the sum each element is:
+  // its effective number of terms, (|J|^T |w|)^2 / |J|^2^T w^2. Taken from the tensors' shapes
+  // instead (their longest axis), it let a flat elementwise gradient 3e-5 off pass at 2^18
+  // elements (n = 2^18: 6e-5 allowed, where a correct kernel is a few ulps off), and one reading
+  // a long passive table; and it failed a correct bias gradient summed over folded axes.
+  {
+    // A bias over (16, 8, 64) rows, summed in sequence: 8192 terms, no axis longer than 64.
+    tg::owned_tensor<float> x({16, 8, 64, 16}, "x"), b({16}, "b"), y({16, 8, 64, 16}, "y"),
+        dy({16, 8, 64, 16}, "dy");
+    test_support::fill(dy, 6);
+    for (float& v : dy)
+      v = 1.0f + 0.5f * v;
+    auto check = [&](double scale) {
+      return tg::check_backward(
+          tg::forward(8192 / 64, add_bias_rows, tg::in("x", x), tg::in("b", b),
+                      tg::out("y", y, dy)),
+          [&](tg::backward_context<float>& ctx) {
+            tg::owned_tensor<float> dx({16, 8, 64, 16}), db({16});
+            auto const g = ctx.cotangent("y");
+            std::copy(g.data(), g.data() + g.numel(), dx.data());
+            tg::launch(ctx.options(), 1, bias_grad_rows_in_sequence, g, db.view(), scale);
+            return tg::gradient_set{{"x", dx}, {"b", db}};
+          },
+          {.seeds = 2});
+    };
+    auto const ok = check(1);
+    EXPECT_TRUE(ok.ok()) << ok;
+    auto const bad = check(1 + 1e-4);
+    EXPECT_FALSE(bad.ok()) << bad;
+  }
+  {
+    // y = x * w over 2^18 elements in one flat axis; dx 3e-5 off.
+    constexpr std::int64_t n = 1 << 18;
+    auto const ok = check_mul(n, writes::nothing, {.seeds = 1});
+    EXPECT_TRUE(ok.ok()) << ok;
+    tg::owned_tensor<float> x({n}, "x"), w({n}, "w"), y({n}, "y");
+    auto const bad = tg::check_backward(
+        tg::forward(tg::cdiv<int>(n, Block), mul_fwd, tg::in("x", x), tg::in("w", w),
+                    tg::out("y", y)),
+        [](tg::backward_context<float>& ctx) {
+          auto const xi = ctx.input("x"), wi = ctx.input("w");
+          tg::owned_tensor<float> dx({xi.numel()}), dw({xi.numel()});
+          tg::launch(ctx.options(), tg::cdiv<int>(xi.numel(), Block), mul_bwd, xi, wi,
+                     ctx.cotangent("y"), dx.view(), dw.view());
+          for (float& v : dx)
+            v *= 1 + 3e-5f;
+          ctx.set_gradient("x", dx);
+          ctx.set_gradient("w", dw);
+        },
+        {.seeds = 1});
+    EXPECT_FALSE(bad.ok()) << bad;
+    ASSERT_FALSE(bad.seeds.empty());
+    for (auto const& g : bad.seeds[0].gradients)
+      EXPECT_EQ(g.ok, g.name == "w") << g.name << "\n" << bad;
+  }
+  {
+    // y = x * t[:4096], t a passive table of 2^18 entries; dx 3e-5 off.
+    tg::owned_tensor<float> x({4096}, "x"), t({1 << 18}, "t"), y({4096}, "y");
+    auto check = [&](float scale) {
+      return tg::check_backward(
+          tg::forward(4096 / Block, scale_by_table, tg::in("x", x), tg::passive("t", t),
+                      tg::out("y", y)),
+          [scale](tg::backward_context<float>& ctx) {
+            tg::owned_tensor<float> dx({4096});
+            tg::launch(ctx.options(), 4096 / Block, scale_by_table_bwd, ctx.input("t"),
+                       ctx.cotangent("y"), dx.view(), scale);
+            ctx.set_gradient("x", dx);
+          },
+          {.seeds = 1});
+    };
+    auto const ok = check(1);
+    EXPECT_TRUE(ok.ok()) << ok;
+    auto const bad = check(1 + 3e-5f);
+    EXPECT_FALSE(bad.ok()) << bad;
+  }
 }
 
 namespace {

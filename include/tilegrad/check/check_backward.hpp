@@ -470,10 +470,26 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   auto& ins = f.ins;
   auto& passives = f.passives;
   auto& outs = f.outs;
+  std::int64_t most_elements = 0;
   for (auto const* group : {&ins, &passives, &outs})
-    for (auto const& n : *group)
+    for (auto const& n : *group) {
+      most_elements = std::max(most_elements, n.t.numel());
       for (int a = 0; a < n.t.rank(); ++a)
         dtype.longest_axis = std::max(dtype.longest_axis, n.t.size(a));
+    }
+  // The most terms a sum into one element of gradient q may count: the longest axis, or the most
+  // elements of a tensor per element of q (a bias summed over (B, N) rows of a (B, N, D) tensor).
+  // Each element's own count, the effective number of terms of its sum, comes from a squares
+  // sweep where it can matter: where 2 sqrt(n) u' may exceed k u.
+  std::vector<std::int64_t> most_terms;
+  bool count_terms = false;
+  for (auto const& n : ins) {
+    std::int64_t const per = n.t.numel() > 0 ? (most_elements + n.t.numel() - 1) / n.t.numel() : 0;
+    most_terms.push_back(std::max(dtype.longest_axis, per));
+    count_terms = count_terms || 2 * std::sqrt(static_cast<double>(most_terms.back())) *
+                                         dtype.compute_unit >
+                                     o.k_bound.value_or(dtype.k_bound) * dtype.eps / 2;
+  }
   auto const refs = storage ? " on copies of the bfloat16 inputs and cotangents (the same "
                               "kernel; bf16 rounding differentiated as identity)"
                             : "";
@@ -655,6 +671,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     std::size_t seed_index = 0;
     gradient_set got;
     std::vector<std::vector<double>> ref64, ref32, mag; // per input marked in
+    std::vector<std::vector<double>> terms; // effective terms per element, or empty: not swept
     std::vector<std::vector<double>> saved;  // second look: per input marked in, or empty
     std::vector<std::vector<double>> explained; // first look's jittered reference, or empty
     std::optional<gradient_set> zero, twice; // first seed: scaled cotangents
@@ -665,6 +682,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   std::vector<pending> later;
   auto explained_of = [](pending const& pd, std::size_t q) -> std::vector<double> const* {
     return q < pd.explained.size() && !pd.explained[q].empty() ? &pd.explained[q] : nullptr;
+  };
+  auto terms_of = [](pending const& pd, std::size_t q) -> std::vector<double> const* {
+    return q < pd.terms.size() && !pd.terms[q].empty() ? &pd.terms[q] : nullptr;
   };
 
   // Inputs and cotangents of a seed, drawn per tensor so that a tensor's values depend on the
@@ -769,7 +789,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
           continue;
         auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                      nullptr, bands_of(q), explained_of(pd, q));
+                                      nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
+                                      most_terms[q]);
         for (std::size_t i = 0; i < e->values.size() && !over; ++i)
           over = !(detail::abs_err(e->values[i], pd.ref64[q][i]) <=
                    t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i)));
@@ -821,7 +842,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
           continue;
         auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                      nullptr, bands_of(q), explained_of(pd, q));
+                                      nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
+                                      most_terms[q]);
         unstable[q].assign(e->values.size(), 1);
         if (!e0 || e0->values.size() != e->values.size())
           continue;
@@ -944,7 +966,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     }
 
     // The references, on copies, with the same cotangents.
-    std::optional<gradients<double>> g64, gmag;
+    std::optional<gradients<double>> g64, gmag, gsq;
     std::optional<gradients<W>> g32;         // only the baseline rule reads it
     std::deque<owned_tensor<double>> keep64; // the float64 forward's values, for the second look
     try {
@@ -953,6 +975,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         std::deque<owned_tensor<double>> keepm;
         gmag.emplace(
             f.reference64(cots, keepm, dtype.squares ? sweep::squares : sweep::magnitudes));
+        if (count_terms && !dtype.squares) {
+          std::deque<owned_tensor<double>> keeps;
+          gsq.emplace(f.reference64(cots, keeps, sweep::squares));
+        }
       }
       if (rule == pass_rule::baseline || rule == pass_rule::error_bound) {
         std::deque<owned_tensor<W>> keep32;
@@ -987,6 +1013,19 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (gmag && dtype.squares) // |g_ref64| + sqrt(|J|^2^T w^2)
         for (std::size_t i = 0; i < pd.mag.back().size(); ++i)
           pd.mag.back()[i] = std::abs(pd.ref64.back()[i]) + std::sqrt(pd.mag.back()[i]);
+      // The effective number of terms of each element's sum, (sum |t|)^2 / sum t^2: n for n
+      // terms of one size, about 1 where one term dominates (an elementwise gradient, a lookup
+      // in a long table), whatever the shapes of the tensors.
+      auto& terms = pd.terms.emplace_back();
+      if (gsq && gmag) {
+        auto const& m = pd.mag.back();
+        auto const sq = detail::values_of((*gsq)[n.name]);
+        double const most = static_cast<double>(most_terms[pd.terms.size() - 1]);
+        terms.resize(m.size(), 1.0);
+        for (std::size_t i = 0; i < m.size() && i < sq.size(); ++i)
+          if (sq[i] > 0 && std::isfinite(m[i] * m[i] / sq[i]))
+            terms[i] = std::clamp(m[i] * m[i] / sq[i], 1.0, most);
+      }
     }
 
     if (rule == pass_rule::error_bound && o.jitter_reference)
@@ -1126,7 +1165,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q],
                                       pd.mag[q].empty() ? nullptr : &pd.mag[q], &pooled_units[q],
                                       q < pd.saved.size() ? &pd.saved[q] : nullptr, bands_of(q),
-                                      explained_of(pd, q));
+                                      explained_of(pd, q), terms_of(pd, q), most_terms[q]);
       tols.emplace_back(n.name, tol);
       auto r = compare_gradient(*e, ref64, tol, o);
       // A bf16 input's gradient may be handed back wider (kept in float, say).

@@ -170,10 +170,20 @@ struct tolerance {
   /// by k_explained times that more. Null elsewhere.
   std::shared_ptr<std::vector<double> const> explained;
   double k_explained = 0;
-  /// error_bound: 2 sqrt(n) times the arithmetic's unit roundoff, n the longest axis of the
-  /// launch: an element may be off by that times |g_ref64| (a long sum of one sign in sequence).
-  double sequence = 0;
+  /// error_bound, a long sum of one sign run in sequence: element i may be off by
+  /// 2 sqrt(n_i) u' |g_ref64|, u' the arithmetic's unit roundoff, n_i the effective number of
+  /// terms of the element's sum, (|J|^T |w|)^2 / |J|^2^T w^2 (`terms`; null where the sweep did
+  /// not run, as 2 sqrt(sequence_n) u' cannot exceed k u there), at most sequence_n: the longest
+  /// axis of the launch's tensors, or their most elements per element of this gradient.
+  double compute_unit = 0;
   std::int64_t sequence_n = 0;
+  std::shared_ptr<std::vector<double> const> terms;
+  /// 2 sqrt(n_i) u' of element i (-1: of sequence_n).
+  double sequence_at(std::int64_t i) const {
+    double const n = i < 0 || !terms ? static_cast<double>(sequence_n)
+                                     : (*terms)[static_cast<std::size_t>(i)];
+    return 2 * std::sqrt(n) * compute_unit;
+  }
 
   /// The largest error allowed at element i (flat index; -1: the tensor's largest) where the
   /// reference is `want`; one bound for the whole tensor under the baseline and normwise rules.
@@ -184,7 +194,7 @@ struct tolerance {
                                              ? max_magnitude
                                              : (*magnitude)[static_cast<std::size_t>(i)]) +
                                  underflow),
-                      sequence * std::abs(want)) +
+                      sequence_at(i) * std::abs(want)) +
              (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) +
              (i < 0 || !explained ? 0 : k_explained * (*explained)[static_cast<std::size_t>(i)]) +
              floor;
@@ -226,9 +236,17 @@ struct tolerance {
            << ", the largest in rows " << bands.first_row(b) << "-" << bands.last_row(b, numel)
            << " (the fp32 reference is " << (*band_units)[b_max] << " units off there)";
       }
-      if (sequence > k_min * unit)
-        os << ", or 2 sqrt(n) * u' * |g_ref64| where larger (n = " << sequence_n
-           << ", the longest axis: sums of one sign run in sequence)";
+      if (sequence_at(-1) > k_min * unit) {
+        os << ", or 2 sqrt(n) * u' * |g_ref64| where larger (sums of one sign run in sequence; ";
+        if (terms)
+          os << "n per element: the effective number of terms of its sum, (|J|^T |w|)^2 / "
+                "|J|^2^T w^2, at most "
+             << sequence_n;
+        else
+          os << "n = " << sequence_n;
+        os << ", the longest axis of the launch's tensors or their most elements per element of "
+              "this gradient)";
+      }
       if (explained)
         os << " + " << k_explained
            << " * (how far the float64 reference moves when each value its forward computes moves "
@@ -305,6 +323,9 @@ inline double explained_units_cap(check_options const& o, dtype_rules const& dty
 ///   reads from the forward moved by their rounding errors (the second look; null: none)
 /// @param explained error_bound: per element, how far the float64 reference moved when the values
 ///   its forward computes moved by their whole rounding errors (null or empty: not run)
+/// @param terms error_bound: per element, the effective number of terms of its sum (null: not
+///   swept, sequence_n stands for it)
+/// @param sequence_n error_bound: the most terms a sum may count (-1: the dtype's longest axis)
 inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
                                 std::vector<double> const& ref64, std::vector<double> const& ref32,
                                 double pooled_rel = 0,
@@ -312,15 +333,19 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
                                 std::vector<double> const* pooled_units = nullptr,
                                 std::vector<double> const* saved = nullptr,
                                 row_bands const& bands = {},
-                                std::vector<double> const* explained = nullptr) {
+                                std::vector<double> const* explained = nullptr,
+                                std::vector<double> const* terms = nullptr,
+                                std::int64_t sequence_n = -1) {
   tolerance t;
   t.rule = o.rule.value_or(dtype.rule);
   t.scale = detail::max_abs(ref64);
   if (t.rule == pass_rule::error_bound) {
     t.unit = dtype.eps / 2;
     t.underflow = t.unit * dtype.min_normal;
-    t.sequence_n = dtype.longest_axis;
-    t.sequence = 2 * std::sqrt(static_cast<double>(dtype.longest_axis)) * dtype.compute_unit;
+    t.sequence_n = sequence_n < 0 ? dtype.longest_axis : sequence_n;
+    t.compute_unit = dtype.compute_unit;
+    if (terms && terms->size() == ref64.size())
+      t.terms = std::make_shared<std::vector<double> const>(*terms);
     t.floor = o.floor_abs;
     t.squares = dtype.squares;
     if (magnitude) {

@@ -6,6 +6,8 @@
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/pages.hpp"
 #include "tilegrad/core/storage.hpp"
+#include "tilegrad/grid/program.hpp"
+#include "tilegrad/memory/access_error.hpp"
 
 #include <algorithm>
 #include <array>
@@ -40,6 +42,41 @@ namespace detail {
                           " out of range for axis 0 of size " + std::to_string(rows) +
                           " (tensor " + what + ")");
 }
+
+/// The first index of an element access t(i, ...), with the source line of the access: what
+/// the error an access inside a checked launch throws names.
+struct element_index {
+  std::int64_t value;
+  std::source_location loc;
+  template <class I>
+    requires requires(I i) { static_cast<std::int64_t>(i); }
+  element_index(I i, // NOLINT: t(3) reads as it should
+                std::source_location l = std::source_location::current()) noexcept
+      : value(static_cast<std::int64_t>(i)), loc(l) {}
+};
+
+/// Element access t(i, ...) inside a program of a checked launch (vjp, jvp's and
+/// check_backward's launches, a launch that checks bounds or races): refused, since nothing
+/// sees it (no bounds or race check; vjp would not differentiate it and give zero gradients).
+[[noreturn]] TILEGRAD_MACHINERY void element_access_in_checked_launch(
+    char const* name, std::string const& shape, std::string const& element,
+    std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("a program");
+  std::string const what = name && *name ? std::string("'") + name + "'" : "(unnamed)";
+  throw access_error("tilegrad: element access " + what + element + " by " + prog +
+                         " of a checked launch (tensor " + what + " of shape " + shape +
+                         "), at " + loc.file_name() + ":" + std::to_string(loc.line()) +
+                         ": element access t(i, ...) is for host code; inside a kernel no "
+                         "bounds or race check sees it, and vjp does not differentiate it: "
+                         "use tg::load, tg::store or tg::atomic_add",
+                     prog, name ? name : "", element, loc);
+}
+#else
+;
+#endif
 } // namespace detail
 
 /// A view of strided memory: what kernels take as arguments (Triton's pointer arguments plus
@@ -108,14 +145,19 @@ public:
     return t;
   }
 
-  /// Element access by coordinates, for host code. Through a writable view the element may be
-  /// written: tiles of this thread reading it in place (loads that borrow, core/storage.hpp)
-  /// take their own copies first.
+  /// Element access by coordinates, for host code (no bounds check). Through a writable view
+  /// the element may be written: tiles of this thread reading it in place (loads that borrow,
+  /// core/storage.hpp) take their own copies first. Inside a program of a checked launch it
+  /// throws access_error (kernels load and store).
   template <class... I>
-  T& operator()(I... idx) const {
-    std::int64_t off = 0;
-    int a = 0;
+  T& operator()(detail::element_index i0, I... idx) const {
+    std::int64_t off = i0.value * strides_[0];
+    int a = 1;
     ((off += static_cast<std::int64_t>(idx) * strides_[a++]), ...);
+    if (detail::current_hooks()) [[unlikely]]
+      detail::element_access_in_checked_launch(
+          name_, shape_string(),
+          coordinates_of({i0.value, static_cast<std::int64_t>(idx)...}), i0.loc);
     if constexpr (!std::is_const_v<T>)
       detail::before_write(data_ + off, data_ + off + 1);
     return data_[off];
@@ -193,6 +235,14 @@ public:
     auto c = unravel(offset);
     std::string out = "(";
     for (int a = 0; a < rank_; ++a) out += (a ? ", " : "") + std::to_string(c[a]);
+    return out + ")";
+  }
+
+  /// Coordinates given, for messages: "(3, 17)".
+  static std::string coordinates_of(std::initializer_list<std::int64_t> c) {
+    std::string out = "(";
+    for (auto i = c.begin(); i != c.end(); ++i)
+      out += (i != c.begin() ? ", " : "") + std::to_string(*i);
     return out + ")";
   }
 
@@ -333,8 +383,8 @@ public:
   std::int64_t size(int axis) const { return view_.size(axis); }
   char const* name() const { return view_.name(); }
   template <class... I>
-  T& operator()(I... idx) const {
-    return view_(idx...);
+  T& operator()(detail::element_index i0, I... idx) const {
+    return view_(i0, idx...);
   }
 
   // launch() hands kernels the view (found by argument-dependent lookup).
