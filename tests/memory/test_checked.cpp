@@ -185,7 +185,7 @@ TYPED_TEST(CheckedAccess, NegativeOffsets) {
   expect_message(e, {"'v'", "(-1)", "(37)"}, line);
   EXPECT_EQ(e.element(), "(-1)");
   e = catch_access_error([&] { line = __LINE__; (void)load(x + (arange<0, 16>() - 1)); });
-  expect_message(e, {"'x'", "(-1, 69)", "(37, 70)"}, line);
+  expect_message(e, {"'x'", "(0, -1)", "(37, 70)"}, line); // column -1 of row 0, as written
   e = catch_access_error([&] { line = __LINE__; (void)load(x + (-70) + arange<0, 16>()); });
   expect_message(e, {"(-1, 0)"}, line);
 }
@@ -223,6 +223,13 @@ TYPED_TEST(CheckedAccess, StridedViewGaps) {
   for (int c = 0; c < 16; ++c) ASSERT_EQ(ok(c), this->x.data()[M * N - 16 + c]) << at(c);
   e = catch_access_error([&] { line = __LINE__; (void)load(t + (M * N - 15) + arange<0, 16>()); });
   expect_message(e, {"'t'", "(0, 37)", "(70, 37)"}, line);
+  // An offset not multiplied by its stride: offset 1 of a view of stride 2 lies between elements
+  // (0) and (1), which the message says rather than naming element (0).
+  tensor<T> const even(buf.data(), {25}, {2}, "even");
+  e = catch_access_error([&] { line = __LINE__; store(even + arange<0, 4>(), T(0)); });
+  expect_message(e, {"'even'", "strides (2)", "offset 1 lies between its elements",
+                     "after element (0)", "not multiplied by its stride"}, line);
+  EXPECT_EQ(e.element(), "(0)");
 }
 
 TYPED_TEST(CheckedAccess, ProgramNames) {

@@ -291,6 +291,21 @@ TYPED_TEST(PointerFloat, ShiftWithPlusEquals) {
   }
 }
 
+TYPED_TEST(PointerFloat, MinusMovesBack) {
+  // Triton's `ptrs - 1`, `ptrs - offsets` and `x_ptr - n`, each the same as adding the negation.
+  using T = TypeParam;
+  auto const x = this->xc();
+  auto p = x + (x.stride(0) + 1 + arange<0, 37>());
+  static_assert(std::is_same_v<decltype(p - 1), decltype(p)>, "p - n keeps p's type");
+  tile<T, 37> const back = load(p - 1), back_tile = load(p - (arange<0, 37>() * 0 + 1)),
+                    from_base = load((x - 1) + (x.stride(0) + 1 + arange<0, 37>()));
+  for (int c = 0; c < 37; ++c) {
+    ASSERT_EQ(back(c), x(1, c)) << at(c);
+    ASSERT_EQ(back_tile(c), x(1, c)) << at(c);
+    ASSERT_EQ(from_base(c), x(1, c)) << at(c);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Masked-off lanes are never accessed; the vector path
 // ---------------------------------------------------------------------------------------------

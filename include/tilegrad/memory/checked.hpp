@@ -77,10 +77,21 @@ TILEGRAD_MACHINERY std::string tensor_label(char const* name)
   program const* p = current_program();
   std::string const prog = p ? p->describe() : std::string("host code");
   std::string const elem = t.coordinates(offset);
-  throw access_error("tilegrad: out-of-bounds " + std::string(what) + " by " + prog +
-                         ": tensor " + tensor_label(t.name()) + " has shape " +
-                         t.shape_string() + ", element " + elem + " (offset " +
-                         std::to_string(offset) + ") is outside it, at " + where_string(loc),
+  std::string const head = "tilegrad: out-of-bounds " + std::string(what) + " by " + prog +
+                           ": tensor " + tensor_label(t.name()) + " has shape " + t.shape_string();
+  if (offset >= 0 && t.element_at_or_before(offset) >= 0) {
+    // Between two elements of the view (a stride left out of an offset).
+    std::string strides = "(";
+    for (int a = 0; a < t.rank(); ++a)
+      strides += (a ? ", " : "") + std::to_string(t.stride(a));
+    throw access_error(head + " and strides " + strides + "), offset " + std::to_string(offset) +
+                           " lies between its elements (after element " + elem +
+                           "): was an offset not multiplied by its stride? At " +
+                           where_string(loc),
+                       prog, t.name(), elem, loc);
+  }
+  throw access_error(head + ", element " + elem + " (offset " + std::to_string(offset) +
+                         ") is outside it, at " + where_string(loc),
                      prog, t.name(), elem, loc);
 }
 #else

@@ -114,6 +114,28 @@ TILEGRAD_INLINE ptr_tile<T, Off> operator+(ptr_tile<T, Off> p, I n) {
   return p;
 }
 
+/// p - offsets, p - n and t - n: Triton's `ptrs - 1` (offsets subtract, and broadcast).
+template <class T, class Off, detail::offset_expression E>
+TILEGRAD_INLINE auto operator-(ptr_tile<T, Off> const& p, E&& less) {
+  using D = std::remove_cvref_t<E>;
+  auto diff = [&] {
+    if constexpr (is_tile_v<D>)
+      return p.offsets - D(std::forward<E>(less)); // a snapshot of the caller's tile
+    else
+      return p.offsets - std::forward<E>(less);
+  }();
+  return ptr_tile<T, decltype(diff)>(p.base, std::move(diff), p.shift);
+}
+template <class T, class Off, std::integral I>
+TILEGRAD_INLINE ptr_tile<T, Off> operator-(ptr_tile<T, Off> p, I n) {
+  p.shift -= static_cast<std::int64_t>(n);
+  return p;
+}
+template <class T, std::integral I>
+TILEGRAD_INLINE auto operator-(tensor<T> const& t, I n) {
+  return t + -static_cast<std::int64_t>(n);
+}
+
 namespace ad { // reverse mode (ad/memory.hpp) takes over for tensors of adjoint<T>
 template <class A, class Off, class Mask, class Other>
 auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,

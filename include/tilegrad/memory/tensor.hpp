@@ -220,14 +220,20 @@ public:
   /// Whether `offset` from data() addresses an element of this view.
   bool contains(std::int64_t offset) const {
     if (offset < 0 || offset >= span()) return false;
-    if (is_contiguous()) return true;
+    return is_contiguous() || element_at_or_before(offset) == offset;
+  }
+
+  /// The offset of the element whose coordinates `offset` unravels to, where they lie inside the
+  /// shape: `offset` itself, or for one in a gap between elements the element before it; -1
+  /// where a coordinate lies outside its extent.
+  std::int64_t element_at_or_before(std::int64_t offset) const {
     auto c = unravel(offset);
     std::int64_t back = 0;
     for (int a = 0; a < rank_; ++a) {
-      if (c[a] < 0 || c[a] >= shape_[a]) return false;
+      if (c[a] < 0 || c[a] >= shape_[a]) return -1;
       back += c[a] * strides_[a];
     }
-    return back == offset;
+    return back;
   }
 
   /// Coordinates of the element at `offset` from data(), for messages: "(3, 17)".
@@ -249,7 +255,7 @@ public:
 private:
   std::array<std::int64_t, max_tensor_rank> unravel(std::int64_t offset) const {
     // Unravel along axes by decreasing stride; an offset outside the view still gets
-    // coordinates (some past their extent), which is what a message about it needs. Axes of
+    // coordinates (some past their extent, or negative), which is what a message about it needs. Axes of
     // extent 1 go last, whatever their stride: their coordinate is 0, and one whose stride ties
     // with a longer axis's (shape (1, 4, 4), strides (8, 8, 1)) must not take that axis's share.
     std::array<int, max_tensor_rank> order{0, 1, 2, 3};
@@ -266,7 +272,7 @@ private:
     for (int i = 0; i < rank_; ++i) {
       int const a = order[i];
       std::int64_t const s = strides_[a] == 0 ? 1 : strides_[a];
-      c[a] = i == rank_ - 1 ? rem / s : floor_div(rem, s);
+      c[a] = rem / s; // toward zero: offset -1 of a row-major view is (0, ..., 0, -1)
       rem -= c[a] * s;
     }
     return c;
@@ -281,10 +287,6 @@ public:
   }
 
 private:
-  static std::int64_t floor_div(std::int64_t a, std::int64_t b) {
-    std::int64_t q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-  }
   // Offsets are checked against [0, span()): views with negative strides would need their
   // own bounds and are not supported (point data() at the first element and flip the index).
   void check_strides() const {
