@@ -215,6 +215,57 @@ constexpr auto scale_by_table_bwd = [](tg::program const& p, tg::tensor<float co
 
 } // namespace
 
+namespace {
+
+constexpr auto sigmoid_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T> y) {
+  auto const o = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = o < x.numel();
+  tg::store(y + o, tg::sigmoid(tg::load(x + o, m)), m);
+};
+
+// PyTorch's sigmoid backward, dy * (1 - s) * s, with s recomputed from x (as GLU and SwiGLU
+// backwards do), times `scale` (1: correct).
+constexpr auto sigmoid_bwd_recomputed = [](tg::program const& p, tg::tensor<float const> x,
+                                           tg::tensor<float const> dy, tg::tensor<float> dx,
+                                           float scale) {
+  auto const o = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = o < x.numel();
+  tg::tile<float, Block> const s = tg::sigmoid(tg::load(x + o, m));
+  tg::store(dx + o, tg::load(dy + o, m) * (1.0f - s) * s * scale, m);
+};
+
+tg::check_report check_sigmoid(float scale, double range) {
+  std::int64_t const n = 1000;
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y");
+  return tg::check_backward(
+      tg::forward(tg::cdiv<int>(n, Block), sigmoid_fwd, tg::in("x", x), tg::out("y", y)),
+      [scale](tg::backward_context<float>& ctx) {
+        auto const xi = ctx.input("x");
+        tg::owned_tensor<float> dx({xi.numel()});
+        tg::launch(ctx.options(), tg::cdiv<int>(xi.numel(), Block), sigmoid_bwd_recomputed, xi,
+                   ctx.cotangent("y"), dx.view(), scale);
+        ctx.set_gradient("x", dx);
+      },
+      {.seeds = 3, .inputs = tg::uniform(-range, range)});
+}
+
+} // namespace
+
+TEST(CheckerEdges, ASigmoidBackwardThatRecomputesItsOutputPasses) {
+  // 1 - s loses u s / (1 - s) of itself to the rounding of the recomputed s: 55 units of u at
+  // x = 4, 1.6e5 at x = 12. The reference's slope is exact, so the second look's jittered
+  // reference takes the slope as such a backward does, s (1 - s) at s moved by its rounding;
+  // before, this backward failed at err/bound 8 on [-6, 6] and about 2000 on [-12, 12], and
+  // passed when s was read from the saved output. A slope 1e-4 off still fails.
+  for (double range : {1.0, 6.0, 12.0}) {
+    auto const ok = check_sigmoid(1, range);
+    EXPECT_TRUE(ok.ok()) << range << "\n" << ok;
+    auto const bad = check_sigmoid(1 + 1e-4f, range);
+    EXPECT_FALSE(bad.ok()) << range << "\n" << bad;
+  }
+}
+
 TEST(CheckerEdges, TheLongSumAllowanceFollowsTheSumsNotTheShapes) {
   // The allowance of a long sum, 2 sqrt(n) u |g_ref64|, takes n from the sum each element is:
   // its effective number of terms, (|J|^T |w|)^2 / |J|^2^T w^2. Taken from the tensors' shapes

@@ -514,6 +514,15 @@ inline jitter_settings& rounding_jitter() {
   return j;
 }
 
+/// A random number in [-1, 1) from the running program's stream (splitmix64).
+inline double jitter_draw() {
+  std::uint64_t z = (current_state()->jitter_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0;
+}
+
 /// While it lives, the vjp calls made from this thread (and their worker threads) run with
 /// rounding jitter; restored after.
 class jitter_scope {

@@ -308,6 +308,24 @@ void flush_broadcast(void const* node, int row, value_of_t<D> g) {
   backprop<1>(n.e, D::child_row(row), 0, g);
 }
 
+/// W lanes of values (double) moved by their whole rounding error, up or down at random per lane
+/// (times the jitter's scale): a value a backward recomputes and rounds, once.
+template <int W, class V>
+V rounded_as_recomputed(V const& y) {
+  jitter_settings const& j = rounding_jitter();
+  alignas(64) double lanes[W];
+  if constexpr (W == 1)
+    lanes[0] = y;
+  else
+    simd::store<double, W>(lanes, y);
+  for (double& v : lanes)
+    v += (jitter_draw() < 0 ? -j.scale : j.scale) * j.unit * (v < 0 ? -v : v);
+  if constexpr (W == 1)
+    return lanes[0];
+  else
+    return simd::load<double, W>(lanes);
+}
+
 /// Stands for "the result of this node is not at hand: recompute it".
 struct no_result {};
 
@@ -349,6 +367,18 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
       else
         return known;
     }();
+    if constexpr (std::is_same_v<Op, ops::sigmoid_op> && std::is_same_v<T, double>)
+      if (rounding_jitter().seed != 0 && current_state() && !magnitude_sweep()) [[unlikely]] {
+        // A jittered reference (check_backward's second look): the slope as a backward takes it,
+        // s (1 - s) with s = sigmoid(x) recomputed and rounded, 1 - s then off by u s / (1 - s)
+        // of itself (the exact slope has no such error, and stays the rule elsewhere).
+        backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
+                    z([&](V const& h) {
+                      V const s = rounded_as_recomputed<W>(y);
+                      return h * s * (V(1) - s);
+                    }));
+        return;
+      }
     backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
                 z([&](V const& h) { return Op::grad(std::get<0>(x), y, h); }));
   } else if constexpr (sizeof...(Es) == 2) {

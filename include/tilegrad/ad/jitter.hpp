@@ -33,15 +33,6 @@ inline bool jitter_active() {
 /// is then its own rounding only, its operands' having moved it already.
 inline bool whole_moves() { return rounding_jitter().whole; }
 
-/// A random number in [-1, 1) from the running program's stream (splitmix64).
-inline double jitter_draw() {
-  std::uint64_t z = (current_state()->jitter_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0;
-}
-
 /// The error estimates of values on the tape (null: none, an exact value).
 inline double const* errors_of(tape& tp, double const* values) {
   return static_cast<double const*>(tp.errors_of(values));
