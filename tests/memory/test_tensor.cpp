@@ -86,9 +86,9 @@ TYPED_TEST(Tensor, ContiguousViewQueries) {
       ASSERT_EQ(x.coordinates(i * 70 + j), tg_mem::coord(i, j)) << at(i, j);
     }
   check_contains(x, -75, 37 * 70 + 75);
-  // Offsets outside still get coordinates (past the extent), which is what messages need.
+  // Offsets outside still get coordinates (past the extent, or negative), which messages need.
   EXPECT_EQ(x.coordinates(37 * 70), "(37, 0)");
-  EXPECT_EQ(x.coordinates(-1), "(-1, 69)");
+  EXPECT_EQ(x.coordinates(-1), "(0, -1)"); // column -1 of row 0, as an offset - 1 is written
   EXPECT_EQ(x.coordinates(-70), "(-1, 0)");
 
   // Writes through the view land in the buffer.
