@@ -482,11 +482,11 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   // Each element's own count, the effective number of terms of its sum, comes from a squares
   // sweep where it can matter: where 2 sqrt(n) u' may exceed k u.
   std::vector<std::int64_t> most_terms;
-  bool count_terms = false;
+  bool terms_may_matter = false;
   for (auto const& n : ins) {
     std::int64_t const per = n.t.numel() > 0 ? (most_elements + n.t.numel() - 1) / n.t.numel() : 0;
     most_terms.push_back(std::max(dtype.longest_axis, per));
-    count_terms = count_terms || 2 * std::sqrt(static_cast<double>(most_terms.back())) *
+    terms_may_matter = terms_may_matter || 2 * std::sqrt(static_cast<double>(most_terms.back())) *
                                          dtype.compute_unit >
                                      o.k_bound.value_or(dtype.k_bound) * dtype.eps / 2;
   }
@@ -672,6 +672,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     gradient_set got;
     std::vector<std::vector<double>> ref64, ref32, mag; // per input marked in
     std::vector<std::vector<double>> terms; // effective terms per element, or empty: not swept
+    bool one_term = false; // where not swept, one term per element (the count was not needed)
     std::vector<std::vector<double>> saved;  // second look: per input marked in, or empty
     std::vector<std::vector<double>> explained; // first look's jittered reference, or empty
     std::optional<gradient_set> zero, twice; // first seed: scaled cotangents
@@ -685,6 +686,52 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   };
   auto terms_of = [](pending const& pd, std::size_t q) -> std::vector<double> const* {
     return q < pd.terms.size() && !pd.terms[q].empty() ? &pd.terms[q] : nullptr;
+  };
+  auto most_terms_of = [&](pending const& pd, std::size_t q) -> std::int64_t {
+    return pd.one_term && !terms_of(pd, q) ? 1 : most_terms[q];
+  };
+  // Whether an element of `got` is over this seed's bound (the final one, pooled over the
+  // seeds, is no smaller).
+  auto over_bound = [&](gradient_set const& got, pending const& pd) {
+    for (std::size_t q = 0; q < ins.size(); ++q) {
+      erased_gradient const* e = got.find(ins[q].name);
+      if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
+        continue;
+      auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
+                                    nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
+                                    most_terms_of(pd, q));
+      for (std::size_t i = 0; i < e->values.size(); ++i)
+        if (!(detail::abs_err(e->values[i], pd.ref64[q][i]) <=
+              t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i))))
+          return true;
+    }
+    return false;
+  };
+  // The effective number of terms of each element's sum, (sum |t|)^2 / sum t^2 from the
+  // magnitude sweep and one of squares: n for n terms of one size, about 1 where one term
+  // dominates (an elementwise gradient, a lookup in a long table), whatever the shapes of the
+  // tensors. Counted only where the seed has an element over its bound with every count 1 (the
+  // final bound, pooled over the seeds, is no smaller, and larger counts only widen it): the
+  // sweep is one more float64 vjp.
+  auto count_terms = [&](pending& pd, std::vector<owned_tensor<T>> const& cots) {
+    std::optional<gradients<double>> gsq;
+    try {
+      std::deque<owned_tensor<double>> keep;
+      gsq.emplace(f.reference64(cots, keep, sweep::squares));
+    } catch (std::exception const&) {
+      return false; // (the other references ran: the same forward does not throw here)
+    }
+    for (std::size_t q = 0; q < ins.size(); ++q) {
+      auto const& m = pd.mag[q];
+      auto const sq = detail::values_of((*gsq)[ins[q].name]);
+      auto& terms = pd.terms[q];
+      double const most = static_cast<double>(most_terms[q]);
+      terms.assign(m.size(), 1.0);
+      for (std::size_t i = 0; i < m.size() && i < sq.size(); ++i)
+        if (sq[i] > 0 && std::isfinite(m[i] * m[i] / sq[i]))
+          terms[i] = std::clamp(m[i] * m[i] / sq[i], 1.0, most);
+    }
+    return true;
   };
 
   // Inputs and cotangents of a seed, drawn per tensor so that a tensor's values depend on the
@@ -774,29 +821,14 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         }
       return r;
     };
-    // The second look (error_bound): when an element is over this seed's bound (the final one,
-    // pooled over the seeds, is no smaller), the backward runs once more as it is and twice more
-    // with the values it reads from the forward moved by their rounding errors, up or down at
-    // random (values the float forward computed exactly stay); how far each gradient element
-    // moves, the larger of the two, may be added k_saved times to its bound, where the plain
-    // rerun reproduced it.
+    // The second look (error_bound), where an element is over this seed's bound: the backward
+    // runs once more as it is and twice more with the values it reads from the forward moved by
+    // their rounding errors, up or down at random (values the float forward computed exactly
+    // stay); how far each gradient element moves, the larger of the two, may be added k_saved
+    // times to its bound, where the plain rerun reproduced it.
     auto second_look = [&](gradient_set const& got, pending const& pd,
                            std::deque<owned_tensor<double>> const& keep) {
       std::vector<std::vector<double>> moved;
-      bool over = false;
-      for (std::size_t q = 0; q < ins.size() && !over; ++q) {
-        erased_gradient const* e = got.find(ins[q].name);
-        if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
-          continue;
-        auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                      nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
-                                      most_terms[q]);
-        for (std::size_t i = 0; i < e->values.size() && !over; ++i)
-          over = !(detail::abs_err(e->values[i], pd.ref64[q][i]) <=
-                   t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i)));
-      }
-      if (!over)
-        return moved;
       // The reference's own sensitivity to roundings that do not cancel (ad/jitter.hpp): how far
       // the float64 reference moves when each value its forward computes is read, by each
       // operation that reads it, moved by a random fraction of its rounding error (a backward
@@ -843,7 +875,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           continue;
         auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
                                       nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
-                                      most_terms[q]);
+                                      most_terms_of(pd, q));
         unstable[q].assign(e->values.size(), 1);
         if (!e0 || e0->values.size() != e->values.size())
           continue;
@@ -966,7 +998,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     }
 
     // The references, on copies, with the same cotangents.
-    std::optional<gradients<double>> g64, gmag, gsq;
+    std::optional<gradients<double>> g64, gmag;
     std::optional<gradients<W>> g32;         // only the baseline rule reads it
     std::deque<owned_tensor<double>> keep64; // the float64 forward's values, for the second look
     try {
@@ -975,10 +1007,6 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         std::deque<owned_tensor<double>> keepm;
         gmag.emplace(
             f.reference64(cots, keepm, dtype.squares ? sweep::squares : sweep::magnitudes));
-        if (count_terms && !dtype.squares) {
-          std::deque<owned_tensor<double>> keeps;
-          gsq.emplace(f.reference64(cots, keeps, sweep::squares));
-        }
       }
       if (rule == pass_rule::baseline || rule == pass_rule::error_bound) {
         std::deque<owned_tensor<W>> keep32;
@@ -1013,24 +1041,19 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (gmag && dtype.squares) // |g_ref64| + sqrt(|J|^2^T w^2)
         for (std::size_t i = 0; i < pd.mag.back().size(); ++i)
           pd.mag.back()[i] = std::abs(pd.ref64.back()[i]) + std::sqrt(pd.mag.back()[i]);
-      // The effective number of terms of each element's sum, (sum |t|)^2 / sum t^2: n for n
-      // terms of one size, about 1 where one term dominates (an elementwise gradient, a lookup
-      // in a long table), whatever the shapes of the tensors.
-      auto& terms = pd.terms.emplace_back();
-      if (gsq && gmag) {
-        auto const& m = pd.mag.back();
-        auto const sq = detail::values_of((*gsq)[n.name]);
-        double const most = static_cast<double>(most_terms[pd.terms.size() - 1]);
-        terms.resize(m.size(), 1.0);
-        for (std::size_t i = 0; i < m.size() && i < sq.size(); ++i)
-          if (sq[i] > 0 && std::isfinite(m[i] * m[i] / sq[i]))
-            terms[i] = std::clamp(m[i] * m[i] / sq[i], 1.0, most);
-      }
+      pd.terms.emplace_back(); // counted below where needed; 1 per element until then
     }
+    pd.one_term = terms_may_matter && gmag && !dtype.squares;
 
     if (rule == pass_rule::error_bound && o.jitter_reference)
       pd.explained = explain(pd);
-    if (rule == pass_rule::error_bound && o.k_saved > 0 && !first.error)
+    bool over = rule == pass_rule::error_bound && !first.error && over_bound(first.got, pd);
+    if (over && pd.one_term) {
+      pd.one_term = false;
+      if (count_terms(pd, cots))
+        over = over_bound(first.got, pd);
+    }
+    if (over && o.k_saved > 0)
       pd.saved = second_look(first.got, pd, keep64);
     keep64.clear(); // not held through the structural checks
 
@@ -1165,7 +1188,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q],
                                       pd.mag[q].empty() ? nullptr : &pd.mag[q], &pooled_units[q],
                                       q < pd.saved.size() ? &pd.saved[q] : nullptr, bands_of(q),
-                                      explained_of(pd, q), terms_of(pd, q), most_terms[q]);
+                                      explained_of(pd, q), terms_of(pd, q),
+                                      most_terms_of(pd, q));
       tols.emplace_back(n.name, tol);
       auto r = compare_gradient(*e, ref64, tol, o);
       // A bf16 input's gradient may be handed back wider (kept in float, say).
