@@ -85,7 +85,16 @@ int const bwd_last_line = __LINE__;
 struct backward_options {
   bool alternate = false;    // every other call takes the key tiles in reverse order
   float extra_on_second = 0; // the second call adds this to dq(0, 0) atomically
-  enum { none, with_copy, by_hand } accumulator = none; // dq added into a buffer, then copied
+  // dq added into a buffer, then copied: by tg::copy, by hand, or by a launch that loads the
+  // buffer and stores dq (FlashAttention-2's dq_accum and its postprocess kernel)
+  enum { none, with_copy, by_hand, by_launch } accumulator = none;
+};
+
+constexpr auto finish_dq = [](tg::program const& p, tg::tensor<float const> acc,
+                              tg::tensor<float> dq) {
+  auto const i = p.program_id(0) * 64 + tg::arange<0, 64>();
+  auto const in = i < acc.numel();
+  tg::store(dq + i, tg::load(acc + i, in, 0.0f), in);
 };
 
 // The hand-written backward: zeroed gradients, one launch, named tensors.
@@ -112,6 +121,8 @@ auto backward(backward_options bo = {}) {
       tg::copy(acc.cview(), dq.view());
     else if (bo.accumulator == backward_options::by_hand)
       std::copy(acc.begin(), acc.end(), dq.begin());
+    else if (bo.accumulator == backward_options::by_launch)
+      tg::launch(ctx.options(), tg::cdiv(acc.numel(), 64), finish_dq, acc.cview(), dq.view());
     ++calls;
     ctx.set_gradient("q", dq);
     ctx.set_gradient("k", dk);
@@ -230,6 +241,30 @@ TEST(BackwardDeterminism, AtomicReorderingIsFollowedThroughACopy) {
   ASSERT_FALSE(extra);
   EXPECT_TRUE(extra.mentions("that atomic_add alone wrote, by more than reordering the additions "
                              "can: at (0, 0)"))
+      << extra;
+}
+
+TEST(BackwardDeterminism, AtomicReorderingIsFollowedThroughALaunchThatStoresTheSums) {
+  // FlashAttention-2's dq_accum: dQ added into an fp32 buffer with atomic_add, then a launch
+  // loads the buffer and stores dq. The differences it passes on from the order of the additions
+  // are a note; before, a correct backward failed as not deterministic.
+  using bo = backward_options;
+  auto const passed_on = check(
+      backward<dq_by::atomic_add>({.alternate = true, .accumulator = bo::by_launch}), 40,
+      {tg::executor::sequential, 1});
+  EXPECT_BACKWARD_OK(passed_on);
+  EXPECT_TRUE(passed_on.mentions("elements (the first at (0, 0), by ")) << passed_on;
+  EXPECT_TRUE(passed_on.mentions(") stored by launch 2 of the backward, which takes 'dq "
+                                 "accumulator', made by atomic_add in an earlier launch: the "
+                                 "order of those additions, passed on"))
+      << passed_on;
+  // More than the first look allows there still fails.
+  auto const extra = check(
+      backward<dq_by::atomic_add>({.extra_on_second = 1e-3f, .accumulator = bo::by_launch}), 40,
+      {tg::executor::sequential, 1});
+  ASSERT_FALSE(extra);
+  EXPECT_TRUE(extra.mentions("not deterministic: two runs on the same data differ in 1 of 640 "
+                             "elements of 'q', the first at (0, 0)"))
       << extra;
 }
 

@@ -176,6 +176,8 @@ TEST(CheckerEdges, ALongSumOfOneSignRunInSequencePasses) {
   EXPECT_TRUE(ok.ok()) << ok;
   EXPECT_NE(ok.str().find("the effective number of terms of its sum"), std::string::npos) << ok;
   EXPECT_NE(ok.str().find("at most 8192"), std::string::npos) << ok;
+  // The cotangent given is of one sign: the report says what that allows.
+  EXPECT_TRUE(ok.mentions("the cotangent given for 'y' is of one sign")) << ok;
   auto const bad = check(1 + 1e-4);
   EXPECT_FALSE(bad.ok()) << bad;
 }
@@ -334,14 +336,12 @@ TEST(CheckerEdges, TheLongSumAllowanceFollowsTheSumsNotTheShapes) {
   }
 }
 
-namespace {
-
-} // namespace
-
 TEST(CheckerEdges, ABackwardThatWritesIntoAnInputOrACotangentFails) {
   // Writing |w| into w, then computing from it: the references, computed after the backward,
   // would see |w| too and agree with it. The write is found, named, and put back.
-  EXPECT_BACKWARD_OK(check_mul(300, writes::nothing));
+  auto const clean = check_mul(300, writes::nothing);
+  EXPECT_BACKWARD_OK(clean);
+  EXPECT_FALSE(clean.mentions("is of one sign")) << clean; // cotangents drawn at random
   auto const into_w = check_mul(300, writes::into_w);
   EXPECT_FALSE(into_w);
   EXPECT_TRUE(into_w.mentions("the backward wrote into input 'w' at (")) << into_w;
@@ -419,6 +419,86 @@ TEST(CheckerEdges, TheJitteredReferenceDoesNotExcuseAComparisonItFlips) {
     EXPECT_FALSE(r) << wrong;
     EXPECT_FALSE(r.gradient("x")->ok) << r;
   }
+}
+
+// A top-1 router whose backward finds the winner by comparing its recomputed logits with the
+// saved maximum y (rounded: a maximum of products), bitwise (`==`) or with `>=`, then sends dy
+// there: dx = sel w^T, dw += x^T sel. `wrong` scales dx, `wrong_w` scales dw.
+constexpr int router_rows = 16, router_k = 64, router_e = 16;
+
+constexpr auto router_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                        tg::tensor<T const> w, tg::tensor<T> y) {
+  auto const r = p.program_id(0) * router_rows + tg::arange<0, router_rows>();
+  auto const k = tg::arange<0, router_k>();
+  auto const e = tg::arange<0, router_e>();
+  auto const rin = r < x.size(0);
+  tg::tile<tg::fp32<T>, router_rows, router_k> const xv =
+      tg::load(x + tg::col(r) * x.stride(0) + tg::row(k), tg::col(rin), 0.0f);
+  tg::tile<tg::fp32<T>, router_k, router_e> const wv =
+      tg::load(w + tg::col(k) * w.stride(0) + tg::row(e));
+  tg::store(y + r, tg::max<1>(tg::dot(xv, wv)), rin);
+};
+
+template <bool AtLeast>
+constexpr auto router_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                        tg::tensor<T const> w, tg::tensor<T const> y,
+                                        tg::tensor<T const> dy, tg::tensor<T> dx,
+                                        tg::tensor<T> dw, float wrong, float wrong_w) {
+  auto const r = p.program_id(0) * router_rows + tg::arange<0, router_rows>();
+  auto const k = tg::arange<0, router_k>();
+  auto const e = tg::arange<0, router_e>();
+  auto const rin = r < x.size(0);
+  tg::tile<T, router_rows, router_k> const xv =
+      tg::load(x + tg::col(r) * x.stride(0) + tg::row(k), tg::col(rin), 0.0f);
+  tg::tile<T, router_k, router_e> const wv = tg::load(w + tg::col(k) * w.stride(0) + tg::row(e));
+  tg::tile<T, router_rows, router_e> const lg = tg::dot(xv, wv);
+  auto const ys = tg::col(tg::load(y + r, rin, 0.0f));
+  auto const g = tg::col(tg::load(dy + r, rin, 0.0f));
+  tg::tile<T, router_rows, router_e> sel;
+  if constexpr (AtLeast)
+    sel = tg::where(lg >= ys, g, 0.0f);
+  else
+    sel = tg::where(lg == ys, g, 0.0f);
+  tg::store(dx + tg::col(r) * dx.stride(0) + tg::row(k), tg::dot(sel, tg::trans(wv)) * wrong,
+            tg::col(rin));
+  tg::atomic_add(dw + tg::col(k) * dw.stride(0) + tg::row(e),
+                 tg::dot(tg::trans(xv), sel) * wrong_w);
+};
+
+template <bool AtLeast>
+tg::check_report check_router(float wrong, float wrong_w = 1) {
+  std::int64_t const M = 1000;
+  tg::owned_tensor<float> x({M, router_k}), w({router_k, router_e}), y({M});
+  return tg::check_backward(
+      tg::forward(tg::cdiv(M, router_rows), router_fwd, tg::in("x", x), tg::in("w", w),
+                  tg::out("y", y)),
+      [&](tg::backward_context<float>& ctx) {
+        tg::owned_tensor<float> dx({M, router_k}), dw({router_k, router_e});
+        tg::launch(ctx.options(), tg::cdiv(M, router_rows), router_bwd<AtLeast>, ctx.input("x"),
+                   ctx.input("w"), ctx.output("y"), ctx.cotangent("y"), dx.view(), dw.view(),
+                   wrong, wrong_w);
+        return tg::gradient_set{{"x", dx}, {"w", dw}};
+      },
+      {.seeds = 2});
+}
+
+TEST(CheckerEdges, TheSecondLookDoesNotExcuseAGradientThatAFlippedComparisonLoses) {
+  // y is rounded, so the second look moves it; the comparison then picks no expert and the
+  // backward's gradients drop to zero, a move of their whole size. Allowed, it let dx of the
+  // wrong sign, or doubled, pass (err/bound 1 and 0.25). A rounding's effect changes sign with
+  // the move; a flipped comparison's does not (`==` loses the pick both ways, `>=` one way).
+  EXPECT_BACKWARD_OK(check_router<false>(1));
+  EXPECT_BACKWARD_OK(check_router<true>(1));
+  for (float wrong : {-1.0f, 2.0f}) {
+    auto const eq = check_router<false>(wrong);
+    EXPECT_FALSE(eq.gradient("x")->ok) << wrong << eq;
+    EXPECT_TRUE(eq.gradient("w")->ok) << wrong << eq;
+    auto const ge = check_router<true>(wrong);
+    EXPECT_FALSE(ge.gradient("x")->ok) << wrong << ge;
+  }
+  auto const dw = check_router<false>(1, 2);
+  EXPECT_FALSE(dw.gradient("w")->ok) << dw;
+  EXPECT_TRUE(dw.gradient("x")->ok) << dw;
 }
 
 TEST(CheckerEdges, SubnormalGradientsNeitherFailNorLoosenTheBound) {

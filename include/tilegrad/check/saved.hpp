@@ -43,9 +43,10 @@ double ulp_of(double v) {
 struct saved_values {
   std::string name;
   /// Sets every element to its float value moved by max(one ulp, |float - float64|), up or down
-  /// at random; values the float forward computed exactly (equal to the float64 forward's: a
-  /// max, a copy) and non-finite ones stay.
-  std::function<void(std::mt19937_64&)> jitter;
+  /// at random (the directions drawn from `pattern`; `flip` moves each the other way); values
+  /// the float forward computed exactly (equal to the float64 forward's: a max, a copy) and
+  /// non-finite ones stay.
+  std::function<void(std::uint64_t pattern, bool flip)> jitter;
   /// Puts the float forward's values back.
   std::function<void()> restore;
 };
@@ -111,11 +112,12 @@ saved_values make_saved_values(std::string name, tensor<E> t, double const* ref)
     kept->push_back(t.data()[t.row_major_offset(i)]);
   saved_values s;
   s.name = std::move(name);
-  s.jitter = [t, kept, refs](std::mt19937_64& rng) {
+  s.jitter = [t, kept, refs](std::uint64_t pattern, bool flip) {
+    std::mt19937_64 rng(pattern);
     for (std::int64_t i = 0; i < t.numel(); ++i) {
       auto const at = static_cast<std::size_t>(i);
       double const v = static_cast<double>((*kept)[at]), r = (*refs)[at];
-      bool const up = rng() & 1;
+      bool const up = ((rng() & 1) != 0) != flip;
       if (!std::isfinite(v) || !std::isfinite(r) || v == r)
         continue;
       double const e = std::max(ulp_of<E>(v), std::abs(v - r));

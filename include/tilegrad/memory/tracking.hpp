@@ -309,10 +309,18 @@ public:
   /// place among the kernel's arguments after the program (1-based; 0: unknown).
   template <class A>
   void add_arg(A const& a, int arg = 0) {
-    if constexpr (is_view<std::remove_cvref_t<A>>::value)
+    if constexpr (is_view<std::remove_cvref_t<A>>::value) {
+      if (a.numel() > 0)
+        spans_.push_back({reinterpret_cast<std::byte const*>(a.data()),
+                          reinterpret_cast<std::byte const*>(a.data() + a.span())});
       if constexpr (!std::is_const_v<typename std::remove_cvref_t<A>::element_type>)
         if (a.numel() > 0)
           add(a, arg);
+    }
+  }
+  /// The memory of every tensor the launch takes, const or not: [lo, hi) byte ranges.
+  std::vector<std::pair<std::byte const*, std::byte const*>> const& spans() const {
+    return spans_;
   }
 
   /// The tracked tensor whose memory meets that of a view the kernel accesses, [base, base +
@@ -601,6 +609,7 @@ private:
   grid g_;
   char const* who_;
   std::vector<tracked_tensor> tensors_;
+  std::vector<std::pair<std::byte const*, std::byte const*>> spans_;
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
   std::unordered_map<std::uint64_t, std::uint16_t> locks_;
@@ -730,6 +739,7 @@ private:
 /// from the tensor's first element), what the launch's programs did to it, and for elements
 /// atomic_add reached, the count and summed magnitude of its contributions.
 struct launch_writes {
+  std::size_t launch = 0; ///< its place among the observer's launches
   std::byte const* lo = nullptr;
   std::byte const* hi = nullptr;
   std::size_t elem = 0;
@@ -746,6 +756,7 @@ struct launch_writes {
 /// What the last write of an element was, followed through copies to the launch that made it.
 struct traced_write {
   std::uint8_t ops = 0; ///< that launch's writes to it (0: none traced)
+  std::ptrdiff_t launch = -1; ///< that launch's place among the observer's launches
   add_sum sum{0, 0};    ///< with op_atomic_add alone: its additions
   double copied_from_unit = 0; ///< when reached through copies: the source's unit roundoff
 };
@@ -760,19 +771,23 @@ public:
     grid g;
     std::optional<race_found> race;
     std::string locked; ///< a tensor written holding a lock, as messages name it (empty: none)
+    /// The memory of every tensor it took, [lo, hi) (empty for a copy).
+    std::vector<std::pair<std::byte const*, std::byte const*>> spans;
   };
   std::vector<launch_record> launches;
   std::vector<launch_writes> writes; // launch by launch, in order
+  /// launch_writes::launch of a host copy.
+  static constexpr std::size_t no_launch = static_cast<std::size_t>(-1);
 
   /// Takes what a launch's tracker found.
   TILEGRAD_MACHINERY_MEMBER void add(launch_tracker& tr, grid g)
 #if TILEGRAD_MACHINERY_BODIES
   {
-    launches.push_back({g, tr.race(), tr.locked_writes()});
+    launches.push_back({g, tr.race(), tr.locked_writes(), tr.spans()});
     for (auto& t : tr.tensors()) {
       if (!t.state)
         continue;
-      launch_writes w{t.lo, t.hi, t.elem, {}, {}, {}, 0, 0, t.bf16, t.name};
+      launch_writes w{launches.size() - 1, t.lo, t.hi, t.elem, {}, {}, {}, 0, 0, t.bf16, t.name};
       w.ops.resize(static_cast<std::size_t>(t.span));
       bool any = false;
       for (std::int64_t i = 0; i < t.span; ++i) {
@@ -804,7 +819,7 @@ public:
       lo = i == 0 ? b : std::min(lo, b);
       hi = i == 0 ? b + sizeof(Dst) : std::max(hi, b + sizeof(Dst));
     }
-    launch_writes w{lo,   hi,   sizeof(Dst), {}, {}, {}, sizeof(Src), unit,
+    launch_writes w{no_launch, lo, hi, sizeof(Dst), {}, {}, {}, sizeof(Src), unit,
                     std::is_same_v<std::remove_const_t<Dst>, tilegrad::bf16>, dst.name()};
     auto const span = static_cast<std::size_t>((hi - lo) / static_cast<std::ptrdiff_t>(sizeof(Dst)));
     w.ops.assign(span, 0);
@@ -818,8 +833,34 @@ public:
     writes.push_back(std::move(w));
   }
 
-  /// What the last tracked launch that wrote the element at address p (of elem bytes) did to
-  /// it, following host copies back to the element they read.
+  /// The name of a tensor whose memory launch `l` took and of which some element was written
+  /// last, before it, by atomic_add alone ('name', or "a buffer"); empty where there is none.
+  /// (A launch that loads atomically made sums and stores what it makes of them passes their
+  /// run-to-run differences on.)
+  std::string takes_atomic_sums(std::ptrdiff_t l) const {
+    if (l < 0 || static_cast<std::size_t>(l) >= launches.size())
+      return {};
+    std::size_t before = 0; // writes of the launches before l (and of copies between)
+    while (before < writes.size() &&
+           (writes[before].launch == no_launch || writes[before].launch < std::size_t(l)))
+      ++before;
+    for (auto const& [lo, hi] : launches[static_cast<std::size_t>(l)].spans)
+      for (std::size_t k = 0; k < before; ++k) {
+        launch_writes const& w = writes[k];
+        if (w.launch == no_launch || w.sums.empty() || w.hi <= lo || hi <= w.lo)
+          continue;
+        auto const step = static_cast<std::ptrdiff_t>(w.elem);
+        for (std::size_t i = 0; i < w.ops.size(); ++i) {
+          std::byte const* const b = w.lo + static_cast<std::ptrdiff_t>(i) * step;
+          if (b < lo || b >= hi || (w.ops[i] & op_write) != op_atomic_add)
+            continue;
+          if (last_write(b, w.elem, before).ops == op_atomic_add)
+            return w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
+        }
+      }
+    return {};
+  }
+
   /// What wrote the element at p last, among the first `upto` entries of `writes` (a gradient
   /// handed over before later launches reused its buffer is traced as it was then).
   traced_write last_write(void const* p, std::size_t elem,
@@ -842,6 +883,7 @@ public:
       if (!ops)
         continue;
       t.ops = ops;
+      t.launch = static_cast<std::ptrdiff_t>(it->launch);
       t.sum = it->sums.empty() ? add_sum{0, 0} : it->sums[i];
       return t;
     }
