@@ -1105,7 +1105,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             // The first look's bound per element: what a difference passed on from atomic_add
             // in an earlier launch may be at most.
             std::vector<double> bounds;
-            for (std::size_t q = 0; q < ins.size(); ++q)
+            for (std::size_t q = 0; q < ins.size() && e.bits != e2->bits; ++q)
               if (ins[q].name == e.name && !pd.mag[q].empty() &&
                   pd.ref64[q].size() == e.values.size()) {
                 auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q],

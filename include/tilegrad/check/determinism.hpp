@@ -79,7 +79,7 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
   std::int64_t diff = 0, unexplained = 0, first = -1, over = 0, first_over = -1, worst = -1;
   // Elements a launch stored from sums atomic_add made in an earlier launch (in both runs): the
   // order of those additions reaches them through the launch, by an amount this check does not
-  // follow through a kernel (the comparison with the reference still holds them).
+  // follow through a kernel; they may differ by the first look's bound there (`bounds`).
   std::int64_t derived = 0, first_derived = -1;
   std::string derived_from;
   std::ptrdiff_t derived_launch = -1;

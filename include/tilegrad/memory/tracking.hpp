@@ -834,7 +834,8 @@ public:
   }
 
   /// The name of a tensor whose memory launch `l` took and of which some element was written
-  /// last, before it, by atomic_add alone ('name', or "a buffer"); empty where there is none.
+  /// last, before it, by atomic_add alone ('name', or "an unnamed tensor"); empty where there is
+  /// none.
   /// (A launch that loads atomically made sums and stores what it makes of them passes their
   /// run-to-run differences on.)
   std::string takes_atomic_sums(std::ptrdiff_t l) const {
