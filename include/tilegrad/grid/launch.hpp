@@ -124,7 +124,8 @@ struct launch_options {
   bool check_bounds = false;
   /// Check the launch for races, and bounds: two programs writing one element (unless both only
   /// with atomics), or one reading an element another writes, throws race_error naming both
-  /// programs, the tensor, the element and the source lines. The programs record their accesses
+  /// programs, the tensor, the element and the source lines, unless both hold one lock or tickets
+  /// order them (docs/checking.md). The programs record their accesses
   /// to the tensors the kernel takes as non-const views and run in waves; after each wave the
   /// records are replayed in program order, so the same race is reported whatever ran first and
   /// whatever the thread count. Costs a record per access and 16 bytes per element touched.

@@ -544,7 +544,7 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
 // (an atomic_add of float or double values with the magnitude of each value). On an integer
 // tensor, atomic_xchg and atomic_cas synchronise programs (locks, flags) rather than race, and
 // on one element they take and give back the program's locks (`cmps`: atomic_cas's compare
-// values, null for the others).
+// values, null for the others); an atomic_add of a positive value to one element draws a ticket.
 template <class S, class T, class Off, class Val, class Mask, class F>
 TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, Off> const& p,
                                      Val const& val, Mask const& mask, F& f, char const* what,
@@ -569,11 +569,18 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
                         : w == "atomic_max" ? op_atomic_max
                         : w == "atomic_min" ? op_atomic_min
                                             : op_atomic),
-             loc);  if constexpr (std::is_integral_v<T> && S::size == 1)
-    if (exchange && rec.active() && !h.lenient && rec.lanes() == 1)
-      h.log->lock_event(rec.tensor(), rec.last_element(), static_cast<std::int64_t>(old[0]),
-                        static_cast<std::int64_t>(val.template load<1>(0, 0)), cmps != nullptr,
-                        cmps ? static_cast<std::int64_t>(cmps[0]) : 0);
+             loc);
+  if constexpr (std::is_integral_v<T> && S::size == 1)
+    if (rec.active() && !h.lenient && rec.lanes() == 1) {
+      auto const v = static_cast<std::int64_t>(val.template load<1>(0, 0));
+      auto const was = static_cast<std::int64_t>(old[0]);
+      if (exchange)
+        h.log->lock_event(rec.tensor(), rec.last_element(), was, v, cmps != nullptr,
+                          cmps ? static_cast<std::int64_t>(cmps[0]) : 0);
+      else if (add && v > 0) // a ticket
+        h.log->tickets.push_back({rec.tensor(), rec.last_element(), was, v,
+                                  static_cast<std::uint32_t>(h.log->accesses.size() - 1), loc});
+    }
 }
 
 template <class T, class Off, class Val, class Mask, class F>

@@ -4,7 +4,8 @@
 // the records are replayed in program order against what earlier programs did to each element.
 // The verdict depends only on what each program accessed, never on which program ran first or
 // on the thread count: the first conflict in program order is reported, naming both programs,
-// the tensor, the element and both source lines.
+// the tensor, the element and both source lines. Accesses made holding one lock, and accesses on
+// either side of two tickets drawn from one counter, are ordered and do not conflict.
 #pragma once
 
 #include "tilegrad/core/config.hpp"
@@ -24,6 +25,7 @@
 #include <source_location>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -72,6 +74,18 @@ struct held_lock {
   bool released;
 };
 
+/// A ticket a program drew: an atomic_add of a positive value `add` to one element of an integer
+/// tensor (a counter), which returned `old`; `access` is that atomic's index in the program's log.
+/// Under acq_rel atomics what a program did before drawing its ticket comes before what a program
+/// does after drawing a later one (CUDA's threadFenceReduction: the program that draws the last
+/// ticket reduces what the others stored).
+struct drawn_ticket {
+  int tensor;
+  std::int64_t element, old, add;
+  std::uint32_t access;
+  std::source_location loc;
+};
+
 /// The accesses of one program, in program order; reused from wave to wave.
 struct program_log {
   std::vector<logged_access> accesses;
@@ -79,12 +93,14 @@ struct program_log {
   std::vector<float> values;
   std::vector<held_lock> locks;
   std::vector<int> open; // the locks held now, outermost first
+  std::vector<drawn_ticket> tickets;
   void clear() {
     accesses.clear();
     runs.clear();
     values.clear();
     locks.clear();
     open.clear();
+    tickets.clear();
   }
   /// The lock the next access is made under (-1: none).
   int holding() const { return open.empty() ? -1 : open.front(); }
@@ -240,6 +256,52 @@ struct element_state {
 };
 static_assert(sizeof(element_state) == 16);
 
+/// Where accesses stand among the tickets of a launch. For one access: the latest ticket its
+/// program drew before it (or with it) and the earliest it drew after it (or with it), from one
+/// counter; the program and its site. For the accesses of one kind to an element (loads, stores,
+/// atomics): the smallest of the first, the largest of the second, and the program and site of an
+/// access with the largest second. Zeros say "none": `acq` holds the ticket + 1, `rel`
+/// 0xffffffff - the ticket (a ticket after it: none, later than any), `program` 0: not known.
+/// 16 bytes, no padding.
+struct ticket_order {
+  std::uint32_t acq, rel;
+  std::uint32_t program; // linear program id + 1
+  std::uint16_t site;
+  std::uint16_t counter; // 1 + its index among the launch's counters, | many
+  static constexpr std::uint16_t many = 0x8000; // from more than one program
+
+  std::int64_t acquired() const { return std::int64_t{acq} - 1; }
+  std::int64_t released() const { return std::int64_t{0xffffffffu} - rel; }
+  std::uint16_t which() const { return counter & static_cast<std::uint16_t>(~many); }
+  /// Whether this access comes after every access summarised in s: its program drew a ticket
+  /// before it no earlier than any drawn after them (equal only for the program that drew it, in
+  /// its own order).
+  bool after(ticket_order const& s) const {
+    return acq && s.rel && which() == s.which() && acquired() >= s.released();
+  }
+  /// Whether it comes before every access summarised in s.
+  bool before(ticket_order const& s) const {
+    return rel && s.acq && which() == s.which() && released() <= s.acquired();
+  }
+  /// Adds access b to the summary (which holds at least one access).
+  void merge(ticket_order const& b) {
+    bool const same = which() == b.which();
+    bool const later = !b.rel || (rel && b.rel < rel); // b's ticket after it is later
+    std::uint16_t const m = (counter & many) || b.program != program ? many : 0;
+    acq = same && acq && b.acq ? std::min(acq, b.acq) : 0;
+    rel = same && rel && b.rel ? std::min(rel, b.rel) : 0;
+    if (later)
+      program = b.program, site = b.site;
+    counter = static_cast<std::uint16_t>(which() | m);
+  }
+};
+static_assert(sizeof(ticket_order) == 16);
+
+/// The tickets around an element's loads, stores and atomics.
+struct ticket_orders {
+  ticket_order load, store, atomic;
+};
+
 /// The atomic_add contributions to one element: how many, and the sum of their magnitudes.
 struct add_sum {
   float abs;
@@ -269,6 +331,7 @@ struct tracked_tensor {
   std::vector<tracked_view> views;   // every view, the first first
   zeroed_array<element_state> state; // allocated when the check first meets it
   zeroed_array<add_sum> sums;        // allocated at its first atomic_add
+  zeroed_array<ticket_orders> order; // allocated when the launch's programs draw tickets
 
   /// The view holding element el (from lo; null: none) and its coordinates there.
   std::pair<tracked_view const*, std::string> element(std::int64_t el) const {
@@ -344,6 +407,7 @@ public:
   /// Replays the logs of programs first, first + 1, ..., first + n - 1 in program order; stops
   /// at the first conflict (race()).
   void check(std::int64_t first, program_log const* logs, std::int64_t n) {
+    count_tickets(static_cast<std::uint32_t>(first + 1), logs, n);
     for (std::int64_t i = 0; i < n && !race_; ++i)
       check_program(static_cast<std::uint32_t>(first + i + 1), logs[i]);
   }
@@ -359,6 +423,13 @@ private:
 
   template <class E>
   void add(tensor<E> const& t, int arg) {
+    // What a small integer tensor holds before the programs run: a counter's first ticket.
+    if constexpr (std::is_integral_v<E>)
+      if (t.span() <= max_saved_counters) {
+        saved_ints s{reinterpret_cast<std::byte const*>(t.data()), sizeof(E), {}};
+        s.values.assign(t.data(), t.data() + t.span());
+        saved_.push_back(std::move(s));
+      }
     add_layout(tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
                                        t.shape(), t.strides(), t.name()),
                sizeof(E), std::is_same_v<std::remove_const_t<E>, tilegrad::bf16>, arg);
@@ -448,7 +519,8 @@ private:
 
   TILEGRAD_MACHINERY_MEMBER void
   report(tracked_tensor const& t, std::int64_t el, std::uint32_t me, std::source_location const& at,
-         char const* mine, std::uint32_t other, std::uint16_t site_other, char const* theirs)
+         char const* mine, std::uint32_t other, std::uint16_t site_other, char const* theirs,
+         std::string const& note)
 #if TILEGRAD_MACHINERY_BODIES
   {
     race_found r;
@@ -465,7 +537,7 @@ private:
                 ". Within one launch each element is written by one program (or only "
                 "accumulated with atomics), and no program reads what another writes, unless "
                 "both hold one lock (taken by atomic_cas on an integer tensor and given back by "
-                "the same program with atomic_xchg or atomic_cas).";
+                "the same program with atomic_xchg or atomic_cas)." + note;
     race_ = std::move(r);
   }
 #else
@@ -494,9 +566,39 @@ private:
 
   /// Applies access `op` (at site `at`) by program me to an element in state s: the conflict it
   /// makes (false, reported), or the new state (true).
-  bool apply(element_state& s, std::uint32_t me, std::uint8_t op, std::uint16_t at,
-             tracked_tensor const& t, std::int64_t el, logged_access const& a,
-             std::uint16_t lock) {
+  /// With tickets: the kind of access to an element, among those op conflicts with, whose
+  /// accesses the tickets do not order against `tag` (null: none), and what it does (as
+  /// conflict() says it). A kind done only by this program is in its own order.
+  std::pair<ticket_order const*, char const*> unordered_by_tickets(ticket_orders const& o,
+                                                                   std::uint8_t ops, std::uint8_t op,
+                                                                   ticket_order const& tag,
+                                                                   std::uint32_t me) {
+    struct kind {
+      ticket_order const& k;
+      bool conflicts;
+      char const* does;
+    } const kinds[] = {
+        {o.store, (ops & op_store) != 0, op == op_store ? "stores it too" : "stores it"},
+        {o.atomic,
+         (ops & op_atomics) &&
+             (!(op & op_atomics) || (ops & op_atomics) != op || op == op_atomic),
+         op & op_atomics ? "updates it with another atomic" : "updates it atomically"},
+        {o.load, (ops & op_load) && (op & op_write), "loads it"}};
+    for (kind const& k : kinds) {
+      if (!k.conflicts || (!(k.k.counter & ticket_order::many) && k.k.program == me))
+        continue;
+      if (!tag.after(k.k) && !tag.before(k.k))
+        return {&k.k, k.does};
+      counters_[tag.which() - 1u].used = true;
+    }
+    return {nullptr, nullptr};
+  }
+
+  /// `o`, where the element's accesses stand among the launch's tickets (null: no counter orders
+  /// programs), and `tag`, where this one does.
+  bool apply(element_state& s, ticket_orders* o, ticket_order const& tag, std::uint32_t me,
+             std::uint8_t op, std::uint16_t at, tracked_tensor const& t, std::int64_t el,
+             logged_access const& a, std::uint16_t lock) {
     // The other program in the state, if any (the first two always hold one).
     std::uint32_t other = 0;
     std::uint16_t other_site = 0;
@@ -504,15 +606,33 @@ private:
       other = s.first, other_site = s.first_site;
     else if (s.second && s.second != me)
       other = s.second, other_site = s.second_site;
-    // Accesses every program made holding one lock are ordered by it (lockset, as in Eraser).
+    // Accesses every program made holding one lock are ordered by it (lockset, as in Eraser), and
+    // accesses on either side of two tickets by those tickets.
     if (other && !(lock && s.lock == lock))
       if (char const* theirs = conflict(s.ops, op)) {
-        char const* const mine = op == op_load    ? "loads"
-                                 : op == op_store ? "stores"
-                                                  : "atomically updates";
-        report(t, el, me, a.loc, mine, other, other_site, theirs);
-        return false;
+        ticket_order const* unordered = nullptr;
+        if (o) {
+          std::tie(unordered, theirs) = unordered_by_tickets(*o, s.ops, op, tag, me);
+          if (unordered && unordered->program)
+            other = unordered->program, other_site = unordered->site;
+        }
+        if (!o || unordered) {
+          char const* const mine = op == op_load    ? "loads"
+                                   : op == op_store ? "stores"
+                                                    : "atomically updates";
+          report(t, el, me, a.loc, mine, other, other_site, theirs,
+                 o ? ticket_note(tag, *unordered, op, me, other) : disorder_note());
+          return false;
+        }
       }
+    if (o) {
+      ticket_order& k = op == op_load ? o->load : op == op_store ? o->store : o->atomic;
+      std::uint8_t const kind = op == op_load ? op_load : op == op_store ? op_store : op_atomics;
+      if (s.ops & kind)
+        k.merge(tag);
+      else
+        k = tag;
+    }
     // Record me: first or second program, and the site of my weightiest access.
     if (s.first == 0 || s.first == me) {
       if (s.first == 0 || weight(op) > weight(s.ops))
@@ -533,15 +653,39 @@ private:
   TILEGRAD_MACHINERY_MEMBER void check_program(std::uint32_t me, program_log const& log)
 #if TILEGRAD_MACHINERY_BODIES
   {
-    for (logged_access const& a : log.accesses) {
+    // The program's tickets from counters that order programs, in program order.
+    bool const ordering = ordering_;
+    mine_.clear();
+    for (drawn_ticket const& k : log.tickets)
+      if (std::uint16_t const c = counter_of(k.tensor, k.element); c && counters_[c - 1u].valid)
+        mine_.push_back({k.access, static_cast<std::uint32_t>(k.old), c});
+    std::size_t next = 0; // the first of them not before the access
+    for (std::uint32_t j = 0; j < log.accesses.size(); ++j) {
+      logged_access const& a = log.accesses[j];
       if (a.op & op_unraced)
         continue;
+      std::uint16_t const at = site(a.loc);
+      ticket_order tag{0, 0, me, at, 0};
+      if (ordering) {
+        while (next < mine_.size() && mine_[next].access < j)
+          ++next;
+        ordinal const* acq = next < mine_.size() && mine_[next].access == j ? &mine_[next]
+                             : next > 0                                     ? &mine_[next - 1]
+                                                                            : nullptr;
+        ordinal const* rel = next < mine_.size() ? &mine_[next] : nullptr;
+        if (acq)
+          tag.acq = acq->value + 1u, tag.counter = acq->counter;
+        if (rel && (!acq || rel->counter == acq->counter)) // (one counter: the first's)
+          tag.rel = 0xffffffffu - rel->value, tag.counter = rel->counter;
+      }
       tracked_tensor& t = tensors_[static_cast<std::size_t>(a.tensor)];
       if (!t.state)
         t.state = zeroed_array<element_state>(static_cast<std::size_t>(t.span));
       if (a.values >= 0 && !t.sums)
         t.sums = zeroed_array<add_sum>(static_cast<std::size_t>(t.span));
-      std::uint16_t const at = site(a.loc);
+      if (ordering && !t.order)
+        t.order = zeroed_array<ticket_orders>(static_cast<std::size_t>(t.span));
+      ticket_orders* const ord = ordering ? t.order.get() : nullptr;
       std::uint16_t const lock = lock_id(log, a.lock);
       if (lock && (a.op & op_write) && locked_.empty())
         locked_ = t.label(t.element(log.runs[a.first].offset).first);
@@ -557,12 +701,14 @@ private:
             if (el < 0 || el >= t.span)
               continue;
             t.state.touch(el, el + 1);
+            if (ord)
+              t.order.touch(el, el + 1);
             if (v) {
               t.sums.touch(el, el + 1);
               t.sums.get()[el].abs += v[k];
               ++t.sums.get()[el].n;
             }
-            if (!apply(st[el], me, a.op, at, t, el, a, lock))
+            if (!apply(st[el], ord ? ord + el : nullptr, tag, me, a.op, at, t, el, a, lock))
               return;
           }
           if (v)
@@ -570,6 +716,8 @@ private:
           continue;
         }
         t.state.touch(lo, hi);
+        if (ord)
+          t.order.touch(lo, hi);
         if (v) {
           t.sums.touch(lo, hi);
           for (int k = 0; k < r.count; ++k) {
@@ -583,24 +731,252 @@ private:
         // the same programs): decided once. (A run repeating one element, step 0, is too: an
         // access after my own by me changes no verdict.)
         element_state const s0 = st[r.offset];
+        ticket_orders const o0 = ord ? ord[r.offset] : ticket_orders{};
         bool uniform = true;
         for (int k = 1; k < r.count && uniform; ++k)
-          uniform = std::memcmp(&st[r.element(k)], &s0, sizeof s0) == 0;
+          uniform = std::memcmp(&st[r.element(k)], &s0, sizeof s0) == 0 &&
+                    (!ord || std::memcmp(&ord[r.element(k)], &o0, sizeof o0) == 0);
         if (uniform) {
           element_state s1 = s0;
-          if (!apply(s1, me, a.op, at, t, r.offset, a, lock))
+          ticket_orders o1 = o0;
+          if (!apply(s1, ord ? &o1 : nullptr, tag, me, a.op, at, t, r.offset, a, lock))
             return;
           // Usually nothing changes (the next program adding atomically to the same elements).
-          if (std::memcmp(&s1, &s0, sizeof s1) != 0)
-            for (int k = 0; k < r.count; ++k)
+          if (std::memcmp(&s1, &s0, sizeof s1) != 0 || std::memcmp(&o1, &o0, sizeof o1) != 0)
+            for (int k = 0; k < r.count; ++k) {
               std::memcpy(&st[r.element(k)], &s1, sizeof s1);
+              if (ord)
+                std::memcpy(&ord[r.element(k)], &o1, sizeof o1);
+            }
           continue;
         }
-        for (int k = 0; k < r.count; ++k)
-          if (!apply(st[r.element(k)], me, a.op, at, t, r.element(k), a, lock))
+        for (int k = 0; k < r.count; ++k) {
+          std::int64_t const el = r.element(k);
+          if (!apply(st[el], ord ? ord + el : nullptr, tag, me, a.op, at, t, el, a, lock))
             return;
+        }
       }
     }
+  }
+#else
+  ;
+#endif
+
+  // ---- Tickets
+
+  /// A counter programs drew tickets from: one element of an integer tensor.
+  struct ticket_counter {
+    int tensor;
+    std::int64_t element;
+    std::source_location loc;                               // of the first ticket counted
+    std::vector<std::pair<std::int64_t, std::int64_t>> drawn; // every ticket: (value, added)
+    struct other_write {
+      std::int64_t after; // the last ticket its program drew from the counter before it (-1)
+      std::uint32_t program;
+      std::source_location loc;
+    };
+    std::vector<other_write> writes; // every other write to it
+    bool checked = true, valid = true, used = false;
+    std::string why; // why its tickets do not order programs (once they do not)
+  };
+  /// A ticket of the program being checked: the index of its atomic in the log, its value and
+  /// its counter.
+  struct ordinal {
+    std::uint32_t access, value;
+    std::uint16_t counter;
+  };
+  /// What an integer tensor of at most max_saved_counters elements held when the launch began.
+  struct saved_ints {
+    std::byte const* lo;
+    std::size_t elem;
+    std::vector<std::int64_t> values;
+  };
+  static constexpr std::int64_t max_saved_counters = 65536;
+
+  static std::uint64_t counter_key(int tensor, std::int64_t element) {
+    return (static_cast<std::uint64_t>(tensor) << 48) ^ static_cast<std::uint64_t>(element);
+  }
+  /// The counter of an element (1 + its index; 0: none).
+  std::uint16_t counter_of(int tensor, std::int64_t element) const {
+    auto const it = counter_ids_.find(counter_key(tensor, element));
+    return it == counter_ids_.end() ? std::uint16_t{0} : it->second;
+  }
+
+  TILEGRAD_MACHINERY_MEMBER void count_tickets(std::uint32_t first, program_log const* logs,
+                                               std::int64_t n)
+#if TILEGRAD_MACHINERY_BODIES
+  {
+    // The tickets drawn (the counters of the first 32767 elements drawn from).
+    for (std::int64_t i = 0; i < n; ++i)
+      for (drawn_ticket const& k : logs[i].tickets) {
+        auto [it, added] = counter_ids_.try_emplace(counter_key(k.tensor, k.element),
+                                                    static_cast<std::uint16_t>(counters_.size() + 1));
+        if (added) {
+          if (counters_.size() >= 0x7fff) {
+            counter_ids_.erase(it);
+            continue;
+          }
+          counters_.push_back({k.tensor, k.element, k.loc, {}, {}, true, true, false, {}});
+          counts_.resize(tensors_.size());
+          counts_[static_cast<std::size_t>(k.tensor)] = true;
+        }
+        ticket_counter& c = counters_[it->second - 1u];
+        c.drawn.push_back({k.old, k.add});
+        c.checked = false;
+      }
+    if (counters_.empty())
+      return;
+    // Every other write to a counter: a reset, an atomic_xchg, a store.
+    for (std::int64_t i = 0; i < n; ++i) {
+      program_log const& log = logs[i];
+      std::size_t next = 0;
+      for (std::uint32_t j = 0; j < log.accesses.size(); ++j) {
+        logged_access const& a = log.accesses[j];
+        while (next < log.tickets.size() && log.tickets[next].access < j)
+          ++next;
+        if (!(a.op & op_write) || !counts_[static_cast<std::size_t>(a.tensor)] ||
+            (next < log.tickets.size() && log.tickets[next].access == j))
+          continue;
+        for (std::uint32_t ri = a.first; ri < a.first + a.count; ++ri)
+          for (int k = 0; k < log.runs[ri].count; ++k) {
+            std::uint16_t const c = counter_of(a.tensor, log.runs[ri].element(k));
+            if (!c)
+              continue;
+            ticket_counter& tc = counters_[c - 1u];
+            std::int64_t after = -1;
+            for (std::size_t q = next; q-- > 0;)
+              if (log.tickets[q].tensor == tc.tensor && log.tickets[q].element == tc.element) {
+                after = log.tickets[q].old;
+                break;
+              }
+            tc.writes.push_back({after, first + static_cast<std::uint32_t>(i), a.loc});
+            tc.checked = false;
+          }
+      }
+    }
+    ordering_ = false;
+    for (ticket_counter& c : counters_) {
+      if (!c.checked && c.valid)
+        if (std::string why = disorder(c); !why.empty()) {
+          c.valid = false;
+          c.why = std::move(why);
+          if (c.used && !race_) {
+            race_found r;
+            auto [view, coordinates] = tensors_[static_cast<std::size_t>(c.tensor)].element(c.element);
+            r.tensor = view ? view->name : tensors_[static_cast<std::size_t>(c.tensor)].name;
+            r.element = coordinates;
+            r.where = c.loc;
+            r.message = std::string(who_) + ": tickets drawn from " + counter_label(c) +
+                        " ordered what programs did, but they cannot: " + c.why +
+                        ". Tickets order programs only when the counter counts up from what it "
+                        "held when the launch began, by atomic_add of positive values, and only "
+                        "the program that draws the last ticket writes it otherwise (a reset), "
+                        "after drawing it.";
+            race_ = std::move(r);
+          }
+        }
+      c.checked = true;
+      ordering_ = ordering_ || c.valid;
+    }
+  }
+#else
+  ;
+#endif
+
+  /// Why the tickets of counter c may not follow the order in which they were drawn (empty: they
+  /// do): the values drawn, sorted, must go up one atomic_add at a time from what the counter held
+  /// when the launch began, and only the program that drew the last ticket may write it otherwise,
+  /// after drawing it. Then every ticket was drawn before every other write, in the order of its
+  /// value.
+  TILEGRAD_MACHINERY_MEMBER std::string disorder(ticket_counter& c) const
+#if TILEGRAD_MACHINERY_BODIES
+  {
+    auto& d = c.drawn;
+    std::sort(d.begin(), d.end());
+    if (d.front().first < 0 || d.back().first > 0xfffffffdLL)
+      return "its tickets run outside 0 to 2^32 - 3";
+    for (std::size_t i = 0; i + 1 < d.size(); ++i) {
+      if (d[i + 1].first == d[i].first)
+        return "ticket " + std::to_string(d[i].first) + " was drawn twice (the counter went back)";
+      if (d[i + 1].first != d[i].first + d[i].second)
+        return "ticket " + std::to_string(d[i].first) + " (adding " +
+               std::to_string(d[i].second) + ") was followed by ticket " +
+               std::to_string(d[i + 1].first) + ": something else changed the counter between";
+    }
+    tracked_tensor const& t = tensors_[static_cast<std::size_t>(c.tensor)];
+    auto const* at = t.lo + c.element * static_cast<std::int64_t>(t.elem);
+    std::optional<std::int64_t> start;
+    for (saved_ints const& s : saved_)
+      if (s.elem == t.elem && at >= s.lo &&
+          at < s.lo + static_cast<std::int64_t>(s.values.size() * s.elem) &&
+          (at - s.lo) % static_cast<std::ptrdiff_t>(s.elem) == 0) {
+        start = s.values[static_cast<std::size_t>((at - s.lo) / static_cast<std::ptrdiff_t>(s.elem))];
+        break;
+      }
+    if (!start)
+      return "its tensor has more than " + std::to_string(max_saved_counters) +
+             " elements, so what it held when the launch began is not known";
+    if (*start != d.front().first)
+      return "the first ticket is " + std::to_string(d.front().first) + ", but the counter held " +
+             std::to_string(*start) + " when the launch began";
+    for (auto const& w : c.writes)
+      if (w.after != d.back().first)
+        return describe(w.program) + " writes it at " + where_string(w.loc) +
+               (w.after < 0 ? std::string(" without drawing a ticket first")
+                            : " after drawing ticket " + std::to_string(w.after)) +
+               ", not after the last ticket, " + std::to_string(d.back().first);
+    return {};
+  }
+#else
+  ;
+#endif
+
+  std::string counter_label(ticket_counter const& c) const {
+    tracked_tensor const& t = tensors_[static_cast<std::size_t>(c.tensor)];
+    auto const [view, coordinates] = t.element(c.element);
+    return "tensor " + t.label(view) + ", element " + coordinates + " (atomic_add at " +
+           where_string(c.loc) + ")";
+  }
+
+  /// What a race message adds where programs drew tickets that cannot order them: why.
+  std::string disorder_note() const {
+    for (ticket_counter const& c : counters_)
+      if (!c.valid)
+        return " Tickets drawn from " + counter_label(c) + " do not order programs here: " + c.why +
+               ".";
+    return {};
+  }
+
+  /// What a race message adds where tickets order programs: where the access and those of the
+  /// other program stand among them (`theirs`: the accesses of one kind the access is not
+  /// ordered against).
+  TILEGRAD_MACHINERY_MEMBER std::string ticket_note(ticket_order const& mine,
+                                                    ticket_order const& theirs, std::uint8_t op,
+                                                    std::uint32_t me, std::uint32_t other) const
+#if TILEGRAD_MACHINERY_BODIES
+  {
+    std::uint16_t c = mine.which() ? mine.which() : theirs.which();
+    for (std::size_t i = 0; !c && i < counters_.size(); ++i)
+      if (counters_[i].valid)
+        c = static_cast<std::uint16_t>(i + 1);
+    if (!c)
+      return {};
+    auto ticket = [](std::uint32_t present, std::int64_t v, char const* none) {
+      return present ? "ticket " + std::to_string(v) : std::string(none);
+    };
+    char const* const noun = op == op_load ? "load" : op == op_store ? "store" : "atomic";
+    std::string note = " Programs draw tickets from " + counter_label(counters_[c - 1u]) +
+                       ": what a program does before drawing a ticket comes before what a program "
+                       "does after drawing a later one. Here " +
+                       describe(me) + " draws " + ticket(mine.acq, mine.acquired(), "no ticket") +
+                       " before its " + noun + " and " + ticket(mine.rel, mine.released(), "none") +
+                       " after it; ";
+    if (theirs.counter & ticket_order::many)
+      return note + describe(other) + " draws " + ticket(theirs.rel, theirs.released(), "none") +
+             " after its access (one of several programs that access it).";
+    return note + describe(other) + " draws " +
+           ticket(theirs.acq, theirs.acquired(), "no ticket") + " before its access and " +
+           ticket(theirs.rel, theirs.released(), "none") + " after it.";
   }
 #else
   ;
@@ -614,6 +990,12 @@ private:
   std::optional<race_found> race_;
   std::unordered_map<std::uint64_t, std::uint16_t> locks_;
   std::string locked_;
+  std::vector<saved_ints> saved_;
+  std::vector<ticket_counter> counters_;
+  std::unordered_map<std::uint64_t, std::uint16_t> counter_ids_;
+  std::vector<bool> counts_; // per tensor: whether it holds a counter
+  std::vector<ordinal> mine_;
+  bool ordering_ = false; // whether a counter orders programs
 };
 
 /// Throws access_error for a write by a program of a tracked launch to a tensor `name` that
@@ -834,8 +1216,9 @@ public:
   }
 
   /// The name of a tensor whose memory launch `l` took and of which some element was written
-  /// last, before it, by atomic_add alone ('name', or "an unnamed tensor"); empty where there is
-  /// none.
+  /// last, before it, by atomic_add alone, or which launch `l` wrote by atomic_add alone and
+  /// loaded (after every addition: the race check orders the loads by tickets) ('name', or "an
+  /// unnamed tensor"); empty where there is none.
   /// (A launch that loads atomically made sums and stores what it makes of them passes their
   /// run-to-run differences on.)
   std::string takes_atomic_sums(std::ptrdiff_t l) const {
@@ -845,6 +1228,13 @@ public:
     while (before < writes.size() &&
            (writes[before].launch == no_launch || writes[before].launch < std::size_t(l)))
       ++before;
+    for (std::size_t k = before; k < writes.size() && writes[k].launch == std::size_t(l); ++k) {
+      launch_writes const& w = writes[k];
+      if (!w.sums.empty())
+        for (std::uint8_t const ops : w.ops)
+          if ((ops & op_write) == op_atomic_add && (ops & op_load))
+            return w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
+    }
     for (auto const& [lo, hi] : launches[static_cast<std::size_t>(l)].spans)
       for (std::size_t k = 0; k < before; ++k) {
         launch_writes const& w = writes[k];

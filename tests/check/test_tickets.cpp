@@ -1,0 +1,256 @@
+// Tickets in checked launches: "the last program reduces" (CUDA's threadFenceReduction). Each
+// program of the backward stores its partial dw row, then draws a ticket with
+// atomic_add(counter, 1), and the program that draws the last ticket loads every partial row and
+// reduces them. Under acq_rel atomics what a program did before drawing its ticket comes before
+// what a program does after drawing a later one, so the pattern passes check_backward on every
+// executor. The broken variants are races naming the partial row, both programs and where each
+// stands among the tickets: the ticket drawn before the partial row is stored, the last program
+// chosen by its id instead of its ticket, the reduction by the second-to-last ticket. A counter
+// that does not count up one ticket at a time (reset by a program that did not draw the last
+// ticket) cannot order programs, and says so.
+#include <tilegrad/check/gtest.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_tickets {
+
+namespace tg = tilegrad;
+
+namespace {
+
+constexpr int BlockN = 64, Rows = 8;
+
+// y[r, c] = x[r, c] w[c]: one row per program, in column blocks.
+constexpr auto scale_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                       tg::tensor<T const> w, tg::tensor<T> y) {
+  std::int64_t const r = p.program_id(0), n = x.size(1);
+  auto const cols = tg::arange<0, BlockN>();
+  for (std::int64_t c0 = 0; c0 < n; c0 += BlockN) {
+    auto const m = cols < n - c0;
+    tg::store(y + r * y.stride(0) + c0 + cols,
+              tg::load(x + r * x.stride(0) + c0 + cols, m, 0.0f) * tg::load(w + c0 + cols, m, 0.0f),
+              m);
+  }
+};
+
+enum class bug {
+  none,
+  reset_by_store, // correct too: the last program resets the counter with a plain store
+  one_row,        // correct too: the programs add into one partial row with atomic_add
+  ticket_first,   // the ticket drawn before the partial row is stored
+  by_id,          // no ticket: the program with the last id reduces, as if it ran last
+  second_to_last, // the program that draws the second-to-last ticket reduces
+  no_reset,       // the counter is never reset: the next backward finds it where this one left it
+};
+
+int const bwd_first_line = __LINE__;
+// dx = dy w, row by row; dw = sum over rows of dy x: each program of Rows rows stores its partial
+// row, and the program that draws the last ticket reduces the partial rows in program order.
+constexpr auto ticket_bwd = [](tg::program const& p, tg::tensor<float const> x,
+                               tg::tensor<float const> w, tg::tensor<float const> dy,
+                               tg::tensor<float> dx, tg::tensor<float> partial,
+                               tg::tensor<int> counter, tg::tensor<float> dw, int which) {
+  auto const b = static_cast<bug>(which);
+  std::int64_t const g = p.program_id(0), programs = p.num_programs(0);
+  std::int64_t const m = x.size(0), n = x.size(1), r0 = g * Rows;
+  auto const cols = tg::arange<0, BlockN>();
+  int ticket = -1;
+  if (b == bug::ticket_first)
+    ticket = tg::atomic_add(counter + 0, 1).item();
+  for (std::int64_t c0 = 0; c0 < n; c0 += BlockN) {
+    auto const mask = cols < n - c0;
+    tg::tile<float, BlockN> const wv = tg::load(w + c0 + cols, mask, 0.0f);
+    auto acc = tg::zeros<float, BlockN>();
+    for (std::int64_t r = r0; r < std::min(m, r0 + Rows); ++r) {
+      tg::tile<float, BlockN> const g_r = tg::load(dy + r * dy.stride(0) + c0 + cols, mask, 0.0f);
+      tg::store(dx + r * dx.stride(0) + c0 + cols, g_r * wv, mask);
+      acc += g_r * tg::load(x + r * x.stride(0) + c0 + cols, mask, 0.0f);
+    }
+    if (b == bug::one_row)
+      (void)tg::atomic_add(partial + c0 + cols, acc, mask);
+    else
+      tg::store(partial + g * partial.stride(0) + c0 + cols, acc, mask);
+  }
+  if (b != bug::ticket_first && b != bug::by_id)
+    ticket = tg::atomic_add(counter + 0, 1).item();
+  bool const last = b == bug::by_id           ? g == programs - 1
+                    : b == bug::second_to_last ? ticket == programs - 2
+                                               : ticket == programs - 1;
+  if (!last)
+    return;
+  for (std::int64_t c0 = 0; c0 < n; c0 += BlockN) {
+    auto const mask = cols < n - c0;
+    auto acc = tg::zeros<float, BlockN>();
+    for (std::int64_t q = 0; q < (b == bug::one_row ? 1 : programs); ++q)
+      acc += tg::load(partial + q * partial.stride(0) + c0 + cols, mask, 0.0f);
+    tg::store(dw + c0 + cols, acc, mask);
+  }
+  if (b == bug::reset_by_store)
+    tg::store(counter + 0, 0);
+  else if (b != bug::no_reset)
+    (void)tg::atomic_xchg(counter + 0, 0);
+};
+
+// The backward: one launch; the counter lives as long as the backward object, zeroed once.
+struct ticket_backward {
+  bug b;
+  std::shared_ptr<tg::owned_tensor<int>> counter = [] {
+    auto c = std::make_shared<tg::owned_tensor<int>>(std::initializer_list<std::int64_t>{1},
+                                                     "counter");
+    c->data()[0] = 0;
+    return c;
+  }();
+
+  tg::gradient_set operator()(tg::backward_context<float>& ctx) const {
+    auto const x = ctx.input("x");
+    std::int64_t const m = x.size(0), n = x.size(1), programs = tg::cdiv<std::int64_t>(m, Rows);
+    tg::owned_tensor<float> dx({m, n}), dw({n}), partial({programs, n}, "partial_dw");
+    std::fill_n(partial.data(), programs * n, 0.0f);
+    tg::launch(ctx.options(), programs, ticket_bwd, x, ctx.input("w"), ctx.cotangent("y"),
+               dx.view(), partial.view(), counter->view(), dw.view(), static_cast<int>(b));
+    return {{"x", dx}, {"w", dw}};
+  }
+};
+
+tg::check_report check(bug b, std::int64_t m, std::int64_t n, tg::check_options o = {}) {
+  tg::owned_tensor<float> x({m, n}), w({n}), y({m, n});
+  return tg::check_backward(
+      tg::forward(m, scale_fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+      ticket_backward{b}, o);
+}
+
+std::string at_line(int offset) {
+  return "test_tickets.cpp:" + std::to_string(bwd_first_line + offset);
+}
+
+} // namespace
+
+TEST(Tickets, TheLastProgramReducingPassesOnEveryExecutor) {
+  // Shapes off the tiles (rows Rows does not divide, columns BlockN does not); grids of one wave
+  // and of several; the counter reset with atomic_xchg or a plain store after the last ticket;
+  // partial rows stored, or added into one row atomically (the determinism check takes the
+  // order of those additions, and the program that reduces, from the run).
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential})
+    for (int threads : {1, 4}) {
+      if (!tg::executor_available(e))
+        continue;
+      tg::launch_options const lo{e, threads};
+      for (auto [m, n] : {std::pair<std::int64_t, std::int64_t>{203, 100}, {2049, 1 + BlockN}})
+        for (bug b : {bug::none, bug::reset_by_store, bug::one_row}) {
+          auto const r = check(b, m, n, {.seeds = 2, .launch = lo});
+          EXPECT_BACKWARD_OK(r) << m << " x " << n << ", reset " << static_cast<int>(b);
+          EXPECT_FALSE(r.mentions("race")) << r;
+        }
+    }
+}
+
+TEST(Tickets, AReductionTheTicketsDoNotOrderIsARace) {
+  // Sequentially program g draws ticket g. Each race names the partial row of program 0, the
+  // last program's load and program 0's store, and where each stands among the tickets.
+  struct expect {
+    bug b;
+    char const* loader; // the program whose load races
+    char const* tickets; // what the message says of the tickets ("": nothing, none were drawn)
+  };
+  tg::launch_options const seq{tg::executor::sequential, 1};
+  int const load = 39, store = 26;
+  for (auto [b, loader, tickets] :
+       {expect{bug::ticket_first, "program (25, 0, 0)",
+               "Here program (25, 0, 0) draws ticket 25 before its load and none after it; "
+               "program (0, 0, 0) draws ticket 0 before its access and none after it."},
+        expect{bug::by_id, "program (25, 0, 0)", ""},
+        // (The program that reduces resets the counter before the last ticket is drawn.)
+        expect{bug::second_to_last, "program (24, 0, 0)",
+               "do not order programs here: ticket 0 was drawn twice (the counter went back)."}}) {
+    int const k = static_cast<int>(b);
+    for (tg::launch_options lo : {seq, tg::launch_options{}}) {
+      auto const r = check(b, 203, 100, {.seeds = 1, .check_determinism = false, .launch = lo});
+      EXPECT_FALSE(r) << k;
+      EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << k << r;
+      if (lo.exec != tg::executor::sequential)
+        continue; // which program draws which ticket depends on the run
+      EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (0, 0): " +
+                             std::string(loader) + " loads it at "))
+          << k << r;
+      EXPECT_TRUE(r.mentions(at_line(load) + ", and program (0, 0, 0) stores it at ")) << k << r;
+      EXPECT_TRUE(r.mentions(at_line(store) + ".")) << k << r;
+      if (b == bug::ticket_first)
+        EXPECT_TRUE(r.mentions(at_line(13) +
+                               "): what a program does before drawing a ticket comes before what "
+                               "a program does after drawing a later one. " +
+                               std::string(tickets)))
+            << k << r;
+      else if (*tickets)
+        EXPECT_TRUE(r.mentions(at_line(29) + ") " + tickets)) << k << r;
+      else
+        EXPECT_FALSE(r.mentions("drawn")) << k << r;
+      EXPECT_EQ(r.mentions("Programs draw tickets from tensor 'counter', element (0) (atomic_add "
+                           "at "),
+                b == bug::ticket_first)
+          << k << r;
+    }
+  }
+}
+
+TEST(Tickets, ACounterLeftWhereTheLastBackwardLeftItFails) {
+  // Never reset: the determinism check's second run draws tickets from 26 on, and no program
+  // reduces.
+  auto const r = check(bug::no_reset, 203, 100, {.seeds = 1});
+  EXPECT_FALSE(r);
+  EXPECT_FALSE(r.mentions("race")) << r;
+  EXPECT_TRUE(r.mentions("not deterministic")) << r;
+}
+
+TEST(Tickets, ACounterResetBeforeTheLastTicketCannotOrderProgramsAndSaysSo) {
+  // Program 10, which draws ticket 10 (sequentially), reduces the partial rows of the tickets
+  // before it: ordered by the tickets. Program 150, in a later wave, sets the counter back: the
+  // tickets after it are drawn again, so they no longer say which program ran first.
+  constexpr auto k = [](tg::program const& p, tg::tensor<float> partial, tg::tensor<int> counter,
+                        int reset) {
+    std::int64_t const g = p.program_id(0);
+    tg::store(partial + g, tg::full<float>(1.0f));
+    int const ticket = tg::atomic_add(counter + 0, 1).item();
+    if (ticket == 10) {
+      auto acc = tg::zeros<float>();
+      for (std::int64_t q = 0; q < 10; ++q)
+        acc += tg::load(partial + q);
+      tg::store(partial + g, acc);
+    }
+    if (reset && g == 150)
+      (void)tg::atomic_xchg(counter + 0, 100);
+  };
+  for (int reset : {0, 1}) {
+    tg::owned_tensor<float> partial({200}, "partial");
+    tg::owned_tensor<int> counter({1}, "counter");
+    counter.data()[0] = 0;
+    tg::launch_options const o{.exec = tg::executor::sequential, .num_threads = 1,
+                               .check_races = true};
+    if (!reset) {
+      EXPECT_NO_THROW(tg::launch(o, 200, k, partial.view(), counter.view(), reset));
+      continue;
+    }
+    try {
+      tg::launch(o, 200, k, partial.view(), counter.view(), reset);
+      ADD_FAILURE() << "no error";
+    } catch (tg::race_error const& e) {
+      std::string const what = e.what();
+      EXPECT_NE(what.find("tilegrad::launch: tickets drawn from tensor 'counter', element (0) "
+                          "(atomic_add at "),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("ordered what programs did, but they cannot: "), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("was drawn twice"), std::string::npos) << what;
+    }
+  }
+}
+
+} // namespace test_tickets
