@@ -13,8 +13,11 @@
 
 #include "../support/mismatch_region.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -512,17 +515,20 @@ tg::check_report check_cancelling_groups(Backward backward, tg::check_options o)
 
 } // namespace
 
-TEST(CheckBf16, PartialSumsKeptInBf16AreSeenAndJudgedByTheRunningBound) {
+TEST(CheckBf16, PartialSumsKeptInBf16AreSeenAndMeasured) {
   // The partial sums' roundings (up to a quarter at 64) add up past the random walk of one
   // rounding per term where they cancel; the checker sees the bf16 buffer the backward writes
-  // and does not hand over, says so, and weighs the gradients by |J|^T |w|.
+  // and does not hand over, says so, and widens the bound of 'w' by how far moving each partial
+  // sum by a unit in the last place moves it (about 8 times here); 'x' moves not at all.
   auto const seen = check_cancelling_groups(scale_backward_bf16_partials, {});
   EXPECT_BACKWARD_OK(seen);
   EXPECT_TRUE(seen.mentions("the backward keeps sums in bf16 memory ('partial' is written by "
                             "the backward and not handed over as a gradient)"))
       << seen;
-  EXPECT_TRUE(contains(seen.rule, "k * u * (|J|^T |w|) elementwise")) << seen;
-  EXPECT_FALSE(seen.gradient("w")->tol.squares);
+  EXPECT_TRUE(contains(seen.rule, "k * u * (|g_ref64| + sqrt(|J|^2^T w^2)) elementwise")) << seen;
+  EXPECT_TRUE(seen.gradient("w")->tol.squares);
+  EXPECT_TRUE(seen.mentions("'x' 0, 'w' ")) << seen;
+  EXPECT_FALSE(seen.mentions("'w' 0")) << seen;
   // Told the backward does not: judged by the random walk, it fails, with the hint.
   auto const forced =
       check_cancelling_groups(scale_backward_bf16_partials, {.bf16_partial_sums = false});
@@ -540,6 +546,130 @@ TEST(CheckBf16, PartialSumsKeptInBf16AreSeenAndJudgedByTheRunningBound) {
       check_cancelling_groups(scale_backward<dw_bug::none>, {.bf16_partial_sums = true});
   EXPECT_BACKWARD_OK(asked);
   EXPECT_FALSE(asked.gradient("w")->tol.squares);
+}
+
+namespace {
+
+// Triton's layer-norm tutorial keeps its partial weight gradients in the input's dtype: here y =
+// x * w with one row per program, each adding its row's dw into the partial row of its group
+// (row % groups) in bf16, under the group's spin lock, and a second launch adding the partial
+// rows up in float (times `scale`: 1 is correct). Every addition rounds a partial sum to bf16.
+constexpr int lock_groups = 128;
+
+struct locked_bf16_partials {
+  float scale = 1.0f;
+
+  void operator()(tg::backward_context<tg::bf16>& ctx) const {
+    auto const x = ctx.input("x");
+    auto const w = ctx.input("w");
+    tg::owned_tensor<tg::bf16> dx({x.size(0), x.size(1)}), dw({w.size(0)}),
+        partial({lock_groups, x.size(1)}, "partial_dw");
+    tg::owned_tensor<int> locks({2 * lock_groups}, "locks");
+    auto const rows = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                  tg::tensor<T const> w, tg::tensor<T const> dy, tg::tensor<T> dx,
+                                  tg::tensor<T> partial, tg::tensor<int> locks) {
+      std::int64_t const r = p.program_id(0), group = r % lock_groups;
+      auto const cols = tg::arange<0, scale_cols>();
+      auto const mask = cols < x.size(1);
+      auto const g = tg::to<tg::fp32<T>>(tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f));
+      auto const xs = tg::to<tg::fp32<T>>(tg::load(x + r * x.stride(0) + cols, mask, 0.0f));
+      auto const ws = tg::to<tg::fp32<T>>(tg::load(w + cols, mask, 0.0f));
+      tg::store(dx + r * dx.stride(0) + cols, g * ws, mask);
+      tg::tile<tg::fp32<T>, scale_cols> dwr = g * xs;
+      auto const pdw = partial + group * partial.stride(0) + cols;
+      while (tg::atomic_cas(locks + group, 0, 1).item() == 1) {
+      }
+      if (tg::load(locks + lock_groups + group).item() == 0)
+        (void)tg::atomic_xchg(locks + lock_groups + group, 1);
+      else
+        dwr += tg::to<tg::fp32<T>>(tg::load(pdw, mask, 0.0f));
+      tg::store(pdw, dwr, mask);
+      (void)tg::atomic_xchg(locks + group, 0);
+    };
+    auto const total = []<class T>(tg::program const&, tg::tensor<T const> partial,
+                                   tg::tensor<T> dw, float scale) {
+      auto const cols = tg::arange<0, scale_cols>();
+      auto acc = tg::zeros<tg::fp32<T>, scale_cols>();
+      for (std::int64_t r = 0; r < partial.size(0); ++r)
+        acc += tg::to<tg::fp32<T>>(
+            tg::load(partial + r * partial.stride(0) + cols, cols < partial.size(1), 0.0f));
+      tg::store(dw + cols, acc * scale, cols < dw.size(0));
+    };
+    tg::launch(ctx.options(), static_cast<int>(x.size(0)), rows, x, w, ctx.cotangent("y"),
+               dx.view(), partial.view(), locks.view());
+    tg::launch(ctx.options(), 1, total, partial.cview(), dw.view(), scale);
+    ctx.set_gradient("x", dx);
+    ctx.set_gradient("w", dw);
+  }
+};
+
+// How far the kept sums moved gradient `name`, as the report's note says it.
+double kept_sums_move(tg::check_report const& r, std::string const& name) {
+  for (auto const& n : r.notes)
+    if (auto const at = n.find("'" + name + "' "); n.find("kept in memory") != std::string::npos &&
+                                                   at != std::string::npos)
+      return std::stod(n.substr(at + name.size() + 3));
+  return -1;
+}
+
+} // namespace
+
+TEST(CheckBf16, TheTutorialsPartialSumsInBf16UnderALockAreMeasuredAndAFewPercentFails) {
+  // 4,096 rows in 128 groups: each partial row adds 32 rows, rounded to bf16 at every addition.
+  // Weighed by the running bound, dw 20 % off passed (at 0.8 of it where the correct kernel was
+  // at 0.03); measured, the correct kernel uses about a third of its bound and 20 % fails.
+  std::int64_t const m = 4096, cols = 48;
+  tg::owned_tensor<tg::bf16> x({m, cols}), w({cols}), y({m, cols});
+  auto check = [&](float scale) {
+    return tg::check_backward(
+        tg::forward(static_cast<int>(tg::cdiv(m, std::int64_t{scale_rows})), scale_fwd,
+                    tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+        locked_bf16_partials{scale}, {.seeds = 2, .check_determinism = false});
+  };
+  auto const ok = check(1.0f);
+  EXPECT_BACKWARD_OK(ok);
+  EXPECT_TRUE(ok.mentions("the backward keeps sums in bf16 memory ('partial_dw' is read and "
+                          "written by one launch of the backward)"))
+      << ok;
+  EXPECT_EQ(kept_sums_move(ok, "x"), 0) << ok;
+  EXPECT_GT(kept_sums_move(ok, "w"), 1.5) << ok;
+  EXPECT_LT(ok.gradient("w")->worst_ratio, 0.6) << ok;
+  for (float scale : {1.2f, 0.8f}) {
+    auto const off = check(scale);
+    EXPECT_FALSE(off) << scale;
+    for (std::size_t s = 0; s < off.seeds.size(); ++s) {
+      EXPECT_FALSE(off.gradient("w", s)->ok) << scale << off;
+      EXPECT_TRUE(off.gradient("x", s)->ok) << scale << off;
+    }
+  }
+}
+
+TEST(CheckBf16, TheTutorialsPartialSumsInBf16Table) {
+  // The table of docs/checking.md ("Sums kept in bf16"): run with TILEGRAD_SWEEP_RUNS=5 (seeds per
+  // case); skipped otherwise.
+  char const* runs = std::getenv("TILEGRAD_SWEEP_RUNS");
+  if (!runs)
+    GTEST_SKIP() << "set TILEGRAD_SWEEP_RUNS";
+  int const seeds = std::max(1, std::atoi(runs));
+  for (std::int64_t m : {1024, 4096, 16384}) {
+    tg::owned_tensor<tg::bf16> x({m, 48}), w({48}), y({m, 48});
+    for (float scale : {1.0f, 1.05f, 1.1f, 1.2f, 0.8f}) {
+      auto const r = tg::check_backward(
+          tg::forward(static_cast<int>(tg::cdiv(m, std::int64_t{scale_rows})), scale_fwd,
+                      tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+          locked_bf16_partials{scale}, {.seeds = seeds, .check_determinism = false});
+      double lo = 1e300, hi = 0;
+      for (std::size_t s = 0; s < r.seeds.size(); ++s) {
+        lo = std::min(lo, r.gradient("w", s)->worst_ratio);
+        hi = std::max(hi, r.gradient("w", s)->worst_ratio);
+      }
+      std::printf("rows %6lld  dw x %.2f  factor %.2f  err/bound %.3f-%.3f\n",
+                  static_cast<long long>(m), scale, kept_sums_move(r, "w"), lo, hi);
+      if (scale == 1.0f) {
+        EXPECT_BACKWARD_OK(r);
+      }
+    }
+  }
 }
 
 } // namespace test_bf16_backward

@@ -763,6 +763,43 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     return cots;
   };
 
+  // bf16 tensors in which the backward keeps sums, as (launch, argument): seen on the first seed.
+  std::vector<std::pair<std::size_t, int>> kept_sums;
+  std::vector<double> kept_widened(ins.size(), 0); // the most each gradient's bound was widened
+  // Widens each gradient's weights (|g_ref64| + sqrt(s)) by how far its elements move, in units
+  // of u times them, when every bf16 value the backward stores into kept_sums moves by a unit in
+  // the last place: the root mean square over the elements and two runs (jittered(0), (1)), each
+  // with its own directions, where above 1. (A rounding error is at most half a unit, a third of
+  // one in root mean square: the move is larger than what the roundings lose, and measured on the
+  // kernel's own sums.)
+  auto widen_for_kept_sums = [&](pending& pd, gradient_set const& got, auto&& jittered) {
+    double const u = dtype.eps / 2;
+    std::vector<double> sum(ins.size(), 0.0);
+    std::vector<std::int64_t> count(ins.size(), 0);
+    for (int way = 0; way < 2; ++way) {
+      gradient_set const moved = jittered(way);
+      for (std::size_t q = 0; q < ins.size(); ++q) {
+        erased_gradient const* a = got.find(ins[q].name);
+        erased_gradient const* b = moved.find(ins[q].name);
+        if (!a || !b || a->values.size() != pd.mag[q].size() ||
+            b->values.size() != a->values.size())
+          continue;
+        for (std::size_t i = 0; i < a->values.size(); ++i)
+          if (pd.mag[q][i] > 0 && std::isfinite(a->values[i]) && std::isfinite(b->values[i])) {
+            double const r = std::abs(b->values[i] - a->values[i]) / (u * pd.mag[q][i]);
+            sum[q] += r * r;
+            ++count[q];
+          }
+      }
+    }
+    for (std::size_t q = 0; q < ins.size(); ++q) {
+      double const widen = count[q] ? std::sqrt(sum[q] / static_cast<double>(count[q])) : 0;
+      kept_widened[q] = std::max(kept_widened[q], widen);
+      if (widen > 1)
+        for (double& m : pd.mag[q])
+          m *= widen;
+    }
+  };
   for (int si = 0; si < o.seeds; ++si) {
     unsigned const seed = o.first_seed + static_cast<unsigned>(si);
     seed_report& sr = rep.seeds.emplace_back();
@@ -788,7 +825,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     // Every tensor it is given is kept and compared after it ran: a backward that writes into an
     // input, an output of the forward or a cotangent fails (the references are computed from them
     // afterwards, and the backward runs again on them), and what it wrote is put back.
-    auto run_backward = [&](std::vector<owned_tensor<T>> const& c) {
+    // (`jitter`: bf16 values stored into kept_sums moved by a unit in the last place, that seed.)
+    auto run_backward = [&](std::vector<owned_tensor<T>> const& c, std::uint64_t jitter = 0) {
       std::vector<detail::kept_contents> kept = f.keep_all();
       for (std::size_t j = 0; j < c.size(); ++j)
         kept.push_back(
@@ -798,6 +836,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       for (std::size_t j = 0; j < outs.size(); ++j)
         cn.emplace_back(outs[j].name, c[j].cview().named(cotangent_names[j].c_str()));
       backward_context<T> ctx(inputs_named, outputs_named, cn, seed, o.launch);
+      r.launches.bf16_jitter = jitter;
+      if (jitter)
+        r.launches.jitter_targets = kept_sums;
       {
         detail::observer_scope const tracked(&r.launches);
         try {
@@ -981,18 +1022,20 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     if (first.error)
       sr.problems.push_back("the backward threw: " + *first.error);
     // bf16 sums the backward keeps in bf16 memory are rounded at every step, at their full size:
-    // the random walk of one rounding per term does not cover them (check_options).
+    // the random walk of one rounding per term does not cover them (check_options). How far those
+    // roundings move each gradient is measured below, on every seed.
     if (si == 0 && dtype.squares && rule == pass_rule::error_bound && !o.bf16_partial_sums)
-      if (auto const why = detail::bf16_sums_seen(first.launches, first.got); !why.empty()) {
-        dtype.squares = false;
-        rep.rule = error_bound_rule();
+      if (auto const why = detail::bf16_sums_seen(first.launches, first.got, &kept_sums);
+          !why.empty())
         rep.notes.push_back(
             "the backward keeps sums in bf16 memory (" + why +
-            "): they are rounded at every step, so its bf16 gradients are weighed by the running "
-            "error bound |J|^T |w| rather than by |g_ref64| + sqrt(|J|^2^T w^2), which lets "
-            "errors of 20 % through in long reductions; accumulate in float32 for the tighter "
-            "bound (.bf16_partial_sums = false forces it)");
-      }
+            "): they are rounded at every step, at their full size, which the random walk of one "
+            "rounding per term does not cover; so on every seed the backward runs twice more with "
+            "each bf16 value it stores there moved by one unit in the last place, up or down at "
+            "random, and each gradient's bound is widened by how far that moves it, in units of "
+            "u * (|g_ref64| + sqrt(|J|^2^T w^2)) (the root mean square over its elements, at "
+            "least 1). Accumulate in float32 for the tighter bound; .bf16_partial_sums = true "
+            "weighs by the running error bound |J|^T |w| instead, false ignores the sums");
     for (std::size_t l = 0; l < first.launches.launches.size(); ++l)
       if (auto const& race = first.launches.launches[l].race) {
         auto const& d = first.launches.launches[l].g;
@@ -1067,6 +1110,11 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       pd.terms.emplace_back(); // counted below where needed; 1 per element until then
     }
     pd.one_term = terms_may_matter && gmag && !dtype.squares;
+    if (!kept_sums.empty() && gmag && dtype.squares && !first.error)
+      widen_for_kept_sums(pd, first.got, [&](int way) {
+        std::uint64_t const s = detail::mix64(std::uint64_t{seed} << 8 | 0x40u | unsigned(way));
+        return run_backward(cots, s | 1u).got;
+      });
 
     if (rule == pass_rule::error_bound && o.jitter_reference)
       pd.explained = explain(pd);
@@ -1141,6 +1189,17 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (pd.twice)
         pd.first_launches = std::move(first.launches);
     }
+  }
+
+  if (!kept_sums.empty()) {
+    std::ostringstream os;
+    os.precision(3);
+    os << "the bf16 sums kept in memory, each value moved by a unit in the last place, move the "
+          "gradients by (root mean square over the elements, in units of u * (|g_ref64| + "
+          "sqrt(|J|^2^T w^2)), the largest over the seeds; bounds widened by it where above 1):";
+    for (std::size_t q = 0; q < ins.size(); ++q)
+      os << (q ? ", '" : " '") << ins[q].name << "' " << kept_widened[q];
+    rep.notes.push_back(os.str());
   }
 
   // The reference's own relative error at the working precision, the largest over the seeds:

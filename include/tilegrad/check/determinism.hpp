@@ -199,26 +199,38 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
 
 /// Where a backward keeps sums in bf16 memory, as its traced launches show it: a bf16 tensor one
 /// launch both reads and writes (a partial sum read back and added to), or one a launch writes
-/// that is not a gradient handed over (partial sums a later step adds up). Empty where none.
+/// that is not a gradient handed over (partial sums a later step adds up). Says why for the
+/// first (empty where none), and adds every such tensor to `kept` as (launch, argument).
 /// (A tg::copy into bf16 rounds a finished value once: not a sum.)
-inline std::string bf16_sums_seen(launch_observer const& o, gradient_set const& got) {
+inline std::string bf16_sums_seen(launch_observer const& o, gradient_set const& got,
+                                  std::vector<std::pair<std::size_t, int>>* kept = nullptr) {
+  std::string why;
   for (launch_writes const& w : o.writes) {
     if (!w.bf16 || !w.from.empty())
       continue;
     std::string const name = w.name.empty() ? std::string("a bf16 tensor") : "'" + w.name + "'";
+    std::string seen;
     for (std::uint8_t op : w.ops)
-      if ((op & op_load) && (op & op_write))
-        return name + " is read and written by one launch of the backward";
+      if ((op & op_load) && (op & op_write)) {
+        seen = name + " is read and written by one launch of the backward";
+        break;
+      }
     bool handed = false;
     for (auto const& e : got.entries())
-      for (std::int64_t i = 0; e.source && i < e.numel() && !handed; ++i) {
+      for (std::int64_t i = 0; seen.empty() && e.source && i < e.numel() && !handed; ++i) {
         auto const* b = static_cast<std::byte const*>(e.source_of(i));
         handed = b >= w.lo && b < w.hi;
       }
-    if (!handed)
-      return name + " is written by the backward and not handed over as a gradient";
+    if (seen.empty() && !handed)
+      seen = name + " is written by the backward and not handed over as a gradient";
+    if (seen.empty())
+      continue;
+    if (why.empty())
+      why = seen;
+    if (kept)
+      kept->emplace_back(w.launch, w.arg);
   }
-  return {};
+  return why;
 }
 
 } // namespace tilegrad::detail

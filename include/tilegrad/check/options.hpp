@@ -118,12 +118,16 @@ struct check_options {
   /// set them).
   std::optional<double> k_bound = {};
   /// error_bound with bfloat16 tensors: whether the backward keeps sums of many terms in bf16
-  /// memory (partial weight gradients in a bf16 buffer, read back and added to, as in Triton's
+  /// (partial weight gradients in a bf16 buffer, read back and added to, as in Triton's
   /// layer-norm tutorial). Such a sum is rounded at every step, at its full size, and the random
-  /// walk of one rounding per term (|g_ref64| + sqrt(|J|^2^T w^2)) does not cover it: the
-  /// gradients are then weighed by the running error bound |J|^T |w|, as float32 ones are, which
-  /// lets bugs of 20 % through in long reductions. Unset: seen in the backward's launches (a bf16
-  /// tensor a launch both reads and writes, or one it writes that is not a gradient handed back).
+  /// walk of one rounding per term (|g_ref64| + sqrt(|J|^2^T w^2)) does not cover it.
+  /// Unset: seen in the backward's launches (a bf16 tensor a launch both reads and writes, or one
+  /// it writes that is not a gradient handed back); where seen, each seed runs the backward twice
+  /// more with every bf16 value stored there moved by a unit in the last place, and widens each
+  /// gradient's bound by how far that moves it (docs/checking.md). true: sums the launches cannot
+  /// show (an accumulator tile rounded to bf16 as it adds): the gradients are weighed by the
+  /// running error bound |J|^T |w|, as float32 ones are, which lets bugs of 20 % through in long
+  /// reductions. false: the random walk alone.
   std::optional<bool> bf16_partial_sums = {};
   /// error_bound, second look: when an element is over its bound, the backward runs again with
   /// the values it reads from the forward (outputs, unmarked tensors the forward writes) moved by

@@ -530,6 +530,15 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
   std::vector<program_log>& logs = held.logs;
   if (logs.size() < static_cast<std::size_t>(wave))
     logs.resize(static_cast<std::size_t>(wave));
+  std::uint64_t const jitter = observer ? observer->bf16_jitter : 0;
+  if (jitter)
+    for (tracked_tensor& t : tracker.tensors())
+      for (auto const& v : t.views)
+        t.jitter = t.jitter || (t.bf16 && std::find(observer->jitter_targets.begin(),
+                                                    observer->jitter_targets.end(),
+                                                    std::pair<std::size_t, int>(
+                                                        observer->launches.size(), v.arg)) !=
+                                              observer->jitter_targets.end());
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
     std::int64_t const n = std::min(wave, total - w0);
     auto run = [&](std::int64_t i) {
@@ -537,6 +546,8 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
       program_log& log = logs[static_cast<std::size_t>(i)];
       log.clear();
       access_hooks h{&tracker, &log};
+      if (jitter)
+        h.bf16_jitter = mix64(jitter ^ static_cast<std::uint64_t>(w0 + i));
       program_scope const scope(p, &h);
       observer_scope const nested(nullptr); // a launch inside a program is not observed
       call(p);

@@ -399,10 +399,13 @@ TILEGRAD_NOINLINE inline void record_block(access_hooks const& h, void const* ba
                                            int rank, int const* dims,
                                            std::int64_t const* shape, std::int64_t const* strides,
                                            std::int64_t const* offsets, unsigned checked_axes,
-                                           std::uint8_t op, std::source_location const& loc) {
+                                           std::uint8_t op, std::source_location const& loc,
+                                           bool bf16_store = false) {
   access_recorder rec(h, base, elem, extent, name);
   if (!rec.wanted(op))
     return;
+  if (bf16_store)
+    rec.move_stored_bf16(const_cast<void*>(base));
   int rows = 1;
   for (int a = 0; a < rank - 1; ++a)
     rows *= dims[a];
@@ -444,7 +447,8 @@ void record_block(access_hooks const& h, block_ptr<T, Bs...> const& bp, std::uin
   for (int a = 0; a < static_cast<int>(sizeof...(Bs)); ++a)
     axes |= Check::has(a) ? 1u << a : 0u;
   record_block(h, bp.data(), sizeof(T), bp.extent(), bp.name(), static_cast<int>(sizeof...(Bs)),
-               dims, bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc);
+               dims, bp.shape().data(), bp.strides().data(), bp.offsets().data(), axes, op, loc,
+               std::is_same_v<std::remove_const_t<T>, bf16> && op == op_store);
 }
 
 } // namespace detail

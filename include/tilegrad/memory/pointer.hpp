@@ -323,6 +323,9 @@ TILEGRAD_NOINLINE void record_lanes(access_hooks const& h, ptr_tile<T, Off> cons
   access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
   if (!rec.wanted(op))
     return;
+  if constexpr (std::is_same_v<std::remove_const_t<T>, bf16>)
+    if (op == op_store)
+      rec.move_stored_bf16(const_cast<bf16*>(p.base.data()));
   constexpr int W = access_width<std::remove_const_t<T>, Mask, no_mask>;
   for_each_access<S, W>(
       p, mask, [&](int, int, std::int64_t e) { rec(0, e, 1); },

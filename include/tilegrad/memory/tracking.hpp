@@ -145,7 +145,29 @@ struct access_hooks {
   // logged as op_unraced (integer locks, flags and counters synchronise programs; they are not
   // races, but a tg::loop replayed after one would read the value it left).
   bool lenient = false;
+  // check_backward's measure of bf16 sums kept in memory: stores to the tracked bf16 tensors
+  // marked `jitter` move each element stored by one unit in the last place, up or down as this
+  // seed (mixed with the program, the access and the element) says; 0: off.
+  std::uint64_t bf16_jitter = 0;
 };
+
+/// Moves a stored bf16 value by one unit in the last place, its magnitude up or down as bit 0 of
+/// `h` says; zeros, infinities, NaNs and the largest finite values stay.
+inline void move_bf16_ulp(std::uint16_t& bits, std::uint64_t h) {
+  std::uint16_t const mag = bits & 0x7fffu;
+  if (mag == 0 || mag >= 0x7f7fu)
+    return;
+  bits = static_cast<std::uint16_t>(h & 1u ? bits + 1u : bits - 1u);
+}
+
+/// A well-mixed 64-bit hash (splitmix64's finaliser).
+inline std::uint64_t mix64(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 /// Zeroed blocks kept for reuse by the thread that checks launches: fresh memory costs a page
 /// fault per 4 KiB touched, on every launch (measured: a third of the time of a tracked
@@ -327,6 +349,7 @@ struct tracked_tensor {
   std::size_t elem = 0;
   std::int64_t span = 0;
   bool bf16 = false;                 // of bf16 elements (a view of any of its views)
+  bool jitter = false;               // bf16 stores to it are moved (access_hooks::bf16_jitter)
   char const* name = "";             // the first view's
   std::vector<tracked_view> views;   // every view, the first first
   zeroed_array<element_state> state; // allocated when the check first meets it
@@ -1045,6 +1068,14 @@ public:
   access_recorder& operator=(access_recorder const&) = delete;
 
   bool active() const { return log_ != nullptr; }
+  /// Moves every lane of this access, a store of bf16 values at `base`, by one unit in the last
+  /// place where the hooks ask for it (access_hooks::bf16_jitter) for its tensor.
+  void move_stored_bf16(void* base) {
+    if (log_ && hooks_->bf16_jitter && hooks_->tracker->tensor_at(tensor_).jitter) {
+      moved_ = static_cast<std::uint16_t*>(base);
+      seed_ = mix64(hooks_->bf16_jitter ^ mix64(log_->accesses.size() + 1));
+    }
+  }
   /// The tracked tensor, and the element (from its first) of the last lane recorded, and how
   /// many lanes were.
   int tensor() const { return tensor_; }
@@ -1062,6 +1093,9 @@ public:
       builder_->add(pos_, off + shift_);
     else
       builder_->add(pos_, off + shift_, n);
+    if (moved_)
+      for (int k = 0; k < n; ++k)
+        move_bf16_ulp(moved_[off + k], mix64(seed_ ^ static_cast<std::uint64_t>(off + k)));
     last_ = off + shift_ + n - 1;
     pos_ += n; // lane positions only chain the runs: consecutive calls merge by offset
   }
@@ -1114,6 +1148,8 @@ private:
   int pos_ = 0;
   std::int64_t shift_ = 0, values_ = -1, last_ = -1;
   float* next_ = nullptr;
+  std::uint16_t* moved_ = nullptr; // the bf16 elements a store moves (move_stored_bf16)
+  std::uint64_t seed_ = 0;
   std::optional<run_builder> builder_;
 };
 
@@ -1133,6 +1169,7 @@ struct launch_writes {
   double from_unit = 0;
   bool bf16 = false; ///< of bf16 elements
   std::string name; ///< the tensor's (its first view's; a copy: the view may not outlive it)
+  int arg = 0; ///< its first view's place among the kernel's arguments (1-based; 0: unknown)
 };
 
 /// What the last write of an element was, followed through copies to the launch that made it.
@@ -1158,6 +1195,10 @@ public:
   };
   std::vector<launch_record> launches;
   std::vector<launch_writes> writes; // launch by launch, in order
+  /// check_backward's measure of bf16 sums kept in memory: a seed (0: off), and the tensors
+  /// whose bf16 stores are moved, as (launch, argument) (launch_writes::launch, ::arg).
+  std::uint64_t bf16_jitter = 0;
+  std::vector<std::pair<std::size_t, int>> jitter_targets;
   /// launch_writes::launch of a host copy.
   static constexpr std::size_t no_launch = static_cast<std::size_t>(-1);
 
@@ -1169,7 +1210,8 @@ public:
     for (auto& t : tr.tensors()) {
       if (!t.state)
         continue;
-      launch_writes w{launches.size() - 1, t.lo, t.hi, t.elem, {}, {}, {}, 0, 0, t.bf16, t.name};
+      launch_writes w{launches.size() - 1, t.lo, t.hi, t.elem, {}, {}, {}, 0, 0, t.bf16, t.name,
+                      t.views.empty() ? 0 : t.views[0].arg};
       w.ops.resize(static_cast<std::size_t>(t.span));
       bool any = false;
       for (std::int64_t i = 0; i < t.span; ++i) {
