@@ -248,6 +248,36 @@ TEST(VjpMisuse, ElementAccessInAKernelThrowsInsteadOfGivingZeroGradients) {
     EXPECT_FLOAT_EQ(g["x"](i), 2 * x(i) * dy(i)) << i;
 }
 
+TEST(VjpRaces, ALastProgramReducingSaysToReduceInASecondLaunch) {
+  // The forward sums x in per-program partials; the program that draws the last ticket adds them
+  // up. check_backward's race check accepts this in a backward; vjp's reverse sweep does not, and
+  // says what to write instead.
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> partial,
+                       tg::tensor<int> counter, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * std::int64_t{4} + tg::arange<0, 4>();
+    tg::store(partial + p.program_id(0) + tg::arange<0, 1>(), tg::sum<0>(tg::load(x + i)));
+    if (tg::atomic_add(counter + 0, 1).item() != p.num_programs(0) - 1)
+      return;
+    auto const all = tg::arange<0, 8>();
+    tg::store(y + tg::arange<0, 1>(), tg::sum<0>(tg::load(partial + all, all < p.num_programs(0),
+                                                          0.0f)));
+  };
+  tg::owned_tensor<float> x({24}, "x"), partial({6}, "partial"), y({1}, "y"), dy({1}, "dy");
+  tg::owned_tensor<int> counter({1}, "counter");
+  fill(x, 3);
+  fill(dy, 4);
+  counter(0) = 0;
+  auto const e = expect_race([&] {
+    (void)tg::vjp(6, k, tg::in("x", x), partial.view(), counter.view(), tg::out("y", y, dy));
+  });
+  std::string const what = e.what();
+  EXPECT_NE(what.find("race on tensor 'partial'"), std::string::npos) << what;
+  EXPECT_NE(what.find("vjp orders programs by neither locks nor tickets"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("reduces what its programs wrote in a second launch"), std::string::npos)
+      << what;
+}
+
 TEST(VjpRaces, TwoProgramsStoringOneElement) {
   // Program p stores its block, and program `culprit` also stores element 0.
   auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y, int culprit) {

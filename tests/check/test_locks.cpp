@@ -42,7 +42,7 @@ constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T con
                                           tg::tensor<T const> rstd, tg::tensor<T const> dy,
                                           tg::tensor<T> dx, tg::tensor<T> partial_dw,
                                           tg::tensor<T> partial_db, tg::tensor<int> locks,
-                                          int which, int order) {
+                                          int which, int order, float extra) {
   auto const b = static_cast<bug>(which);
   std::int64_t const m = x.size(0), n = x.size(1);
   std::int64_t const row = order ? m - 1 - p.program_id(0) : p.program_id(0);
@@ -61,7 +61,7 @@ constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T con
   std::int64_t const lock = row % Groups, count = Groups + lock;
   auto const pdw = partial_dw + group * partial_dw.stride(0) + cols;
   auto const pdb = partial_db + group * partial_db.stride(0) + cols;
-  tg::tile<T, BlockN> dw = g * xhat, db = g;
+  tg::tile<T, BlockN> dw = g * xhat + extra, db = g;
   tg::tile<T, BlockN> early = tg::zeros<T, BlockN>();
   if (b == bug::read_before_lock)
     early = tg::load(pdw, mask, 0.0f);
@@ -89,6 +89,31 @@ constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T con
     (void)tg::atomic_xchg(locks + lock, 0);
 };
 
+// dx as the tutorial's kernel computes it; dw and db added into one row each under one lock.
+constexpr auto one_lock_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                          tg::tensor<T const> w, tg::tensor<T const> mean,
+                                          tg::tensor<T const> rstd, tg::tensor<T const> dy,
+                                          tg::tensor<T> dx, tg::tensor<T> dw, tg::tensor<T> db,
+                                          tg::tensor<int> locks, int order) {
+  std::int64_t const m = x.size(0), n = x.size(1);
+  std::int64_t const row = order ? m - 1 - p.program_id(0) : p.program_id(0);
+  auto const cols = tg::arange<0, BlockN>();
+  auto const mask = cols < n;
+  tg::tile<T, BlockN> const xv = tg::load(x + row * x.stride(0) + cols, mask, 0.0f);
+  tg::tile<T, BlockN> const g = tg::load(dy + row * dy.stride(0) + cols, mask, 0.0f);
+  tg::tile<T, BlockN> const wv = tg::load(w + cols, mask, 0.0f);
+  tg::tile<T> const mu = tg::load(mean + row), rs = tg::load(rstd + row);
+  tg::tile<T, BlockN> const xhat = tg::where(mask, (xv - mu) * rs, 0.0f);
+  tg::tile<T, BlockN> const wdy = tg::where(mask, wv * g, 0.0f);
+  tg::tile<T> const c1 = tg::sum(xhat * wdy) / double(n), c2 = tg::sum(wdy) / double(n);
+  tg::store(dx + row * dx.stride(0) + cols, (wdy - (xhat * c1 + c2)) * rs, mask);
+  while (tg::atomic_cas(locks + 0, 0, 1).item() == 1) {
+  }
+  tg::store(dw + cols, tg::load(dw + cols, mask, 0.0f) + g * xhat, mask);
+  tg::store(db + cols, tg::load(db + cols, mask, 0.0f) + g, mask);
+  (void)tg::atomic_xchg(locks + 0, 0);
+};
+
 // The backward: the tutorial's kernel, then the library's reduction of the partial rows. Calls
 // alternate the row order when `alternate` is set (the determinism check runs it twice).
 struct tutorial_backward {
@@ -96,6 +121,8 @@ struct tutorial_backward {
   tg::tensor<float const> mean, rstd;
   bool alternate = false;
   int* calls = nullptr;
+  bool direct = false;            // dw summed into one row under one lock, handed over as it is
+  float extra_on_second = 0.0f;   // added to each row's dw on the second call
 
   tg::gradient_set operator()(tg::backward_context<float>& ctx) const {
     auto const x = ctx.input("x");
@@ -105,9 +132,17 @@ struct tutorial_backward {
     tg::owned_tensor<float> dw({n}), db({n});
     tg::owned_tensor<int> locks({2 * Groups}, "locks");
     int const order = alternate ? (*calls)++ % 2 : 0;
+    if (direct) {
+      // One lock, one row: each program adds g * xhat into dw and g into db holding it.
+      std::fill_n(dw.data(), n, 0.0f);
+      std::fill_n(db.data(), n, 0.0f);
+      tg::launch(ctx.options(), m, one_lock_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
+                 dw.view(), db.view(), locks.view(), order);
+      return {{"x", dx}, {"w", dw}, {"b", db}};
+    }
     tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
-               pdw.view(), pdb.view(), locks.view(),
-               static_cast<int>(b), order);
+               pdw.view(), pdb.view(), locks.view(), static_cast<int>(b), order,
+               order ? extra_on_second : 0.0f);
     tg::launch(ctx.options(), tg::cdiv(n, BlockN), tg::kernels::layer_norm_reduce_dwdb<BG, BlockN>,
                pdw.cview(), pdb.cview(), dw.view(), db.view());
     return {{"x", dx}, {"w", dw}, {"b", db}};
@@ -174,20 +209,35 @@ TEST(Locks, BrokenLockingIsARaceOnThePartialSums) {
   }
 }
 
-TEST(Locks, SumsMadeUnderALockInAnotherOrderAreNotDeterministicAndSaySo) {
+TEST(Locks, SumsMadeUnderALockInAnotherOrderAreANote) {
   // The second run of the backward takes the rows in reverse order: the partial sums differ in
-  // their last bits, the verdict is "not deterministic", and the report says where the lock is
-  // and how to accept the order.
+  // their last bits, and so does what the reduction launch makes of them. Both are the order the
+  // programs took the lock in, within the first look's bound: a note naming both, and a pass.
   int calls = 0;
   auto const r = check({bug::none, {}, {}, true, &calls}, 203, 100, {.seeds = 1});
-  EXPECT_FALSE(r);
-  EXPECT_TRUE(r.mentions("not deterministic")) << r;
-  EXPECT_TRUE(r.mentions("writes tensor 'partial_dw' holding a lock")) << r;
-  EXPECT_TRUE(r.mentions("check_determinism = false")) << r;
-  EXPECT_FALSE(r.mentions("race")) << r;
+  EXPECT_BACKWARD_OK(r);
+  EXPECT_FALSE(r.mentions("not deterministic")) << r;
+  EXPECT_TRUE(r.mentions("differs between two runs in ")) << r;
+  EXPECT_TRUE(r.mentions("stored by launch 2 of the backward, which takes 'partial_dw', made by "
+                         "atomic_add or under a lock in an earlier launch"))
+      << r;
+  // Sums a lock leaves in the order the programs took it: stored, under the lock, as gradients.
   calls = 0;
-  EXPECT_BACKWARD_OK(check({bug::none, {}, {}, true, &calls}, 203, 100,
-                           {.seeds = 1, .check_determinism = false}));
+  auto const direct = check({bug::none, {}, {}, true, &calls, true}, 203, 100, {.seeds = 1});
+  EXPECT_TRUE(direct.mentions("'w' differs between two runs in ")) << direct;
+  EXPECT_BACKWARD_OK(direct);
+  EXPECT_TRUE(direct.mentions("stored holding a lock: programs take a lock in the order their "
+                              "threads reach it"))
+      << direct;
+  // A second run that differs by more than the order can (1e-3 added to each partial row on it)
+  // still fails, and says where the lock is and how to accept the difference.
+  calls = 0;
+  auto const more = check({bug::none, {}, {}, true, &calls, false, 1e-3f}, 203, 100, {.seeds = 1});
+  EXPECT_FALSE(more);
+  EXPECT_TRUE(more.mentions("not deterministic")) << more;
+  EXPECT_TRUE(more.mentions("writes tensor 'partial_dw' holding a lock")) << more;
+  EXPECT_TRUE(more.mentions("check_determinism = false")) << more;
+  EXPECT_FALSE(more.mentions("race")) << more;
 }
 
 TEST(Locks, ARaceOnAnUnnamedTensorNamesItsArgument) {

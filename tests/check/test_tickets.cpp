@@ -9,6 +9,7 @@
 // that does not count up one ticket at a time (reset by a program that did not draw the last
 // ticket) cannot order programs, and says so.
 #include <tilegrad/check/gtest.hpp>
+#include <tilegrad/kernels/matmul.hpp>
 #include <tilegrad/tilegrad.hpp>
 
 #include <gtest/gtest.h>
@@ -251,6 +252,113 @@ TEST(Tickets, ACounterResetBeforeTheLastTicketCannotOrderProgramsAndSaysSo) {
       EXPECT_NE(what.find("was drawn twice"), std::string::npos) << what;
     }
   }
+}
+
+namespace {
+
+// Split-K, the way a Triton user writes it: db = aᵀ @ dc over M split in `splits` parts, one
+// program per (K tile, N tile, split). Each stores its partial tile to a workspace, draws a ticket
+// from its output tile's counter, and the program that draws the tile's last ticket adds the
+// partial tiles up and resets the counter. One counter per output tile: tickets of one counter
+// order only the programs of that tile.
+constexpr int TK = 16, TN = 32, TM = 32;
+enum class split_bug { none, reduce_never, ticket_first };
+
+constexpr auto split_k_db = [](tg::program const& p, tg::tensor<float const> a,
+                               tg::tensor<float const> dc, tg::tensor<float> ws,
+                               tg::tensor<int> counters, tg::tensor<float> db, int which) {
+  auto const b = static_cast<split_bug>(which);
+  std::int64_t const M = a.size(0), K = a.size(1), N = dc.size(1);
+  int const tk = p.program_id(0), tn = p.program_id(1), split = p.program_id(2);
+  int const splits = p.num_programs(2);
+  std::int64_t const per = tg::cdiv(tg::cdiv(M, std::int64_t{TM}), std::int64_t{splits}) * TM;
+  auto const offs_k = tk * TK + tg::arange<0, TK>();
+  auto const offs_n = tn * TN + tg::arange<0, TN>();
+  auto const out = tg::col(offs_k < K) & tg::row(offs_n < N);
+  auto const tile = counters + (tk * p.num_programs(1) + tn);
+  int ticket = -1;
+  if (b == split_bug::ticket_first)
+    ticket = tg::atomic_add(tile, 1).item();
+  auto acc = tg::zeros<float, TK, TN>();
+  for (std::int64_t m0 = split * per; m0 < std::min(M, (split + 1) * per); m0 += TM) {
+    auto const offs_m = m0 + tg::arange<0, TM>();
+    auto const in_m = tg::col(offs_m < std::min(M, (split + 1) * per));
+    auto const at = tg::load(a + tg::col(offs_m) * a.stride(0) + tg::row(offs_k), in_m &
+                             tg::row(offs_k < K), 0.0f);
+    auto const dct = tg::load(dc + tg::col(offs_m) * dc.stride(0) + tg::row(offs_n), in_m &
+                              tg::row(offs_n < N), 0.0f);
+    acc = tg::dot(tg::trans(at), dct, std::move(acc));
+  }
+  auto const part = ws + split * ws.stride(0) + tg::col(offs_k) * ws.stride(1) + tg::row(offs_n);
+  tg::store(part, acc, out);
+  if (b != split_bug::ticket_first)
+    ticket = tg::atomic_add(tile, 1).item();
+  if (ticket != (b == split_bug::reduce_never ? splits : splits - 1))
+    return;
+  auto sum = tg::zeros<float, TK, TN>();
+  for (int q = 0; q < splits; ++q)
+    sum += tg::load(ws + q * ws.stride(0) + tg::col(offs_k) * ws.stride(1) + tg::row(offs_n), out,
+                    0.0f);
+  tg::store(db + tg::col(offs_k) * db.stride(0) + tg::row(offs_n), sum, out);
+  (void)tg::atomic_xchg(tile, 0);
+};
+
+struct split_k_backward {
+  split_bug b;
+  int splits;
+  tg::gradient_set operator()(tg::backward_context<float>& ctx) const {
+    auto const a = ctx.input("a");
+    auto const bm = ctx.input("b");
+    auto const dc = ctx.cotangent("c");
+    std::int64_t const M = a.size(0), K = a.size(1), N = bm.size(1);
+    tg::owned_tensor<float> da({M, K}), db({K, N}), ws({splits, K, N}, "workspace");
+    std::int64_t const tiles_k = tg::cdiv(K, std::int64_t{TK}), tiles_n = tg::cdiv(N, std::int64_t{TN});
+    tg::owned_tensor<int> counters({tiles_k * tiles_n}, "tile_counters");
+    std::fill_n(counters.data(), tiles_k * tiles_n, 0);
+    std::fill_n(db.data(), K * N, 0.0f);
+    tg::launch(ctx.options(), tg::grid(tg::cdiv(M, std::int64_t{32}), tg::cdiv(K, std::int64_t{16})),
+               tg::kernels::matmul_bwd_da<32, 16, 32>, dc, bm, da.view());
+    tg::launch(ctx.options(), tg::grid(tiles_k, tiles_n, splits), split_k_db, a, dc, ws.view(),
+               counters.view(), db.view(), static_cast<int>(b));
+    return {{"a", da}, {"b", db}};
+  }
+};
+
+tg::check_report check_split_k(split_bug b, int splits, tg::check_options o = {}) {
+  std::int64_t const M = 300, K = 70, N = 90;
+  tg::owned_tensor<float> a({M, K}), bm({K, N}), c({M, N});
+  return tg::check_backward(
+      tg::forward(static_cast<int>(tg::cdiv(M, std::int64_t{32}) * tg::cdiv(N, std::int64_t{32})),
+                  tg::kernels::matmul_fwd<32, 32, 16>, tg::in("a", a), tg::in("b", bm),
+                  tg::out("c", c)),
+      split_k_backward{b, splits}, o);
+}
+
+} // namespace
+
+TEST(Tickets, SplitKWithACounterPerTilePassesAndItsBugsFail) {
+  // Shapes off every tile; 4 and 3 splits of M (the last one short); every executor.
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
+    if (!tg::executor_available(e))
+      continue;
+    for (int splits : {4, 3}) {
+      auto const r = check_split_k(split_bug::none, splits, {.seeds = 2, .launch = {e, 4}});
+      EXPECT_BACKWARD_OK(r) << splits;
+      EXPECT_FALSE(r.mentions("race")) << r;
+    }
+  }
+  // No program draws ticket `splits`: db is never stored (zeros).
+  auto const never = check_split_k(split_bug::reduce_never, 4, {.seeds = 1});
+  EXPECT_FALSE(never);
+  EXPECT_FALSE(never.gradient("b")->ok) << never;
+  EXPECT_TRUE(never.gradient("a")->ok) << never;
+  // The ticket drawn before the partial tile is stored: a race on the workspace, whose message
+  // names the tile's counter.
+  auto const early = check_split_k(split_bug::ticket_first, 4,
+                                   {.seeds = 1, .check_determinism = false});
+  EXPECT_FALSE(early);
+  EXPECT_TRUE(early.mentions("race on tensor 'workspace', element (")) << early;
+  EXPECT_TRUE(early.mentions("Programs draw tickets from tensor 'tile_counters', element (")) << early;
 }
 
 } // namespace test_tickets

@@ -55,7 +55,9 @@ inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::u
       p + " " + mine + " it at " + detail::where_string(loc) + ", and " +
       (other == me ? std::string("the same program") : q) + " " + theirs +
       ". Within one launch each element is written by one program (or only accumulated with "
-      "atomic_add), and no program reads what another writes.";
+      "atomic_add), and no program reads what another writes. (vjp orders programs by neither "
+      "locks nor tickets, as check_backward's race check does for a backward: a forward reduces "
+      "what its programs wrote in a second launch.)";
   throw race_error(msg, p, q, e.name, elem, loc);
 }
 #else

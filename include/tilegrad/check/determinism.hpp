@@ -1,8 +1,10 @@
 // check_backward's determinism check: the same backward run twice on the same data must give the
-// same bits, except where only the order of atomic additions can differ. Each run's launches are
-// tracked (memory/tracking.hpp), so an element that differs is traced to the last launch that
-// wrote it: written by atomic_add alone in both runs, and by no more than reordering its
-// additions can change a sum, it is reported as such and passes; anything else fails.
+// same bits, except where only the order of atomic additions, or of programs taking a lock, can
+// differ. Each run's launches are tracked (memory/tracking.hpp), so an element that differs is
+// traced to the last launch that wrote it: written by atomic_add alone in both runs, and by no
+// more than reordering its additions can change a sum, it is reported as such and passes; stored
+// holding a lock in both runs, or stored from such sums by a later launch, by no more than the
+// first look's bound there, likewise; anything else fails.
 #pragma once
 
 #include "tilegrad/check/gradient_set.hpp"
@@ -64,9 +66,10 @@ inline std::string locked_writes(launch_observer const& o) {
 
 /// Compares gradient a of one run with b of another on the same data; la and lb are the runs'
 /// launches. An element written last by atomic_add alone in both runs may differ by the order
-/// of its additions (reordering_bound); one stored by a launch that takes sums atomic_add made
-/// in an earlier launch, by the order of those additions passed on, up to `bounds` (the first
-/// look's bound per element; none given: it may not differ).
+/// of its additions (reordering_bound); one stored holding a lock in both runs (a sum made under
+/// it, in the order the programs took it), or by a launch that takes sums made so in an earlier
+/// launch, by that order, up to `bounds` (the first look's bound per element; none given: it may
+/// not differ).
 inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradient const& b,
                                         launch_observer const& la, launch_observer const& lb,
                                         std::vector<double> const* bounds = nullptr) {
@@ -81,6 +84,7 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
   // order of those additions reaches them through the launch, by an amount this check does not
   // follow through a kernel; they may differ by the first look's bound there (`bounds`).
   std::int64_t derived = 0, first_derived = -1;
+  std::int64_t locked = 0, first_locked = -1; // stored holding a lock in both runs
   std::string derived_from;
   std::ptrdiff_t derived_launch = -1;
   std::vector<std::pair<std::ptrdiff_t, std::string>> seen_a, seen_b;
@@ -105,10 +109,15 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
     double const bound = reordering_bound(ta, tb, g, u);
     if (bound < 0) {
       std::string from;
-      if (ta.ops == op_store && tb.ops == op_store && ta.launch == tb.launch && bounds &&
-          at < bounds->size() &&
-          std::abs(a.values[at] - b.values[at]) <= (*bounds)[at] &&
-          !(from = sums_taken(la, ta.launch, seen_a)).empty() &&
+      bool const within = ta.ops == op_store && tb.ops == op_store && ta.launch == tb.launch &&
+                          bounds && at < bounds->size() &&
+                          std::abs(a.values[at] - b.values[at]) <= (*bounds)[at];
+      if (within && ta.locked && tb.locked) {
+        if (locked++ == 0)
+          first_locked = i;
+        continue;
+      }
+      if (within && !(from = sums_taken(la, ta.launch, seen_a)).empty() &&
           !sums_taken(lb, tb.launch, seen_b).empty()) {
         if (derived++ == 0) {
           first_derived = i;
@@ -157,12 +166,13 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
        << " elements of '" << a.name << "', the first at " << coords(first);
     if (diff > unexplained)
       os << " (and in " << diff - unexplained << " that atomic_add alone wrote)";
-    if (std::string const locked = locked_writes(la).empty() ? locked_writes(lb)
-                                                             : locked_writes(la);
-        !locked.empty())
-      os << ". The backward writes tensor " << locked
+    if (std::string const held = locked_writes(la).empty() ? locked_writes(lb)
+                                                           : locked_writes(la);
+        !held.empty())
+      os << ". The backward writes tensor " << held
          << " holding a lock: programs take a lock in the order their threads reach it, so sums "
-            "made under one change with that order. If that is intended, set "
+            "made under one change with that order, which passes within the first look's bound; "
+            "these differ by more, or were not stored holding the lock. If that is intended, set "
             "check_options::check_determinism = false";
   } else if (over) {
     os << "not deterministic: two runs on the same data differ in " << over << " of " << n
@@ -173,16 +183,28 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
   }
   if (unexplained || over) {
     if (derived)
-      os << " (and in " << derived << " stored by a launch that takes sums atomic_add made)";
+      os << " (and in " << derived << " stored by a launch that takes sums made by atomic_add or "
+         << "under a lock)";
+    if (locked)
+      os << " (and in " << locked << " stored holding a lock)";
     v.problem = os.str();
     return v;
   }
-  if (diff > derived) {
-    os << "'" << a.name << "' differs between two runs in " << diff - derived << " of " << n
+  if (diff > derived + locked) {
+    os << "'" << a.name << "' differs between two runs in " << diff - derived - locked << " of " << n
        << " elements, each written by atomic_add alone (up to " << most_adds
        << " additions): the order of the additions, not a fault; the largest difference, "
        << delta(worst) << " at " << coords(worst) << ", is " << worst_ratio
        << " of its bound 2 n u (|g| + 2 sum|v|) = " << worst_bound;
+    if (derived || locked)
+      os << "; ";
+  }
+  if (locked) {
+    os << "'" << a.name << "' differs between two runs in " << locked << " of " << n
+       << " elements (the first at " << coords(first_locked) << ", by " << delta(first_locked)
+       << ") stored holding a lock: programs take a lock in the order their threads reach it, so "
+          "sums made under it change with that order, not a fault (each within the first look's "
+          "bound there)";
     if (derived)
       os << "; ";
   }
@@ -191,8 +213,9 @@ inline determinism_verdict compare_runs(erased_gradient const& a, erased_gradien
        << " elements (the first at " << coords(first_derived) << ", by "
        << delta(first_derived) << ") stored by launch " << derived_launch + 1
        << " of the backward, which takes " << derived_from
-       << ", made by atomic_add in an earlier launch: the order of those additions, passed on "
-          "(not followed through the kernel; each within the first look's bound there)";
+       << ", made by atomic_add or under a lock in an earlier launch: the order of those "
+          "additions, passed on (not followed through the kernel; each within the first look's "
+          "bound there)";
   v.note = os.str();
   return v;
 }

@@ -1170,6 +1170,9 @@ struct launch_writes {
   bool bf16 = false; ///< of bf16 elements
   std::string name; ///< the tensor's (its first view's; a copy: the view may not outlive it)
   int arg = 0; ///< its first view's place among the kernel's arguments (1-based; 0: unknown)
+  /// Per element, whether it was stored, and every access to it made, holding one lock (empty:
+  /// none was).
+  std::vector<std::uint8_t> locked;
 };
 
 /// What the last write of an element was, followed through copies to the launch that made it.
@@ -1178,6 +1181,7 @@ struct traced_write {
   std::ptrdiff_t launch = -1; ///< that launch's place among the observer's launches
   add_sum sum{0, 0};    ///< with op_atomic_add alone: its additions
   double copied_from_unit = 0; ///< when reached through copies: the source's unit roundoff
+  bool locked = false;  ///< stored, and every access to it made, holding one lock
 };
 
 /// Collects what the tracked launches started on one thread found (check_backward installs one
@@ -1211,12 +1215,17 @@ public:
       if (!t.state)
         continue;
       launch_writes w{launches.size() - 1, t.lo, t.hi, t.elem, {}, {}, {}, 0, 0, t.bf16, t.name,
-                      t.views.empty() ? 0 : t.views[0].arg};
+                      t.views.empty() ? 0 : t.views[0].arg, {}};
       w.ops.resize(static_cast<std::size_t>(t.span));
       bool any = false;
       for (std::int64_t i = 0; i < t.span; ++i) {
-        w.ops[static_cast<std::size_t>(i)] = t.state.get()[i].ops;
-        any |= (t.state.get()[i].ops & op_write) != 0;
+        element_state const& e = t.state.get()[i];
+        w.ops[static_cast<std::size_t>(i)] = e.ops;
+        any |= (e.ops & op_write) != 0;
+        if (e.lock && (e.ops & op_store)) {
+          w.locked.resize(static_cast<std::size_t>(t.span), 0);
+          w.locked[static_cast<std::size_t>(i)] = 1;
+        }
       }
       if (!any)
         continue;
@@ -1244,7 +1253,7 @@ public:
       hi = i == 0 ? b + sizeof(Dst) : std::max(hi, b + sizeof(Dst));
     }
     launch_writes w{no_launch, lo, hi, sizeof(Dst), {}, {}, {}, sizeof(Src), unit,
-                    std::is_same_v<std::remove_const_t<Dst>, tilegrad::bf16>, dst.name()};
+                    std::is_same_v<std::remove_const_t<Dst>, tilegrad::bf16>, dst.name(), 0, {}};
     auto const span = static_cast<std::size_t>((hi - lo) / static_cast<std::ptrdiff_t>(sizeof(Dst)));
     w.ops.assign(span, 0);
     w.from.assign(span, nullptr);
@@ -1258,11 +1267,11 @@ public:
   }
 
   /// The name of a tensor whose memory launch `l` took and of which some element was written
-  /// last, before it, by atomic_add alone, or which launch `l` wrote by atomic_add alone and
-  /// loaded (after every addition: the race check orders the loads by tickets) ('name', or "an
-  /// unnamed tensor"); empty where there is none.
-  /// (A launch that loads atomically made sums and stores what it makes of them passes their
-  /// run-to-run differences on.)
+  /// last, before it, by atomic_add alone or holding a lock, or which launch `l` wrote by
+  /// atomic_add alone and loaded (after every addition: the race check orders the loads by
+  /// tickets) ('name', or "an unnamed tensor"); empty where there is none.
+  /// (A launch that loads sums made in an order the run chose and stores what it makes of them
+  /// passes their run-to-run differences on.)
   std::string takes_atomic_sums(std::ptrdiff_t l) const {
     if (l < 0 || static_cast<std::size_t>(l) >= launches.size())
       return {};
@@ -1280,14 +1289,17 @@ public:
     for (auto const& [lo, hi] : launches[static_cast<std::size_t>(l)].spans)
       for (std::size_t k = 0; k < before; ++k) {
         launch_writes const& w = writes[k];
-        if (w.launch == no_launch || w.sums.empty() || w.hi <= lo || hi <= w.lo)
+        if (w.launch == no_launch || (w.sums.empty() && w.locked.empty()) || w.hi <= lo ||
+            hi <= w.lo)
           continue;
         auto const step = static_cast<std::ptrdiff_t>(w.elem);
         for (std::size_t i = 0; i < w.ops.size(); ++i) {
           std::byte const* const b = w.lo + static_cast<std::ptrdiff_t>(i) * step;
-          if (b < lo || b >= hi || (w.ops[i] & op_write) != op_atomic_add)
+          bool const locked = !w.locked.empty() && w.locked[i];
+          if (b < lo || b >= hi || ((w.ops[i] & op_write) != op_atomic_add && !locked))
             continue;
-          if (last_write(b, w.elem, before).ops == op_atomic_add)
+          if (traced_write const last = last_write(b, w.elem, before);
+              last.ops == op_atomic_add || last.locked)
             return w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
         }
       }
@@ -1318,6 +1330,7 @@ public:
       t.ops = ops;
       t.launch = static_cast<std::ptrdiff_t>(it->launch);
       t.sum = it->sums.empty() ? add_sum{0, 0} : it->sums[i];
+      t.locked = !it->locked.empty() && it->locked[i];
       return t;
     }
     return {};
