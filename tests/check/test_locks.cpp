@@ -35,14 +35,14 @@ enum class bug {
 
 int const bwd_first_line = __LINE__;
 // _layer_norm_bwd_dx_fused of the tutorial: one row per program (BlockN >= N); `locks` holds
-// Groups locks and then Groups counts (0: the group's partial row not written yet). `order`
+// `groups` locks and then `groups` counts (0: the group's partial row not written yet). `order`
 // walks the rows backwards when 1, so that the partial sums get their rows in another order.
 constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
                                           tg::tensor<T const> w, tg::tensor<T const> mean,
                                           tg::tensor<T const> rstd, tg::tensor<T const> dy,
                                           tg::tensor<T> dx, tg::tensor<T> partial_dw,
                                           tg::tensor<T> partial_db, tg::tensor<int> locks,
-                                          int which, int order, float extra) {
+                                          int which, int order, float extra, int groups) {
   auto const b = static_cast<bug>(which);
   std::int64_t const m = x.size(0), n = x.size(1);
   std::int64_t const row = order ? m - 1 - p.program_id(0) : p.program_id(0);
@@ -57,8 +57,8 @@ constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T con
   tg::tile<T> const c1 = tg::sum(xhat * wdy) / double(n), c2 = tg::sum(wdy) / double(n);
   tg::store(dx + row * dx.stride(0) + cols, (wdy - (xhat * c1 + c2)) * rs, mask);
 
-  std::int64_t const group = b == bug::wrong_lock ? (row / 2) % Groups : row % Groups;
-  std::int64_t const lock = row % Groups, count = Groups + lock;
+  std::int64_t const group = b == bug::wrong_lock ? (row / 2) % groups : row % groups;
+  std::int64_t const lock = row % groups, count = groups + lock;
   auto const pdw = partial_dw + group * partial_dw.stride(0) + cols;
   auto const pdb = partial_db + group * partial_db.stride(0) + cols;
   tg::tile<T, BlockN> dw = g * xhat + extra, db = g;
@@ -89,31 +89,6 @@ constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T con
     (void)tg::atomic_xchg(locks + lock, 0);
 };
 
-// dx as the tutorial's kernel computes it; dw and db added into one row each under one lock.
-constexpr auto one_lock_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
-                                          tg::tensor<T const> w, tg::tensor<T const> mean,
-                                          tg::tensor<T const> rstd, tg::tensor<T const> dy,
-                                          tg::tensor<T> dx, tg::tensor<T> dw, tg::tensor<T> db,
-                                          tg::tensor<int> locks, int order) {
-  std::int64_t const m = x.size(0), n = x.size(1);
-  std::int64_t const row = order ? m - 1 - p.program_id(0) : p.program_id(0);
-  auto const cols = tg::arange<0, BlockN>();
-  auto const mask = cols < n;
-  tg::tile<T, BlockN> const xv = tg::load(x + row * x.stride(0) + cols, mask, 0.0f);
-  tg::tile<T, BlockN> const g = tg::load(dy + row * dy.stride(0) + cols, mask, 0.0f);
-  tg::tile<T, BlockN> const wv = tg::load(w + cols, mask, 0.0f);
-  tg::tile<T> const mu = tg::load(mean + row), rs = tg::load(rstd + row);
-  tg::tile<T, BlockN> const xhat = tg::where(mask, (xv - mu) * rs, 0.0f);
-  tg::tile<T, BlockN> const wdy = tg::where(mask, wv * g, 0.0f);
-  tg::tile<T> const c1 = tg::sum(xhat * wdy) / double(n), c2 = tg::sum(wdy) / double(n);
-  tg::store(dx + row * dx.stride(0) + cols, (wdy - (xhat * c1 + c2)) * rs, mask);
-  while (tg::atomic_cas(locks + 0, 0, 1).item() == 1) {
-  }
-  tg::store(dw + cols, tg::load(dw + cols, mask, 0.0f) + g * xhat, mask);
-  tg::store(db + cols, tg::load(db + cols, mask, 0.0f) + g, mask);
-  (void)tg::atomic_xchg(locks + 0, 0);
-};
-
 // The backward: the tutorial's kernel, then the library's reduction of the partial rows. Calls
 // alternate the row order when `alternate` is set (the determinism check runs it twice).
 struct tutorial_backward {
@@ -121,7 +96,7 @@ struct tutorial_backward {
   tg::tensor<float const> mean, rstd;
   bool alternate = false;
   int* calls = nullptr;
-  bool direct = false;            // dw summed into one row under one lock, handed over as it is
+  bool direct = false;            // one group: dw and db summed under one lock, handed over
   float extra_on_second = 0.0f;   // added to each row's dw on the second call
 
   tg::gradient_set operator()(tg::backward_context<float>& ctx) const {
@@ -132,17 +107,14 @@ struct tutorial_backward {
     tg::owned_tensor<float> dw({n}), db({n});
     tg::owned_tensor<int> locks({2 * Groups}, "locks");
     int const order = alternate ? (*calls)++ % 2 : 0;
-    if (direct) {
-      // One lock, one row: each program adds g * xhat into dw and g into db holding it.
-      std::fill_n(dw.data(), n, 0.0f);
-      std::fill_n(db.data(), n, 0.0f);
-      tg::launch(ctx.options(), m, one_lock_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
-                 dw.view(), db.view(), locks.view(), order);
+    if (direct) { // one group: its partial rows are the gradients
+      tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
+                 dw.view(), db.view(), locks.view(), static_cast<int>(b), order, 0.0f, 1);
       return {{"x", dx}, {"w", dw}, {"b", db}};
     }
     tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
                pdw.view(), pdb.view(), locks.view(), static_cast<int>(b), order,
-               order ? extra_on_second : 0.0f);
+               order ? extra_on_second : 0.0f, Groups);
     tg::launch(ctx.options(), tg::cdiv(n, BlockN), tg::kernels::layer_norm_reduce_dwdb<BG, BlockN>,
                pdw.cview(), pdb.cview(), dw.view(), db.view());
     return {{"x", dx}, {"w", dw}, {"b", db}};
