@@ -690,19 +690,26 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   auto most_terms_of = [&](pending const& pd, std::size_t q) -> std::int64_t {
     return pd.one_term && !terms_of(pd, q) ? 1 : most_terms[q];
   };
-  // Whether an element of `got` is over this seed's bound (the final one, pooled over the
-  // seeds, is no smaller).
+  // The first look's bound on each element of gradient q: this seed's alone (the final one,
+  // pooled over the seeds, is no smaller), before the second look.
+  auto first_look_bounds = [&](pending const& pd, std::size_t q) {
+    auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
+                                  nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
+                                  most_terms_of(pd, q));
+    std::vector<double> bounds(pd.ref64[q].size());
+    for (std::size_t i = 0; i < bounds.size(); ++i)
+      bounds[i] = t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i));
+    return bounds;
+  };
+  // Whether an element of `got` is over this seed's bound.
   auto over_bound = [&](gradient_set const& got, pending const& pd) {
     for (std::size_t q = 0; q < ins.size(); ++q) {
       erased_gradient const* e = got.find(ins[q].name);
       if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
         continue;
-      auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                    nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
-                                    most_terms_of(pd, q));
+      std::vector<double> const bounds = first_look_bounds(pd, q);
       for (std::size_t i = 0; i < e->values.size(); ++i)
-        if (!(detail::abs_err(e->values[i], pd.ref64[q][i]) <=
-              t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i))))
+        if (!(detail::abs_err(e->values[i], pd.ref64[q][i]) <= bounds[i]))
           return true;
     }
     return false;
@@ -916,13 +923,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         erased_gradient const* e0 = base.got.find(ins[q].name);
         if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
           continue;
-        auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                      nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
-                                      most_terms_of(pd, q));
         unstable[q].assign(e->values.size(), 1);
-        first_bound[q].resize(e->values.size());
-        for (std::size_t i = 0; i < e->values.size(); ++i)
-          first_bound[q][i] = t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i));
+        first_bound[q] = first_look_bounds(pd, q);
         if (!e0 || e0->values.size() != e->values.size())
           continue;
         for (std::size_t i = 0; i < e->values.size(); ++i)
@@ -1155,14 +1157,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             std::vector<double> bounds;
             for (std::size_t q = 0; q < ins.size() && e.bits != e2->bits; ++q)
               if (ins[q].name == e.name && !pd.mag[q].empty() &&
-                  pd.ref64[q].size() == e.values.size()) {
-                auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q],
-                                              nullptr, nullptr, bands_of(q), explained_of(pd, q),
-                                              terms_of(pd, q), most_terms_of(pd, q));
-                bounds.resize(e.values.size());
-                for (std::size_t i = 0; i < bounds.size(); ++i)
-                  bounds[i] = t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i));
-              }
+                  pd.ref64[q].size() == e.values.size())
+                bounds = first_look_bounds(pd, q);
             auto const v =
                 detail::compare_runs(e, *e2, first.launches, again.launches, &bounds);
             if (!v.problem.empty())
