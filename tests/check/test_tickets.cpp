@@ -15,10 +15,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
 namespace test_tickets {
@@ -252,6 +257,49 @@ TEST(Tickets, ACounterResetBeforeTheLastTicketCannotOrderProgramsAndSaysSo) {
       EXPECT_NE(what.find("was drawn twice"), std::string::npos) << what;
     }
   }
+}
+
+TEST(Tickets, ASweepOfShapesAndExecutorsGivesEveryRunItsVerdict) {
+  // TILEGRAD_SWEEP_RUNS runs (10 unless set; the long sweep's variable), rows log-uniform up to
+  // TILEGRAD_SWEEP_MAX_N (160 unless set), columns up to three blocks, a random executor and
+  // thread count, a fresh seed: the correct variants pass every run, and with two
+  // programs or more the ticket drawn too early and the reduction by program id fail every run.
+  char const* r = std::getenv("TILEGRAD_SWEEP_RUNS");
+  char const* mx = std::getenv("TILEGRAD_SWEEP_MAX_N");
+  int const runs = r ? std::atoi(r) : 10;
+  double const max_rows = mx ? std::atof(mx) : 160;
+  std::mt19937_64 rng(20261129);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<tg::executor> executors;
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential})
+    if (tg::executor_available(e))
+      executors.push_back(e);
+  int passed = 0, caught = 0;
+  for (int run = 0; run < runs; ++run) {
+    auto const m = static_cast<std::int64_t>(std::exp(u(rng) * std::log(max_rows))) + 1;
+    auto const n = static_cast<std::int64_t>(1 + u(rng) * 3 * BlockN);
+    tg::launch_options const lo{executors[rng() % executors.size()],
+                                static_cast<int>(1 + rng() % 4)};
+    auto const seed = static_cast<unsigned>(rng() % 100000);
+    std::string const where = std::to_string(m) + " x " + std::to_string(n) + ", seed " +
+                              std::to_string(seed);
+    for (bug b : {bug::none, bug::reset_by_store, bug::one_row}) {
+      auto const ok = check(b, m, n, {.seeds = 1, .first_seed = seed, .launch = lo});
+      EXPECT_BACKWARD_OK(ok) << where << ", variant " << static_cast<int>(b);
+      passed += ok.ok();
+    }
+    if (tg::cdiv(m, std::int64_t{Rows}) < 2)
+      continue; // one program: nothing to race with
+    for (bug b : {bug::ticket_first, bug::by_id}) {
+      auto const off = check(b, m, n, {.seeds = 1, .first_seed = seed, .check_determinism = false,
+                                       .launch = lo});
+      EXPECT_FALSE(off) << where << ", variant " << static_cast<int>(b);
+      EXPECT_TRUE(off.mentions("race on tensor 'partial_dw'")) << where << off;
+      caught += !off.ok();
+    }
+  }
+  std::printf("tickets sweep: %d runs, %d correct checks passed, %d broken ones failed\n", runs,
+              passed, caught);
 }
 
 namespace {
