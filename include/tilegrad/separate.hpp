@@ -49,11 +49,13 @@ template void record_write<double>(program_state&, tensor_entry const&, void con
 template gradients<float> vjp_core<float>(launch_options const&, grid, std::vector<tensor_entry>&,
                                           std::vector<std::string> const&,
                                           tilegrad::detail::program_call,
-                                          tilegrad::detail::launch_tracker&);
+                                          tilegrad::detail::launch_tracker&,
+                                          std::vector<tilegrad::detail::arg_layout> const&);
 template gradients<double> vjp_core<double>(launch_options const&, grid, std::vector<tensor_entry>&,
                                             std::vector<std::string> const&,
                                             tilegrad::detail::program_call,
-                                            tilegrad::detail::launch_tracker&);
+                                            tilegrad::detail::launch_tracker&,
+                                            std::vector<tilegrad::detail::arg_layout> const&);
 } // namespace ad
 namespace detail {
 template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);

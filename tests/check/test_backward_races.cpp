@@ -598,6 +598,63 @@ TEST(CheckedMode, OutOfBoundsInTheForwardAndInVjpIsAFailureNotACrash) {
   EXPECT_THROW((void)tg::vjp(2, past, tg::in("x", x), tg::out("y", y, dy)), tg::access_error);
 }
 
+// A kernel that takes x[b][h] of a (batch, head, rows, cols) tensor inside its programs: an
+// access outside the view names the view by its rows ('x[1][2]'), in a launch that checks
+// bounds, in vjp, in jvp and in check_backward's forward, through pointer tiles and block
+// pointers. (Before, every one said "tensor 'x' has shape (40, 16)": which head was not said.)
+TEST(CheckedMode, AnAccessOutsideARowViewNamesItsRows) {
+  tg::checked_scope const off(false);
+  constexpr int R = 40, C = 16;
+  tg::owned_tensor<float> x({2, 3, R, C}, "x"), y({2, 3, R, C}, "y"), dy({2, 3, R, C}, "dy");
+  tg::owned_tensor<double> xd({2, 3, R, C}, "x"), yd({2, 3, R, C}, "y"), ud({2, 3, R, C}, "ux");
+  // Three programs of 16 rows over 40: the last one's rows 40-47 are outside (no mask), on the
+  // head (1, 2), or (0, 1) for the block store.
+  auto ptr = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const rows = p.program_id(0) * 16 + tg::arange<0, 16>();
+    auto const offs = tg::col(rows * 16) + tg::row(tg::arange<0, 16>());
+    auto const v = tg::load(x[1][2] + offs);
+    tg::store(y[1][2] + offs, v);
+  };
+  auto blk = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const v = tg::load(tg::make_block_ptr<16, 16>(x[1][2], {p.program_id(0) * 16, 0}),
+                            tg::bounds<0>);
+    tg::store(tg::make_block_ptr<16, 16>(y[0][1], {p.program_id(0) * 16, 0}), v);
+  };
+  auto expect = [](auto&& run, std::string const& piece, std::string const& tensor) {
+    try {
+      run();
+      ADD_FAILURE() << "no access_error for " << piece;
+    } catch (tg::access_error const& e) {
+      EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
+      EXPECT_EQ(e.program(), "program (2, 0, 0)");
+      EXPECT_EQ(e.tensor(), tensor);
+      EXPECT_EQ(e.element(), "(40, 0)");
+    }
+  };
+  std::string const px = "out-of-bounds load by program (2, 0, 0): tensor 'x[1][2]' has shape "
+                         "(40, 16), element (40, 0)";
+  std::string const by = "out-of-bounds block store by program (2, 0, 0): tensor 'y[0][1]' has "
+                         "shape (40, 16), element (40, 0)";
+  expect([&] { tg::launch({.check_bounds = true}, {3}, ptr, x.cview(), y.view()); }, px, "x");
+  expect([&] { tg::launch({.check_races = true}, {3}, blk, x.cview(), y.view()); }, by, "y");
+  expect([&] { (void)tg::vjp({3}, ptr, tg::in("x", x), tg::out("y", y, dy)); }, px, "x");
+  expect([&] { (void)tg::vjp({3}, blk, tg::in("x", x), tg::out("y", y, dy)); }, by, "y");
+  expect([&] { (void)tg::jvp({3}, ptr, tg::tangent_in("x", xd, ud), tg::tangent_out("y", yd)); },
+         px, "x");
+  auto const r = tg::check_backward(tg::forward({3}, blk, tg::in("x", x), tg::out("y", y)),
+                                    [](tg::backward_context<float>&) {});
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.mentions("the forward threw: tilegrad: " + by)) << r;
+  // A view under a name of its own, or one that is no row of an argument, keeps its own name.
+  auto named = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const rows = p.program_id(0) * 16 + tg::arange<0, 16>();
+    auto const offs = tg::col(rows * 16) + tg::row(tg::arange<0, 16>());
+    tg::store(y[1][2] + offs, tg::load(x[1][2].named("head") + offs));
+  };
+  expect([&] { tg::launch({.check_bounds = true}, {3}, named, x.cview(), y.view()); },
+         "tensor 'head' has shape (40, 16)", "head");
+}
+
 TEST(BadInput, ThrowingOrNanBackwardStillGetsAFullReport) {
   auto throws_late = [](tg::backward_context<float>& ctx) {
     auto const q = ctx.input("q");

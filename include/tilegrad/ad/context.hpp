@@ -7,6 +7,7 @@
 #include "tilegrad/ad/accumulate.hpp"
 #include "tilegrad/ad/tape.hpp"
 #include "tilegrad/core/config.hpp"
+#include "tilegrad/core/hash.hpp"
 #include "tilegrad/core/simd.hpp"
 #include "tilegrad/memory/runs.hpp"
 #include "tilegrad/memory/tensor.hpp"
@@ -516,10 +517,7 @@ inline jitter_settings& rounding_jitter() {
 
 /// A random number in [-1, 1) from the running program's stream (splitmix64).
 inline double jitter_draw() {
-  std::uint64_t z = (current_state()->jitter_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
+  std::uint64_t const z = tilegrad::detail::splitmix_next(current_state()->jitter_state);
   return static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0;
 }
 

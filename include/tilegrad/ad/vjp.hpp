@@ -382,7 +382,8 @@ inline std::size_t contribution_budget_for(int workers) {
 template <class T>
 gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_entry>& entries,
                       std::vector<std::string> const& names, tilegrad::detail::program_call call,
-                      tilegrad::detail::launch_tracker& plain);
+                      tilegrad::detail::launch_tracker& plain,
+                      std::vector<tilegrad::detail::arg_layout> const& args);
 
 /// Tracks a writable tensor of another type than the gradients' (an integer tensor: vjp does not
 /// differentiate it) for races, as a launch that checks races does.
@@ -419,7 +420,9 @@ auto vjp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     if constexpr (callable)
       std::apply([&](auto&... a) { kernel(p, a...); }, converted);
   };
-  return ad::vjp_core<T>(opts, g, entries, names, detail::program_call(call), plain);
+  std::vector<detail::arg_layout> const layouts = std::apply(
+      [](auto const&... a) { return detail::arg_layouts(a...); }, converted);
+  return ad::vjp_core<T>(opts, g, entries, names, detail::program_call(call), plain, layouts);
 }
 
 namespace ad {
@@ -431,7 +434,8 @@ namespace ad {
 template <class T>
 gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_entry>& entries,
                       std::vector<std::string> const& names, tilegrad::detail::program_call call,
-                      tilegrad::detail::launch_tracker& plain) {
+                      tilegrad::detail::launch_tracker& plain,
+                      std::vector<tilegrad::detail::arg_layout> const& args) {
   bool const magnitudes = ad::magnitude_sweep(), squares = ad::squares_sweep();
   ad::jitter_settings const jitter = ad::rounding_jitter();
   for (std::size_t i = 0; i < names.size(); ++i)
@@ -483,6 +487,7 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
   // Writable tensors it does not differentiate (integer tensors) are tracked as a launch that
   // checks races tracks them, each program logging its accesses to them (ad::plain_load_hook).
   detail::access_hooks bounds_only;
+  bounds_only.args = &args;
   bounds_only.before_write = &ad::plain_write_hook;
   bounds_only.lenient = true;
   std::vector<detail::program_log> plain_logs;
@@ -752,11 +757,11 @@ extern template gradients<float> vjp_core<float>(launch_options const&, grid,
                                                  std::vector<tensor_entry>&,
                                                  std::vector<std::string> const&,
                                                  tilegrad::detail::program_call,
-                                                 tilegrad::detail::launch_tracker&);
-extern template gradients<double> vjp_core<double>(launch_options const&, grid,
-                                                   std::vector<tensor_entry>&,
-                                                   std::vector<std::string> const&,
-                                                   tilegrad::detail::program_call,
-                                                   tilegrad::detail::launch_tracker&);
+                                                 tilegrad::detail::launch_tracker&,
+                                                 std::vector<tilegrad::detail::arg_layout> const&);
+extern template gradients<double> vjp_core<double>(
+    launch_options const&, grid, std::vector<tensor_entry>&, std::vector<std::string> const&,
+    tilegrad::detail::program_call, tilegrad::detail::launch_tracker&,
+    std::vector<tilegrad::detail::arg_layout> const&);
 } // namespace tilegrad::ad
 #endif

@@ -500,13 +500,14 @@ private:
 /// into its own log, the logs replayed in program order after each wave. A race throws, or goes
 /// to the thread's launch_observer, which also keeps what the launch wrote.
 TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launch_tracker& tracker,
-                                       program_call call)
+                                       program_call call, std::vector<arg_layout> const* args)
 #if TILEGRAD_MACHINERY_BODIES
 {
   launch_observer* const observer = current_observer();
   std::int64_t const total = g.size();
   if (tracker.empty()) { // nothing the kernel may write: bounds only
     access_hooks bounds_only;
+    bounds_only.args = args;
     launch_untracked(
         opts, g,
         [&](program const& p) {
@@ -546,6 +547,7 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
       program_log& log = logs[static_cast<std::size_t>(i)];
       log.clear();
       access_hooks h{&tracker, &log};
+      h.args = args;
       if (jitter)
         h.bf16_jitter = mix64(jitter ^ static_cast<std::uint64_t>(w0 + i));
       program_scope const scope(p, &h);
@@ -601,11 +603,20 @@ void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args)
       int arg = 0;
       (tracker.add_arg(a, ++arg), ...);
     }, held);
-    detail::launch_tracked(opts, g, tracker, detail::program_call(call));
+    std::vector<detail::arg_layout> const layouts = std::apply(
+        [](auto const&... a) { return detail::arg_layouts(a...); }, held);
+    detail::launch_tracked(opts, g, tracker, detail::program_call(call), &layouts);
     return;
   }
-  detail::access_hooks bounds_only;
-  detail::launch_untracked(opts, g, call, opts.check_bounds ? &bounds_only : nullptr);
+  if (opts.check_bounds) [[unlikely]] {
+    std::vector<detail::arg_layout> const layouts = std::apply(
+        [](auto const&... a) { return detail::arg_layouts(a...); }, held);
+    detail::access_hooks bounds_only;
+    bounds_only.args = &layouts;
+    detail::launch_untracked(opts, g, call, &bounds_only);
+    return;
+  }
+  detail::launch_untracked(opts, g, call);
 }
 
 /// launch with default_options(). (The constraint keeps `launch({}, g, kernel)` unambiguous: a

@@ -162,7 +162,8 @@ make_block_ptr(tensor<T> const& t, std::array<std::int64_t, sizeof...(Bs)> offse
 namespace detail {
 
 // Not a template: the message is compiled once, not once per element type and block shape.
-[[noreturn]] inline void block_out_of_bounds(char const* name, std::int64_t const* shape,
+[[noreturn]] inline void block_out_of_bounds(char const* name, void const* base,
+                                             std::size_t elem_size, std::int64_t const* shape,
                                              std::int64_t const* coord, std::size_t rank, int axis,
                                              char const* what, std::source_location const& loc) {
   program const* p = current_program();
@@ -180,7 +181,9 @@ namespace detail {
   elem += ")";
   shp += ")";
   throw access_error("tilegrad: out-of-bounds block " + std::string(what) + " by " + prog +
-                         ": tensor " + tensor_label(name) + " has shape " + shp + ", element " +
+                         ": tensor " +
+                         view_label(name, base, elem_size, static_cast<int>(rank), shape) +
+                         " has shape " + shp + ", element " +
                          elem + " is outside it on axis " + std::to_string(axis) +
                          " (add the axis to boundary_check, or keep the block inside), at " +
                          where_string(loc),
@@ -241,7 +244,8 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
           inside = false;
         } else if (chk) {
           coord[R - 1] = off[R - 1];
-          block_out_of_bounds(bp.name(), shp.data(), coord.data(), R, a, what, loc);
+          block_out_of_bounds(bp.name(), bp.data(), sizeof(T), shp.data(), coord.data(), R, a,
+                              what, loc);
         }
       }
       mem += coord[a] * str[a];
@@ -258,7 +262,8 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
       if (hi < lo) hi = lo;
     } else if (chk && (c0 < 0 || c0 + L > shp[R - 1])) {
       coord[R - 1] = c0 < 0 ? c0 : shp[R - 1];
-      block_out_of_bounds(bp.name(), shp.data(), coord.data(), R, R - 1, what, loc);
+      block_out_of_bounds(bp.name(), bp.data(), sizeof(T), shp.data(), coord.data(), R, R - 1,
+                          what, loc);
     }
     mem += c0 * str[R - 1];
     if (chk && hi > lo) { // a block's own shape and strides (the full form) may leave the memory

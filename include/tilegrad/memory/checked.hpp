@@ -6,6 +6,7 @@
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/access_error.hpp"
+#include "tilegrad/memory/runs.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
 #include <atomic>
@@ -14,6 +15,8 @@
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace tilegrad {
 
@@ -49,6 +52,55 @@ private:
 
 namespace detail {
 
+class launch_tracker;
+struct program_log;
+
+/// A tensor a checked launch takes, as its errors name it: a view made inside a program (x[b][h])
+/// is found among them by its memory, and named by its rows ('x[1][2]').
+struct arg_layout {
+  std::size_t elem_size = 0;
+  tensor<std::byte const> layout; // data in bytes; shape and strides in elements
+};
+
+/// The layouts of the tensors among a launch's arguments.
+template <class... A>
+std::vector<arg_layout> arg_layouts(A const&... a) {
+  std::vector<arg_layout> out;
+  auto add = [&]<class X>(X const& x) {
+    if constexpr (requires { typename X::element_type; x.strides(); x.rank(); })
+      if (x.numel() > 0)
+        out.push_back({sizeof(typename X::element_type),
+                       tensor<std::byte const>(reinterpret_cast<std::byte const*>(x.data()),
+                                               x.rank(), x.shape(), x.strides(), x.name())});
+  };
+  (add(a), ...);
+  return out;
+}
+
+/// What loads, stores and atomics consult (current_hooks()) while a program of a checked launch
+/// runs: with a tracker, they record into the program's log; without, they only check bounds.
+struct access_hooks {
+  launch_tracker* tracker = nullptr;
+  program_log* log = nullptr;
+  // Reverse mode (vjp) on tensors that are not differentiated (integer tensors): called before a
+  // store or an atomic, and with each load's lanes (the tracked tensor and its runs) before it
+  // joins the log (false: it does not, a load replayed in a sweep); each may throw (a write
+  // inside a tg::loop body; a replayed load of an element the program wrote after the loop).
+  void (*before_write)(char const* what, std::source_location const& loc) = nullptr;
+  bool (*on_load)(access_hooks const& h, int tensor, std::vector<run> const& runs,
+                  std::source_location const& loc) = nullptr;
+  // vjp: writes to tensors the launch does not take (captures) are not refused, and atomics are
+  // logged as op_unraced (integer locks, flags and counters synchronise programs; they are not
+  // races, but a tg::loop replayed after one would read the value it left).
+  bool lenient = false;
+  // check_backward's measure of bf16 sums kept in memory: stores to the tracked bf16 tensors
+  // marked `jitter` move each element stored by one unit in the last place, up or down as this
+  // seed (mixed with the program, the access and the element) says; 0: off.
+  std::uint64_t bf16_jitter = 0;
+  // The launch's tensors, for the names of views made inside a program in error messages.
+  std::vector<arg_layout> const* args = nullptr;
+};
+
 TILEGRAD_MACHINERY std::string where_string(std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
 {
@@ -67,10 +119,53 @@ TILEGRAD_MACHINERY std::string tensor_label(char const* name)
 ;
 #endif
 
+/// tensor_label of a view of `rank` axes at `data` (elements of elem_size bytes, extents
+/// `shape`): a view made inside a program of a launch that takes its tensor (t[i], t[b][h]) is
+/// named by its rows, 'x[1][2]', where the running launch's tensors show them.
+TILEGRAD_MACHINERY std::string view_label(char const* name, void const* data,
+                                          std::size_t elem_size, int rank,
+                                          std::int64_t const* shape)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  access_hooks const* h = current_hooks();
+  if (!h || !h->args || !name || !*name)
+    return tensor_label(name);
+  auto const* at = static_cast<std::byte const*>(data);
+  for (arg_layout const& a : *h->args) {
+    tensor<std::byte const> const& t = a.layout;
+    int const lead = t.rank() - rank;
+    if (a.elem_size != elem_size || lead <= 0 || std::string_view(t.name()) != name ||
+        at < t.data() || (at - t.data()) % static_cast<std::ptrdiff_t>(elem_size) != 0)
+      continue;
+    bool same = true; // the view's axes are the tensor's last ones
+    for (int d = 0; d < rank; ++d)
+      same = same && t.size(lead + d) == shape[d];
+    std::int64_t off = (at - t.data()) / static_cast<std::ptrdiff_t>(elem_size);
+    if (!same || off >= t.span())
+      continue;
+    // The leading indices, outermost first, then checked: the stride order is not assumed.
+    std::string rows;
+    for (int d = 0; d < lead && same; ++d) {
+      std::int64_t const s = t.stride(d);
+      std::int64_t const i = s > 0 ? off / s : 0;
+      same = i >= 0 && i < t.size(d);
+      off -= i * s;
+      rows += "[" + std::to_string(i) + "]";
+    }
+    if (same && off == 0)
+      return "'" + std::string(name) + rows + "'";
+  }
+  return tensor_label(name);
+}
+#else
+;
+#endif
+
 /// Throws access_error for an access of `what` ("load", "store", ...) at `offset` elements
 /// from the start of the tensor whose layout is t, which lies outside it.
 [[noreturn]] TILEGRAD_MACHINERY void out_of_bounds_of(tensor<std::byte const> const& t,
-                                                      std::int64_t offset, char const* what,
+                                                      std::size_t elem_size, std::int64_t offset,
+                                                      char const* what,
                                                       std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
 {
@@ -78,7 +173,9 @@ TILEGRAD_MACHINERY std::string tensor_label(char const* name)
   std::string const prog = p ? p->describe() : std::string("host code");
   std::string const elem = t.coordinates(offset);
   std::string const head = "tilegrad: out-of-bounds " + std::string(what) + " by " + prog +
-                           ": tensor " + tensor_label(t.name()) + " has shape " + t.shape_string();
+                           ": tensor " +
+                           view_label(t.name(), t.data(), elem_size, t.rank(), t.shape().data()) +
+                           " has shape " + t.shape_string();
   if (offset >= 0 && t.element_at_or_before(offset) >= 0) {
     // Between two elements of the view (a stride left out of an offset).
     std::string strides = "(";
@@ -104,7 +201,7 @@ template <class T>
                                 std::source_location const& loc) {
   out_of_bounds_of(tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
                                            t.shape(), t.strides(), t.name()),
-                   offset, what, loc);
+                   sizeof(T), offset, what, loc);
 }
 
 /// Checks one offset (when checking is on).

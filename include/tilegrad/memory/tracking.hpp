@@ -9,6 +9,7 @@
 #pragma once
 
 #include "tilegrad/core/config.hpp"
+#include "tilegrad/core/hash.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/runs.hpp"
@@ -127,30 +128,6 @@ struct program_log {
   }
 };
 
-class launch_tracker;
-
-/// What loads, stores and atomics consult (current_hooks()) while a program of a checked launch
-/// runs: with a tracker, they record into the program's log; without, they only check bounds.
-struct access_hooks {
-  launch_tracker* tracker = nullptr;
-  program_log* log = nullptr;
-  // Reverse mode (vjp) on tensors that are not differentiated (integer tensors): called before a
-  // store or an atomic, and with each load's lanes (the tracked tensor and its runs) before it
-  // joins the log (false: it does not, a load replayed in a sweep); each may throw (a write
-  // inside a tg::loop body; a replayed load of an element the program wrote after the loop).
-  void (*before_write)(char const* what, std::source_location const& loc) = nullptr;
-  bool (*on_load)(access_hooks const& h, int tensor, std::vector<run> const& runs,
-                  std::source_location const& loc) = nullptr;
-  // vjp: writes to tensors the launch does not take (captures) are not refused, and atomics are
-  // logged as op_unraced (integer locks, flags and counters synchronise programs; they are not
-  // races, but a tg::loop replayed after one would read the value it left).
-  bool lenient = false;
-  // check_backward's measure of bf16 sums kept in memory: stores to the tracked bf16 tensors
-  // marked `jitter` move each element stored by one unit in the last place, up or down as this
-  // seed (mixed with the program, the access and the element) says; 0: off.
-  std::uint64_t bf16_jitter = 0;
-};
-
 /// Moves a stored bf16 value by one unit in the last place, its magnitude up or down as bit 0 of
 /// `h` says; zeros, infinities, NaNs and the largest finite values stay.
 inline void move_bf16_ulp(std::uint16_t& bits, std::uint64_t h) {
@@ -158,15 +135,6 @@ inline void move_bf16_ulp(std::uint16_t& bits, std::uint64_t h) {
   if (mag == 0 || mag >= 0x7f7fu)
     return;
   bits = static_cast<std::uint16_t>(h & 1u ? bits + 1u : bits - 1u);
-}
-
-/// A well-mixed 64-bit hash (splitmix64's finaliser).
-inline std::uint64_t mix64(std::uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 /// Zeroed blocks kept for reuse by the thread that checks launches: fresh memory costs a page
@@ -765,7 +733,8 @@ private:
           if (!apply(s1, ord ? &o1 : nullptr, tag, me, a.op, at, t, r.offset, a, lock))
             return;
           // Usually nothing changes (the next program adding atomically to the same elements).
-          if (std::memcmp(&s1, &s0, sizeof s1) != 0 || std::memcmp(&o1, &o0, sizeof o1) != 0)
+          if (std::memcmp(&s1, &s0, sizeof s1) != 0 ||
+              (ord && std::memcmp(&o1, &o0, sizeof o1) != 0))
             for (int k = 0; k < r.count; ++k) {
               std::memcpy(&st[r.element(k)], &s1, sizeof s1);
               if (ord)
