@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace test_dot_non_finite {
 
@@ -157,6 +158,29 @@ TEST(DotNonFinite, ANanThatIsStoredStillReachesTheGradient) {
   for (std::int64_t i = 0; i < g["w"].numel(); ++i)
     EXPECT_TRUE(std::isnan(g["w"].data()[i])) << i;
   for (std::int64_t i = 0; i < 5 * 6; ++i) EXPECT_TRUE(std::isfinite(y.data()[i])) << i;
+}
+
+// The scan the sweep of every dot record makes of its operands: inf, -inf and NaN of either
+// sign at any place are found; the largest finite values, subnormals and zeros are not.
+template <class T>
+void expect_scan() {
+  using L = std::numeric_limits<T>;
+  for (T const bad : {L::infinity(), -L::infinity(), L::quiet_NaN(), -L::quiet_NaN(),
+                      L::signaling_NaN()})
+    for (int at : {0, 5, 16, 63, 64, 99}) {
+      std::vector<T> v(100, T(1.5));
+      v[static_cast<std::size_t>(at)] = bad;
+      EXPECT_TRUE(tg::ad::any_non_finite(v.data(), 100)) << bad << " at " << at;
+      EXPECT_FALSE(tg::ad::any_non_finite(v.data(), at)) << "only before " << at;
+    }
+  std::vector<T> ok{L::max(), L::lowest(), L::denorm_min(), -L::denorm_min(), T(0), -T(0),
+                    L::min(), T(-3)};
+  EXPECT_FALSE(tg::ad::any_non_finite(ok.data(), static_cast<int>(ok.size())));
+}
+
+TEST(DotNonFinite, TheOperandScanFindsEveryInfAndNan) {
+  expect_scan<float>();
+  expect_scan<double>();
 }
 
 } // namespace test_dot_non_finite

@@ -12,7 +12,9 @@
 #include "tilegrad/tile/reduce.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -243,13 +245,25 @@ auto cumsum(E&& e) {
 
 using detail::transpose_into;
 
-/// Whether v is inf or NaN (v - v is 0 for every finite v): a loop the compiler vectorises.
+/// Whether v holds an inf or a NaN. Every dot record's sweep asks it of both operands; for float
+/// and double it is the largest exponent field (all ones only for inf and NaN), an integer
+/// maximum the compiler vectorises. (The comparison v - v == 0 compiled to a branch per element:
+/// 16 % of the instructions of FlashAttention's vjp, measured with callgrind.)
 template <class T>
 inline bool any_non_finite(T const* v, int n) {
-  bool bad = false;
-  for (int i = 0; i < n; ++i)
-    bad |= !(v[i] - v[i] == T(0));
-  return bad;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    constexpr U ones = static_cast<U>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+    U most = 0;
+    for (int i = 0; i < n; ++i)
+      most = std::max(most, static_cast<U>(std::bit_cast<U>(v[i]) & ones));
+    return most == ones;
+  } else {
+    bool bad = false;
+    for (int i = 0; i < n; ++i)
+      bad |= !(v[i] - v[i] == T(0));
+    return bad;
+  }
 }
 
 /// v with its inf and NaN elements replaced by 0, on the tape.
