@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 namespace test_jitter {
 
@@ -275,17 +274,11 @@ TEST(Jitter, ACheckpointedLoopCarriesErrorsAndDrawsAsThePlainLoop) {
   tg::owned_tensor<double> x({37, 9}, "x"), y0({37}, "y"), y1({37}, "y"), dy({37}, "dy");
   test_support::fill(x, 16);
   test_support::fill(dy, 17);
-  // Also under budgets that record the walk's last iterations and checkpoint the ones before:
-  // the recorded ones draw where the replayed ones left off.
   std::size_t const budget = tg::set_loop_record_budget(0);
-  std::vector<std::size_t> peaks;
-  for (std::size_t b : {0, 1 << 10, 2 << 10, 4 << 10, 8 << 10, 1 << 20})
   for (bool whole : {true, false}) {
-    tg::set_loop_record_budget(b);
     tg::ad::jitter_scope const jitter({19, u32, 1, whole});
     auto const g0 = tg::vjp(tg::grid(3), carried_sum<false>, tg::in("x", x), tg::out("y", y0, dy));
     auto const g1 = tg::vjp(tg::grid(3), carried_sum<true>, tg::in("x", x), tg::out("y", y1, dy));
-    peaks.push_back(g1.peak_tape_bytes());
     double moved = 0;
     for (std::int64_t i = 0; i < 37; ++i) {
       ASSERT_EQ(y1(i), y0(i)) << i << (whole ? " whole" : " per reader");
@@ -295,13 +288,9 @@ TEST(Jitter, ACheckpointedLoopCarriesErrorsAndDrawsAsThePlainLoop) {
     }
     EXPECT_GT(moved, 0.5);
     for (std::int64_t i = 0; i < x.numel(); ++i)
-      ASSERT_EQ(g1["x"].data()[i], g0["x"].data()[i])
-          << i << (whole ? " whole" : " per reader") << ", budget " << b;
+      ASSERT_EQ(g1["x"].data()[i], g0["x"].data()[i]) << i << (whole ? " whole" : " per reader");
   }
   tg::set_loop_record_budget(budget);
-  // (Some budget split the walk: a tape between the checkpointed one and the whole one.)
-  EXPECT_TRUE(std::any_of(peaks.begin(), peaks.end(),
-                          [&](std::size_t p) { return p > peaks.front() && p < peaks.back(); }));
 }
 
 } // namespace test_jitter

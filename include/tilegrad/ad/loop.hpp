@@ -5,8 +5,7 @@
 // carried values, seeded with the adjoint of the values it produced, swept, and rewound. So a
 // program's tape holds the carried values of every iteration and one iteration's records, not
 // every iteration's records: one more forward of the body buys a tape that stays in cache. A
-// loop whose records fit a budget is recorded whole instead, as a plain loop; of a longer one,
-// the last iterations whose records fit it are (only the iterations before them are replayed).
+// loop whose records fit a budget is recorded whole instead, as a plain loop.
 #pragma once
 
 #include "tilegrad/ad/adjoint.hpp"
@@ -21,7 +20,6 @@
 #include "tilegrad/memory/checked.hpp"
 #include "tilegrad/memory/tracking.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -372,7 +370,6 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
   tape& tp = st.t;
   bool const recording = tp.recording(); // off: inside the forward run of an enclosing loop
   bool rerun_first = false;              // iteration 0 ran already: its accesses are recorded
-  int head = n; // the iterations run checkpointed; those after them are recorded
   std::uint64_t const first_draw = st.jitter_state;
   std::uint64_t const outer_digest = st.load_digest;
   if (recording) {
@@ -387,8 +384,7 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
     st.load_digest = 0;
     body(loop_index(begin, step, 0), carried...);
     std::size_t const per_iteration = tp.in_use() - before;
-    std::size_t const budget = loop_record_budget();
-    if (per_iteration * static_cast<std::size_t>(n) <= budget) {
+    if (per_iteration * static_cast<std::size_t>(n) <= loop_record_budget()) {
       std::uint64_t fold = mix_digest(outer_digest, st.load_digest, 0);
       for (int t = 1; t < n; ++t) {
         st.load_digest = 0;
@@ -398,25 +394,21 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
       st.load_digest = fold;
       return;
     }
-    // The last iterations whose records fit the budget, beside the one iteration a replay
-    // records, are recorded as a plain loop's, after the others run checkpointed: the sweep
-    // replays only those before them (a walk twice the budget replays half of it, not all).
-    head = n - static_cast<int>(budget / per_iteration - (budget >= per_iteration ? 1 : 0));
     tp.rewind(m0);
     std::tie(carried...) = init;
     st.jitter_state = first_draw; // (drawn again as they were)
     rerun_first = true;
   }
-  std::vector<std::uint64_t> digests(static_cast<std::size_t>(recording ? head : 0));
+  std::vector<std::uint64_t> digests(static_cast<std::size_t>(recording ? n : 0));
   std::vector<std::uint64_t> draws;
   if (recording && rounding_jitter().seed != 0)
-    draws.reserve(static_cast<std::size_t>(head));
+    draws.reserve(static_cast<std::size_t>(n));
   std::tuple<carried_slot<C>...> slots;
-  (std::get<I>(slots).start(tp, head, carried), ...);
+  (std::get<I>(slots).start(tp, n, carried), ...);
   std::uint64_t outer_fold = outer_digest; // what an enclosing loop's iteration read, this loop's
   {
     recording_off const values_only(tp);
-    for (int t = 0; t < head; ++t) {
+    for (int t = 0; t < n; ++t) {
       // (Iteration 0 again: nothing was written after the loop yet.)
       body_scope const scope(st, t == 0 && rerun_first, 0, st.out->accesses.size(), log_length());
       auto const m = tp.mark();
@@ -429,22 +421,14 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
       outer_fold = mix_digest(outer_fold, st.load_digest, t);
       (std::get<I>(slots).stage(tp, carried), ...);
       tp.rewind(m);
-      (std::get<I>(slots).keep(t + 1, head, tp, carried, recording), ...);
-    }
-  }
-  if (recording)
-    tp.push<loop_record<Body, C...>>(body, begin, step, head, std::move(slots),
-                                     st.out->accesses.size(), log_length(), std::move(draws),
-                                     std::move(digests), where);
-  if (head < n) { // the rest, recorded (from the carried values the record above seeds)
-    body_scope const scope(st, false, 0, 0, 0);
-    for (int t = head; t < n; ++t) {
-      st.load_digest = 0;
-      body(loop_index(begin, step, t), carried...);
-      outer_fold = mix_digest(outer_fold, st.load_digest, t);
+      (std::get<I>(slots).keep(t + 1, n, tp, carried, recording), ...);
     }
   }
   st.load_digest = outer_fold;
+  if (recording)
+    tp.push<loop_record<Body, C...>>(body, begin, step, n, std::move(slots),
+                                     st.out->accesses.size(), log_length(), std::move(draws),
+                                     std::move(digests), where);
 }
 
 } // namespace loop_detail
@@ -471,10 +455,8 @@ void checkpointed_loop(int begin, int end, int step, Body const& body,
 namespace tilegrad {
 
 /// Sets the tape budget of tg::loop in reverse mode (bytes; default 8 MiB): a loop whose records
-/// would fit it records them as a plain loop; of a larger one, the last iterations whose records
-/// fit it (beside one iteration's, which a replay records) are recorded and the ones before them
-/// checkpointed; 0 checkpoints every loop. Returns the previous budget. Gradients are the same
-/// every way, bitwise.
+/// would fit it records them as a plain loop, a larger one is checkpointed; 0 checkpoints every
+/// loop. Returns the previous budget. Gradients are the same either way, bitwise.
 inline std::size_t set_loop_record_budget(std::size_t bytes) {
   return ad::loop_detail::loop_record_budget_setting().exchange(bytes);
 }

@@ -66,7 +66,7 @@ struct arg_layout {
 template <class... A>
 std::vector<arg_layout> arg_layouts(A const&... a) {
   std::vector<arg_layout> out;
-  auto add = [&]<class X>(X const& x) {
+  [[maybe_unused]] auto add = [&]<class X>(X const& x) { // (unused when a launch takes nothing)
     if constexpr (requires { typename X::element_type; x.strides(); x.rank(); })
       if (x.numel() > 0)
         out.push_back({sizeof(typename X::element_type),
