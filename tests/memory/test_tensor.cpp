@@ -442,6 +442,20 @@ TEST(Tensor, RowMajorOffsetWalksAnyStridesInRowMajorOrder) {
   tensor<float> c(buf.data(), {3, 5});
   for (std::int64_t i = 0; i < 15; ++i)
     EXPECT_EQ(c.row_major_offset(i), i);
+  // Contiguous in row-major order (the offset is the index) whatever the stride of an axis of
+  // extent 1; two columns of every row are not (a gap of 3 after each row).
+  tensor<float> one(buf.data(), {3, 1, 5}, {5, 7, 1});
+  tensor<float> cols(buf.data(), {3, 2}, {5, 1});
+  for (std::int64_t i = 0; i < 15; ++i)
+    EXPECT_EQ(one.row_major_offset(i), i);
+  for (std::int64_t i = 0; i < 6; ++i)
+    EXPECT_EQ(cols.row_major_offset(i), (i / 2) * 5 + i % 2) << i;
+  // A row of a contiguous 3-D tensor, and a row of the transposed view (strided).
+  tensor<float> cube(buf.data(), {3, 1, 5});
+  for (std::int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(cube[2].row_major_offset(i), i);
+    EXPECT_EQ(t[1].row_major_offset(i), i * 3);
+  }
 }
 
 TEST(Tensor, SameShapeComparesRankAndExtentsOnly) {

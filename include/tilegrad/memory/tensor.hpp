@@ -183,6 +183,10 @@ public:
 
   /// The offset from data() of the i-th element in row-major order (whatever the strides).
   std::int64_t row_major_offset(std::int64_t i) const {
+    // (Host loops call this once per element: a contiguous view, the common case, skips the
+    // divisions, a few compares against a division per axis.)
+    if (is_contiguous())
+      return i;
     std::int64_t off = 0;
     for (int a = rank_ - 1; a >= 0; --a) {
       off += (i % shape_[a]) * strides_[a];
