@@ -660,6 +660,62 @@ TEST(VjpMemory, PaddingOfBlockLoadsGetsNoGradient) {
     EXPECT_EQ(g["x"](i), 2.0f * x(i)) << i; // y[i + 2] = x[i]^2
 }
 
+// y[r] = sum_c (a * a' * w + exp(a))[r, c], a and a' two loads of one (8, 16) block of x.
+// Passed `in`, a block inside x (programs 0 and 1) is read where it is, not copied to the tape;
+// program 2's block runs past x's last row and is copied (rows 20-23 padding). The same kernel
+// with x writable (`inout`, cotangent zero) copies every block.
+struct twice_loaded {
+  template <class X, class W, class Y>
+  void operator()(tg::program const& p, X x, W w, Y y) const {
+    auto const xb = tg::make_block_ptr<8, 16>(x, {p.program_id(0) * 8, 0});
+    auto const a = tg::load(xb, tg::bounds<0, 1>);
+    auto const a2 = tg::load(xb, tg::bounds<0, 1>);
+    auto const wv = tg::load(tg::make_block_ptr<16>(w, {0}), tg::bounds<0>);
+    tg::store(tg::make_block_ptr<8>(y, {p.program_id(0) * 8}),
+              tg::sum<1>(a * a2 * tg::row(wv) + tg::exp(a)), tg::bounds<0>);
+  }
+};
+
+TYPED_TEST(Vjp, BlocksOfReadOnlyTensorsAreReadInPlace) {
+  using T = TypeParam;
+  auto const read_only = []<class U>(tg::program const& p, tg::tensor<U const> x,
+                                     tg::tensor<U const> w, tg::tensor<U> y) {
+    twice_loaded{}(p, x, w, y);
+  };
+  auto const writable = []<class U>(tg::program const& p, tg::tensor<U> x, tg::tensor<U const> w,
+                                    tg::tensor<U> y) { twice_loaded{}(p, x, w, y); };
+  for (int const n : {20, 16})
+    for (auto ex : {tg::executor::sequential, tg::executor::tbb}) {
+      tg::owned_tensor<T> x({n, 16}, "x"), w({16}, "w"), y({n}, "y"), dy({n}, "dy"),
+          dx0({n, 16}, "dx0");
+      fill(x, 6);
+      fill(w, 7);
+      fill(dy, 8);
+      tg::launch_options const o{ex, 2};
+      int const grid = tg::cdiv(n, 8);
+      auto const g =
+          tg::vjp(o, grid, read_only, tg::in("x", x), tg::in("w", w), tg::out("y", y, dy));
+      auto const h = tg::vjp(o, grid, writable, tg::inout("x", x.view(), dx0.cview()),
+                             tg::in("w", w), tg::out("y", y, dy));
+      for (int r = 0; r < n; ++r)
+        for (int c = 0; c < 16; ++c) {
+          double const xv = x(r, c);
+          ASSERT_NEAR(g["x"](r, c), dy(r) * (2 * xv * w(c) + std::exp(xv)), 4 * tol<T>())
+              << r << ", " << c;
+          ASSERT_EQ(g["x"](r, c), h["x"](r, c)) << r << ", " << c; // bitwise
+        }
+      for (int c = 0; c < 16; ++c) {
+        double s = 0;
+        for (int r = 0; r < n; ++r)
+          s += double(dy(r)) * x(r, c) * x(r, c);
+        ASSERT_NEAR(g["w"](c), s, n * tol<T>()) << c;
+        ASSERT_EQ(g["w"](c), h["w"](c)) << c;
+      }
+      if (n == 16) // every block inside: two (8, 16) blocks fewer on each program's tape
+        EXPECT_LE(g.peak_tape_bytes() + 2 * 8 * 16 * sizeof(T), h.peak_tape_bytes());
+    }
+}
+
 TEST(VjpMemory, LoadSeesTheValueThisProgramStoredAndItsGradientFlowsBack) {
   // y = 3 * x stored, then z = load(y)^2: dz/dx = 2 * (3x) * 3 through the stored value.
   auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y,

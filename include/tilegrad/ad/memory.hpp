@@ -94,6 +94,18 @@ inline tensor_entry const* tracked_load(program_state* st, void const* base) {
   return e->writable || (e->wants_grad() && st->t.recording()) ? e : nullptr;
 }
 
+/// Whether a block load from base may leave its values in the tensor instead of copying them to
+/// the tape: the memory of a tensor of the launch passed read-only, which no other tensor's range
+/// overlaps (so no store of the launch reaches it), outside rounding jitter (whose records key
+/// their error estimates by the address of the values).
+template <class T>
+bool reads_in_place(program_state const* st, void const* base) {
+  if (!st || jitter_active<T>())
+    return false;
+  tensor_entry const* e = st->find(base);
+  return e && !e->writable && !e->shared_range && e->bytes == sizeof(T);
+}
+
 /// Lanes are walked as offsets from the view the kernel accessed (t[b][h], say); the runs of
 /// a tensor's accesses are offsets from the tensor's own first element.
 template <class T>
@@ -587,6 +599,20 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
   auto const fbp = primal_block(bp);
   program_state* st = current_state();
   tensor_entry const* e = tracked_load(st, bp.data());
+  // A block of a read-only tensor that shares its memory with no other, inside it and laid out
+  // as the tile is: the tile's values are the tensor's own (nothing writes them while the vjp
+  // lasts), one run of lanes.
+  if (T const* src = reads_in_place<T>(st, bp.data()) ? detail::dense_block_inside(fbp) : nullptr) {
+    T* a = nullptr;
+    if (e) {
+      {
+        run_builder lanes(st->scratch);
+        lanes.add(0, src - fbp.data(), S::size);
+      }
+      a = record_load<T>(*st, *e, bp.data(), S::size, loc);
+    }
+    return tile<adjoint<T>, Bs...>::from_buffers(const_cast<T*>(src), a);
+  }
   // The values go straight to the tape; the lanes read are gathered as runs on the way.
   T* v = current_tape().alloc<T>(S::size);
   std::optional<run_builder> lanes;
