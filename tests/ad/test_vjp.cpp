@@ -711,8 +711,9 @@ TYPED_TEST(Vjp, BlocksOfReadOnlyTensorsAreReadInPlace) {
         ASSERT_NEAR(g["w"](c), s, n * tol<T>()) << c;
         ASSERT_EQ(g["w"](c), h["w"](c)) << c;
       }
-      if (n == 16) // every block inside: two (8, 16) blocks fewer on each program's tape
+      if (n == 16) { // every block inside: two (8, 16) blocks fewer on each program's tape
         EXPECT_LE(g.peak_tape_bytes() + 2 * 8 * 16 * sizeof(T), h.peak_tape_bytes());
+      }
     }
 }
 

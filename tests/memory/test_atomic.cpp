@@ -146,6 +146,57 @@ TYPED_TEST(Atomic, ManyProgramsAddIntoTheSameElements) {
   }
 }
 
+// 64 lanes a call, in whole vectors: floats and doubles add a run of lanes that lies in one 4 KiB
+// page as a vector under the page's lock, and a run that crosses into the next page lane by lane.
+// The views start 3 elements into their buffers, so that runs cross page boundaries. One run of x
+// is updated by every call (each of its elements returns each old value once), with atomic_max
+// calls that change nothing beside them; runs of y move across the tensor.
+TYPED_TEST(Atomic, VectorRunsAcrossPagesFromManyThreads) {
+  using T = TypeParam;
+  constexpr int threads = 4, iters = 300, n = 8192 / sizeof(T) * 3;
+  owned_tensor<T> xbuf({n + 3}, "xbuf"), ybuf({n + 3}, "ybuf");
+  tg_mem::fill_with(xbuf, T(0));
+  tg_mem::fill_with(ybuf, T(0));
+  tensor<T> const x(xbuf.view().data() + 3, {n}, "x"), y(ybuf.view().data() + 3, {n}, "y");
+  // The hot run of x starts 5 elements before the second page boundary after x's buffer starts.
+  auto const addr = reinterpret_cast<std::uintptr_t>(xbuf.view().data());
+  std::int64_t const hot = static_cast<std::int64_t>(((addr >> 12) + 2) * 4096 - addr) /
+                               static_cast<std::int64_t>(sizeof(T)) - 3 - 5;
+  ASSERT_GT(hot, 0);
+  ASSERT_LT(hot + 64, n);
+  auto start = [](int t, int i) { return (t * iters + i) * 29 % (n - 64); };
+  std::vector<std::int64_t> expect(static_cast<std::size_t>(n), 0);
+  for (int t = 0; t < threads; ++t)
+    for (int i = 0; i < iters; ++i)
+      for (int l = 0; l < 64; ++l) ++expect[static_cast<std::size_t>(start(t, i) + l)];
+  std::vector<std::vector<T>> olds(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      as_program(t, threads, [&](program const&) {
+        for (int i = 0; i < iters; ++i) {
+          tile<T, 64> const o = atomic_add(x + (hot + arange<0, 64>()), T(1));
+          olds[t].insert(olds[t].end(), o.data(), o.data() + 64);
+          atomic_max(x + (hot + arange<0, 64>()), T(0));
+          atomic_add(y + (start(t, i) + arange<0, 64>()), T(1));
+        }
+      });
+    });
+  for (auto& th : pool) th.join();
+  for (int e = 0; e < n; ++e) {
+    ASSERT_EQ(y(e), T(expect[static_cast<std::size_t>(e)])) << at(e);
+    ASSERT_EQ(x(e), e >= hot && e < hot + 64 ? T(threads * iters) : T(0)) << at(e);
+  }
+  for (int l = 0; l < 64; ++l) { // no update of the hot run lost or seen twice
+    std::vector<T> seen;
+    for (auto const& o : olds)
+      for (std::size_t k = static_cast<std::size_t>(l); k < o.size(); k += 64) seen.push_back(o[k]);
+    std::sort(seen.begin(), seen.end());
+    ASSERT_EQ(seen.size(), static_cast<std::size_t>(threads * iters));
+    for (std::size_t k = 0; k < seen.size(); ++k) ASSERT_EQ(seen[k], T(k)) << "lane " << l;
+  }
+}
+
 TYPED_TEST(Atomic, MaxAndMin) {
   using T = TypeParam;
   tensor<T> const v = this->v; // values in [-2000, 2098] (floats: a quarter of that)

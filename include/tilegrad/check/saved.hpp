@@ -64,10 +64,19 @@ struct kept_contents {
 template <class E>
 kept_contents keep_contents(std::string what, tensor<E> t) {
   auto kept = std::make_shared<std::vector<E>>();
-  kept->reserve(static_cast<std::size_t>(t.numel()));
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    kept->push_back(t.data()[t.row_major_offset(i)]);
-  return {[t, kept, what = std::move(what)]() -> std::string {
+  bool const dense = t.is_contiguous();
+  if (dense) {
+    if (t.numel() > 0)
+      kept->assign(t.data(), t.data() + t.numel());
+  } else {
+    kept->reserve(static_cast<std::size_t>(t.numel()));
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      kept->push_back(t.data()[t.row_major_offset(i)]);
+  }
+  return {[t, kept, dense, what = std::move(what)]() -> std::string {
+    if (dense && (kept->empty() || std::memcmp(static_cast<void const*>(t.data()), kept->data(),
+                                               sizeof(E) * kept->size()) == 0))
+      return {}; // (the usual case, in one pass; else the element-wise walk finds where)
     for (std::int64_t i = 0; i < t.numel(); ++i) {
       E& now = t.data()[t.row_major_offset(i)];
       E const& was = (*kept)[static_cast<std::size_t>(i)];

@@ -446,8 +446,9 @@ void flash_attention_forward(tensor<T const> q, tensor<T const> k, tensor<T cons
 /// dq, dk, dv from d_o, with o and lse from the forward. two_pass (the default): a key-tile
 /// launch for dk, dv and a query-tile launch for dq; atomic_dq: one launch over key tiles adding
 /// dq atomically into an fp32 buffer. Both start with the delta launch. two_pass recomputes the
-/// scores once more but adds no float atomically (a compare-and-swap loop per element on x86):
-/// it ran 1.4-1.9 times faster on a 16-core Xeon and on a Zen 4 (docs/performance.md).
+/// scores once more but gives the same gradients, to the bit, for any thread count; atomic_dq
+/// adds dq in the order the programs run. On a 16-core Xeon atomic_dq ran about 1.2 times faster
+/// in fp32 and two_pass 1.3 times faster in bf16 (docs/performance.md, "Float atomics by pages").
 template <class T>
 void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T const> v,
                               tensor<T const> o, tensor<T const> d_o, tensor<fp32<T> const> lse,

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 #include <source_location>
+#include <thread>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -511,9 +512,104 @@ auto atomic_ref_to(T& x) {
     return locked_ref<T>(x);
 }
 
+/// Floating-point atomics: x86 has no atomic float add (std::atomic_ref<float>::fetch_add is a
+/// compare-and-swap loop per element), so every atomic on a float or double element holds the
+/// lock of the 4 KiB page of memory it updates (one of a fixed set of spin locks, chosen by
+/// page) and updates the element as plain memory: a run of lanes in one page takes the lock once,
+/// and adds as vectors. The locks order every atomic on an element, as the hardware's would.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+struct alignas(64) page_spin {
+  std::atomic<bool> held{false};
+};
+inline page_spin& spin_of_page(std::uintptr_t page) {
+  static page_spin locks[512];
+  return locks[(page ^ (page >> 9)) % 512];
+}
+class page_lock {
+public:
+  page_lock() = default;
+  page_lock(page_lock const&) = delete;
+  page_lock& operator=(page_lock const&) = delete;
+  ~page_lock() { release(); }
+  /// Holds the lock of the page of p (letting go of the one held before, if another).
+  void hold(void const* p) {
+    std::uintptr_t const page = reinterpret_cast<std::uintptr_t>(p) >> 12;
+    if (held_ && page == page_)
+      return;
+    release();
+    page_spin& s = spin_of_page(page);
+    for (int spins = 0; s.held.exchange(true, std::memory_order_acquire);)
+      while (s.held.load(std::memory_order_relaxed))
+        if (++spins % 64 == 0)
+          std::this_thread::yield();
+        else
+          cpu_relax();
+    held_ = &s;
+    page_ = page;
+  }
+  /// Whether p lies in the page held.
+  bool holds(void const* p) const {
+    return held_ && reinterpret_cast<std::uintptr_t>(p) >> 12 == page_;
+  }
+  void release() {
+    if (held_)
+      held_->held.store(false, std::memory_order_release);
+    held_ = nullptr;
+  }
+
+private:
+  page_spin* held_ = nullptr;
+  std::uintptr_t page_ = 0;
+};
+
+/// std::atomic_ref's interface on an element whose page lock is held: plain reads and writes.
+template <class T>
+class plain_ref {
+public:
+  explicit plain_ref(T& x) : x_(x) {}
+  T load(std::memory_order = std::memory_order_seq_cst) const { return x_; }
+  T fetch_add(T v, std::memory_order = std::memory_order_seq_cst) const {
+    T const old = x_;
+    x_ = old + v;
+    return old;
+  }
+  T exchange(T v, std::memory_order = std::memory_order_seq_cst) const {
+    T const old = x_;
+    x_ = v;
+    return old;
+  }
+  bool compare_exchange_strong(T& expected, T v, std::memory_order = std::memory_order_seq_cst,
+                               std::memory_order = std::memory_order_seq_cst) const {
+    if (std::memcmp(&x_, &expected, sizeof(T)) == 0) {
+      x_ = v;
+      return true;
+    }
+    expected = x_;
+    return false;
+  }
+  bool compare_exchange_weak(T& expected, T v, std::memory_order s = std::memory_order_seq_cst,
+                             std::memory_order f = std::memory_order_seq_cst) const {
+    return compare_exchange_strong(expected, v, s, f);
+  }
+
+private:
+  T& x_;
+};
+
+/// The lane width of atomics: floats and doubles update runs of lanes as vectors under their
+/// page's lock; other types one element at a time.
+template <class T, class Mask>
+inline constexpr int atomic_width =
+    std::is_floating_point_v<T> ? access_width<T, Mask, no_mask> : 1;
+
 // The body of an atomic of shape S: old[lane] = f(element, value) for every lane on, one
-// element at a time. Checks bounds when chk (a contiguous run of W lanes at once); `lane(pos,
-// offset, n)` sees the lanes as they are updated, `value(v)` each lane's value after it.
+// element at a time (floats and doubles: under their page's lock, atomic_add by vectors). Checks
+// bounds when chk (a contiguous run of W lanes at once); `lane(pos, offset, n)` sees the lanes as
+// they are updated, `value(v)` each lane's value after it.
 template <int W, class S, class T, class Off, class Val, class Mask, class F, class Lane,
           class Value>
 TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& val,
@@ -521,9 +617,17 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
                                  std::source_location const& loc, bool chk, Lane&& lane,
                                  Value&& value) {
   T* base = p.base.data();
+  constexpr bool locked = std::is_floating_point_v<T>;
+  [[maybe_unused]] page_lock pages;
+  [[maybe_unused]] bool const add = locked && std::string_view(what) == "atomic_add";
   auto one = [&](int r, int c, std::int64_t e) {
     T const v = val.template load<1>(r, c);
-    old[r * S::inner + c] = f(atomic_ref_to(base[e]), v);
+    if constexpr (locked) {
+      pages.hold(base + e);
+      old[r * S::inner + c] = f(plain_ref<T>(base[e]), v);
+    } else {
+      old[r * S::inner + c] = f(atomic_ref_to(base[e]), v);
+    }
     value(v);
   };
   for_each_access<S, W>(
@@ -538,6 +642,19 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
         if (chk)
           check_run(p.base, e, W, what, loc);
         lane(r * S::inner + c, e, W);
+        if constexpr (locked && W > 1) {
+          pages.hold(base + e);
+          if (add && pages.holds(base + e + (W - 1))) { // the run in one page: added as a vector
+            T* const o = old + r * S::inner + c;
+            T* const m = base + e;
+            auto const v = val.template load<W>(r, c);
+            simd::store<T, W>(o, simd::load<T, W>(m));
+            simd::store<T, W>(m, ops::add_op::apply(simd::load<T, W>(o), v));
+            for (int l = 0; l < W; ++l)
+              value(val.template load<1>(r, c + l));
+            return;
+          }
+        }
         for (int l = 0; l < W; ++l)
           one(r, c + l, e + l);
       });
@@ -611,7 +728,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     if (access_hooks const* h = current_hooks()) [[unlikely]]
       atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc, cmps);
     else
-      atomic_into<1, S>(
+      atomic_into<atomic_width<T, Mask>, S>(
           old.data(), p, val, mask, f, what, loc, checked(), [](int, std::int64_t, int) {},
           [](T const&) {});
     return old;
