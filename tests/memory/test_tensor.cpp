@@ -381,6 +381,44 @@ TEST(Tensor, KeptBlocksComeBackZeroedAndWhole) {
   }
 }
 
+TEST(Tensor, KeptMappingsComeBackZeroedAndWhole) {
+  // Blocks of a huge page and more are mappings of their own; freed, a few are kept for the
+  // next block of as many huge pages, and come back zeroed only where asked.
+  std::size_t const bytes = 3 * detail::large_block_bytes / 2 + 100; // maps two huge pages
+  auto* const p = static_cast<unsigned char*>(detail::allocate_block(bytes, true));
+  std::memset(p, 0xAB, bytes);
+  detail::free_block(p, bytes);
+  std::size_t const same_class = bytes + 4096; // still two huge pages
+  auto* const q = static_cast<unsigned char*>(detail::allocate_block(same_class, true));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(q) % 64, 0u);
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < same_class; ++i) nonzero += q[i] != 0;
+  EXPECT_EQ(nonzero, 0u) << "a kept mapping handed out dirty";
+  std::memset(q, 0xCD, same_class); // every byte is ours
+  detail::free_block(q, same_class);
+  // A block of more huge pages does not get the mapping q frees.
+  std::size_t const larger = bytes + detail::large_block_bytes;
+  auto* const r = static_cast<unsigned char*>(detail::allocate_block(larger, true));
+  nonzero = 0;
+  for (std::size_t i = 0; i < larger; ++i) nonzero += r[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+  std::memset(r, 0xEF, larger);
+  detail::free_block(r, larger);
+  // More blocks freed than are kept: each freed and made again whole.
+  std::vector<unsigned char*> many;
+  for (int i = 0; i < 12; ++i) {
+    many.push_back(static_cast<unsigned char*>(detail::allocate_block(bytes, true)));
+    many.back()[bytes - 1] = 1;
+  }
+  for (auto* m : many) detail::free_block(m, bytes);
+  // Owned tensors of that size, made and dropped again and again, start at zero every time.
+  for (int round = 0; round < 3; ++round) {
+    owned_tensor<float> t({static_cast<std::int64_t>(bytes / sizeof(float))}, "t");
+    for (std::int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data()[i], 0.0f) << round << ", " << i;
+    std::fill(t.begin(), t.end(), 7.0f);
+  }
+}
+
 TYPED_TEST(Tensor, OwnedTensorRankErrors) {
   using T = TypeParam;
   EXPECT_THROW((owned_tensor<T>({1, 2, 3, 4, 5})), std::invalid_argument);
