@@ -25,56 +25,63 @@ constexpr std::size_t mapped_bytes(std::size_t bytes) {
   return (bytes + large_block_bytes - 1) / large_block_bytes * large_block_bytes;
 }
 
+/// Freed blocks kept for reuse: up to Capacity of them and MostBytes in all, each handed out
+/// again for a block of the same class (its size rounded up by the caller). Never destroyed: a
+/// tensor with static storage may be freed after every other static is gone.
+template <int Capacity, std::size_t MostBytes>
+class kept_cache {
+public:
+  static kept_cache& get() {
+    static kept_cache* const cache = new kept_cache;
+    return *cache;
+  }
+  /// A kept block of class c, or null.
+  void* take(std::size_t c) {
+    std::lock_guard<std::mutex> lock(m_);
+    for (int i = n_ - 1; i >= 0; --i)
+      if (kept_[i].bytes == c) {
+        void* const p = kept_[i].p;
+        total_ -= c;
+        kept_[i] = kept_[--n_];
+        return p;
+      }
+    return nullptr;
+  }
+  /// Keeps p, a block of class c; false where that would pass the limits.
+  bool keep(void* p, std::size_t c) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (n_ == Capacity || total_ + c > MostBytes)
+      return false;
+    kept_[n_++] = {p, c};
+    total_ += c;
+    return true;
+  }
+
+private:
+  struct entry {
+    void* p;
+    std::size_t bytes;
+  };
+  std::mutex m_;
+  entry kept_[Capacity]{};
+  int n_ = 0;
+  std::size_t total_ = 0;
+};
+
 /// Blocks from 128 KiB up to a huge page: the C library maps each on its own and unmaps it when it
 /// is freed, so a vjp called again and again on the same shapes (a test, a benchmark, a training
 /// step) faulted in every 4 KiB page of its gradients and stamps on every call (on the 16-core
 /// Xeon, a softmax vjp of 256 rows of 1000 took 1.8-2.1 ms so, 1.0-1.4 ms with the memory kept).
 /// Up to 16 freed blocks are kept and handed out again for the same size, rounded up to 64 KiB.
 /// Not under AddressSanitizer, which must see every block freed.
-class kept_block_cache {
-public:
+struct kept_block_cache {
   static constexpr std::size_t smallest = std::size_t{128} << 10;
   static constexpr std::size_t granule = std::size_t{64} << 10;
-
   static constexpr std::size_t size_class(std::size_t bytes) {
     return (bytes + granule - 1) / granule * granule;
   }
-  /// A kept block of `bytes`' class, or null.
-  void* take(std::size_t bytes) {
-    std::size_t const c = size_class(bytes);
-    std::lock_guard<std::mutex> lock(m_);
-    for (int i = n_ - 1; i >= 0; --i)
-      if (kept_[i].bytes == c) {
-        void* const p = kept_[i].p;
-        kept_[i] = kept_[--n_];
-        return p;
-      }
-    return nullptr;
-  }
-  /// Keeps p (from an allocation of `bytes`); false where the cache is full.
-  bool keep(void* p, std::size_t bytes) {
-    std::lock_guard<std::mutex> lock(m_);
-    if (n_ == capacity)
-      return false;
-    kept_[n_++] = {p, size_class(bytes)};
-    return true;
-  }
-private:
-  static constexpr int capacity = 16;
-  struct entry {
-    void* p;
-    std::size_t bytes;
-  };
-  std::mutex m_;
-  entry kept_[capacity]{};
-  int n_ = 0;
 };
-
-/// Never destroyed: a tensor with static storage may be freed after every other static is gone.
-inline kept_block_cache& kept_blocks() {
-  static kept_block_cache* const cache = new kept_block_cache;
-  return *cache;
-}
+inline auto& kept_blocks() { return kept_cache<16, 16 * large_block_bytes>::get(); }
 
 /// Mappings of large blocks, freed: kept (up to 8, at most 256 MiB in all) and handed out again
 /// for a block that maps the same number of huge pages. A fresh mapping is zeroed by the kernel,
@@ -82,50 +89,7 @@ inline kept_block_cache& kept_blocks() {
 /// took 40 % of the call on a 2-core machine, every call. A kept block comes back as it was
 /// left; zeroed only where the caller asks. Not under AddressSanitizer (a block unmapped when
 /// freed faults where a freed gradient is read).
-class kept_mapping_cache {
-public:
-  static constexpr std::size_t most_bytes = std::size_t{256} << 20;
-
-  /// A kept mapping of mapped_bytes(bytes), or null.
-  void* take(std::size_t bytes) {
-    std::size_t const len = mapped_bytes(bytes);
-    std::lock_guard<std::mutex> lock(m_);
-    for (int i = n_ - 1; i >= 0; --i)
-      if (kept_[i].bytes == len) {
-        void* const p = kept_[i].p;
-        total_ -= len;
-        kept_[i] = kept_[--n_];
-        return p;
-      }
-    return nullptr;
-  }
-  /// Keeps the mapping p of mapped_bytes(bytes); false where it would pass the limits.
-  bool keep(void* p, std::size_t bytes) {
-    std::size_t const len = mapped_bytes(bytes);
-    std::lock_guard<std::mutex> lock(m_);
-    if (n_ == capacity || total_ + len > most_bytes)
-      return false;
-    kept_[n_++] = {p, len};
-    total_ += len;
-    return true;
-  }
-
-private:
-  static constexpr int capacity = 8;
-  struct entry {
-    void* p;
-    std::size_t bytes;
-  };
-  std::mutex m_;
-  entry kept_[capacity]{};
-  int n_ = 0;
-  std::size_t total_ = 0;
-};
-
-inline kept_mapping_cache& kept_mappings() {
-  static kept_mapping_cache* const cache = new kept_mapping_cache;
-  return *cache;
-}
+inline auto& kept_mappings() { return kept_cache<8, std::size_t{256} << 20>::get(); }
 
 /// `bytes` of memory, 64-byte aligned (2 MiB aligned from large_block_bytes on, on Linux), zeroed
 /// where `zero` says so. Give it back with free_block(p, bytes).
@@ -134,7 +98,7 @@ inline void* allocate_block(std::size_t bytes, bool zero) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (bytes >= large_block_bytes) {
 #ifndef TILEGRAD_ASAN
-    if (void* const p = kept_mappings().take(bytes)) {
+    if (void* const p = kept_mappings().take(mapped_bytes(bytes))) {
       if (zero) __builtin_memset(p, 0, bytes);
       return p;
     }
@@ -156,7 +120,7 @@ inline void* allocate_block(std::size_t bytes, bool zero) {
 #endif
 #ifndef TILEGRAD_ASAN
   if (bytes >= kept_block_cache::smallest) {
-    void* p = kept_blocks().take(bytes);
+    void* p = kept_blocks().take(kept_block_cache::size_class(bytes));
     if (!p)
       p = ::operator new(kept_block_cache::size_class(bytes), std::align_val_t{64});
     if (zero) __builtin_memset(p, 0, bytes);
@@ -173,7 +137,7 @@ inline void free_block(void* p, std::size_t bytes) noexcept {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (bytes >= large_block_bytes) {
 #ifndef TILEGRAD_ASAN
-    if (kept_mappings().keep(p, bytes))
+    if (kept_mappings().keep(p, mapped_bytes(bytes)))
       return;
 #endif
     ::munmap(p, mapped_bytes(bytes));
@@ -181,7 +145,8 @@ inline void free_block(void* p, std::size_t bytes) noexcept {
   }
 #endif
 #ifndef TILEGRAD_ASAN
-  if (bytes >= kept_block_cache::smallest && kept_blocks().keep(p, bytes))
+  if (bytes >= kept_block_cache::smallest &&
+      kept_blocks().keep(p, kept_block_cache::size_class(bytes)))
     return;
 #endif
   ::operator delete(p, std::align_val_t{64});

@@ -457,24 +457,24 @@ void store(ptr_tile<T, Off> const& p, V&& value, M&& mask, cache_hints = {},
 
 namespace detail {
 
-// A custom scalar (a dual number: a value and its tangents) has no atomic instruction: its
-// atomics hold one of a fixed set of locks, chosen by address, with std::atomic_ref's interface.
-template <class T>
-class locked_ref {
+/// std::atomic_ref's interface on an element that a lock guards: plain reads and writes, each
+/// operation holding what `lock()` returns while it runs.
+template <class T, class Lock>
+class guarded_ref {
 public:
-  explicit locked_ref(T& x) : x_(x), lock_(lock_for(&x)) {}
+  guarded_ref(T& x, Lock lock) : x_(x), lock_(lock) {}
   T load(std::memory_order = std::memory_order_seq_cst) const {
-    std::lock_guard g(lock_);
+    [[maybe_unused]] auto const held = lock_();
     return x_;
   }
   T fetch_add(T v, std::memory_order = std::memory_order_seq_cst) const {
-    std::lock_guard g(lock_);
+    [[maybe_unused]] auto const held = lock_();
     T const old = x_;
     x_ = old + v;
     return old;
   }
   T exchange(T v, std::memory_order = std::memory_order_seq_cst) const {
-    std::lock_guard g(lock_);
+    [[maybe_unused]] auto const held = lock_();
     T const old = x_;
     x_ = v;
     return old;
@@ -482,7 +482,7 @@ public:
   // Compares object representations, as std::atomic_ref does.
   bool compare_exchange_strong(T& expected, T v, std::memory_order = std::memory_order_seq_cst,
                                std::memory_order = std::memory_order_seq_cst) const {
-    std::lock_guard g(lock_);
+    [[maybe_unused]] auto const held = lock_();
     if (std::memcmp(&x_, &expected, sizeof(T)) == 0) {
       x_ = v;
       return true;
@@ -496,20 +496,36 @@ public:
   }
 
 private:
-  static std::mutex& lock_for(void const* p) {
-    static std::mutex locks[64];
-    return locks[(reinterpret_cast<std::uintptr_t>(p) >> 4) % 64];
-  }
   T& x_;
-  std::mutex& lock_;
+  Lock lock_;
 };
+
+// A custom scalar (a dual number: a value and its tangents) has no atomic instruction: its
+// atomics hold one of a fixed set of mutexes, chosen by address.
+struct address_mutex {
+  std::mutex* m;
+  explicit address_mutex(void const* p) {
+    static std::mutex locks[64];
+    m = &locks[(reinterpret_cast<std::uintptr_t>(p) >> 4) % 64];
+  }
+  std::unique_lock<std::mutex> operator()() const { return std::unique_lock<std::mutex>(*m); }
+};
+template <class T>
+using locked_ref = guarded_ref<T, address_mutex>;
+
+// An element whose lock the caller holds already (a float's page lock, below).
+struct held_by_caller {
+  int operator()() const { return 0; }
+};
+template <class T>
+using plain_ref = guarded_ref<T, held_by_caller>;
 
 template <class T>
 auto atomic_ref_to(T& x) {
   if constexpr (std::is_arithmetic_v<T>)
     return std::atomic_ref<T>(x);
   else
-    return locked_ref<T>(x);
+    return locked_ref<T>(x, address_mutex(&x));
 }
 
 /// Floating-point atomics: x86 has no atomic float add (std::atomic_ref<float>::fetch_add is a
@@ -566,40 +582,6 @@ private:
   std::uintptr_t page_ = 0;
 };
 
-/// std::atomic_ref's interface on an element whose page lock is held: plain reads and writes.
-template <class T>
-class plain_ref {
-public:
-  explicit plain_ref(T& x) : x_(x) {}
-  T load(std::memory_order = std::memory_order_seq_cst) const { return x_; }
-  T fetch_add(T v, std::memory_order = std::memory_order_seq_cst) const {
-    T const old = x_;
-    x_ = old + v;
-    return old;
-  }
-  T exchange(T v, std::memory_order = std::memory_order_seq_cst) const {
-    T const old = x_;
-    x_ = v;
-    return old;
-  }
-  bool compare_exchange_strong(T& expected, T v, std::memory_order = std::memory_order_seq_cst,
-                               std::memory_order = std::memory_order_seq_cst) const {
-    if (std::memcmp(&x_, &expected, sizeof(T)) == 0) {
-      x_ = v;
-      return true;
-    }
-    expected = x_;
-    return false;
-  }
-  bool compare_exchange_weak(T& expected, T v, std::memory_order s = std::memory_order_seq_cst,
-                             std::memory_order f = std::memory_order_seq_cst) const {
-    return compare_exchange_strong(expected, v, s, f);
-  }
-
-private:
-  T& x_;
-};
-
 /// The lane width of atomics: floats and doubles update runs of lanes as vectors under their
 /// page's lock; other types one element at a time.
 template <class T, class Mask>
@@ -624,7 +606,7 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
     T const v = val.template load<1>(r, c);
     if constexpr (locked) {
       pages.hold(base + e);
-      old[r * S::inner + c] = f(plain_ref<T>(base[e]), v);
+      old[r * S::inner + c] = f(plain_ref<T>(base[e], {}), v);
     } else {
       old[r * S::inner + c] = f(atomic_ref_to(base[e]), v);
     }
