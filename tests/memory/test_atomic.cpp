@@ -146,9 +146,10 @@ TYPED_TEST(Atomic, ManyProgramsAddIntoTheSameElements) {
   }
 }
 
-// 64 lanes a call, in whole vectors: floats and doubles add a run of lanes that lies in one 4 KiB
-// page as a vector under the page's lock, and a run that crosses into the next page lane by lane.
-// The views start 3 elements into their buffers, so that runs cross page boundaries. One run of x
+// 64 lanes a call, in whole vectors: floats and doubles add a run of lanes that lies in one 1 KiB
+// stripe of memory as a vector under the stripe's lock, and a run that crosses into the next
+// stripe lane by lane. The views start 3 elements into their buffers, so that runs cross stripe
+// boundaries. One run of x
 // is updated by every call (each of its elements returns each old value once), with atomic_max
 // calls that change nothing beside them; runs of y move across the tensor.
 TYPED_TEST(Atomic, VectorRunsAcrossPagesFromManyThreads) {
@@ -158,7 +159,8 @@ TYPED_TEST(Atomic, VectorRunsAcrossPagesFromManyThreads) {
   tg_mem::fill_with(xbuf, T(0));
   tg_mem::fill_with(ybuf, T(0));
   tensor<T> const x(xbuf.view().data() + 3, {n}, "x"), y(ybuf.view().data() + 3, {n}, "y");
-  // The hot run of x starts 5 elements before the second page boundary after x's buffer starts.
+  // The hot run of x starts 5 elements before the second 4 KiB boundary after x's buffer starts
+  // (a boundary of stripes too).
   auto const addr = reinterpret_cast<std::uintptr_t>(xbuf.view().data());
   std::int64_t const hot = static_cast<std::int64_t>(((addr >> 12) + 2) * 4096 - addr) /
                                static_cast<std::int64_t>(sizeof(T)) - 3 - 5;

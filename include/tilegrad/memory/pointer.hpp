@@ -513,7 +513,7 @@ struct address_mutex {
 template <class T>
 using locked_ref = guarded_ref<T, address_mutex>;
 
-// An element whose lock the caller holds already (a float's page lock, below).
+// An element whose lock the caller holds already (a float's stripe lock, below).
 struct held_by_caller {
   int operator()() const { return 0; }
 };
@@ -530,34 +530,38 @@ auto atomic_ref_to(T& x) {
 
 /// Floating-point atomics: x86 has no atomic float add (std::atomic_ref<float>::fetch_add is a
 /// compare-and-swap loop per element), so every atomic on a float or double element holds the
-/// lock of the 4 KiB page of memory it updates (one of a fixed set of spin locks, chosen by
-/// page) and updates the element as plain memory: a run of lanes in one page takes the lock once,
-/// and adds as vectors. The locks order every atomic on an element, as the hardware's would.
+/// lock of the 1 KiB stripe of memory it updates (one of a fixed set of spin locks, chosen by
+/// stripe) and updates the element as plain memory: a run of lanes in one stripe takes the lock
+/// once, and adds as vectors. The locks order every atomic on an element, as the hardware's
+/// would. (4 KiB stripes made 16 threads adding rows of 64 floats into 64 rows of a table wait on
+/// 4 locks, slower than compare-and-swap; 256 B ones halved the rate of rows of 1024 floats:
+/// docs/performance.md, "Float atomics by lock stripes".)
+inline constexpr int stripe_bits = 10;
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
 }
-struct alignas(64) page_spin {
+struct alignas(64) stripe_spin {
   std::atomic<bool> held{false};
 };
-inline page_spin& spin_of_page(std::uintptr_t page) {
-  static page_spin locks[512];
-  return locks[(page ^ (page >> 9)) % 512];
+inline stripe_spin& spin_of_stripe(std::uintptr_t stripe) {
+  static stripe_spin locks[512];
+  return locks[(stripe ^ (stripe >> 9)) % 512];
 }
-class page_lock {
+class stripe_lock {
 public:
-  page_lock() = default;
-  page_lock(page_lock const&) = delete;
-  page_lock& operator=(page_lock const&) = delete;
-  ~page_lock() { release(); }
-  /// Holds the lock of the page of p (letting go of the one held before, if another).
+  stripe_lock() = default;
+  stripe_lock(stripe_lock const&) = delete;
+  stripe_lock& operator=(stripe_lock const&) = delete;
+  ~stripe_lock() { release(); }
+  /// Holds the lock of the stripe of p (letting go of the one held before, if another).
   void hold(void const* p) {
-    std::uintptr_t const page = reinterpret_cast<std::uintptr_t>(p) >> 12;
-    if (held_ && page == page_)
+    std::uintptr_t const stripe = reinterpret_cast<std::uintptr_t>(p) >> stripe_bits;
+    if (held_ && stripe == stripe_)
       return;
     release();
-    page_spin& s = spin_of_page(page);
+    stripe_spin& s = spin_of_stripe(stripe);
     for (int spins = 0; s.held.exchange(true, std::memory_order_acquire);)
       while (s.held.load(std::memory_order_relaxed))
         if (++spins % 64 == 0)
@@ -565,11 +569,11 @@ public:
         else
           cpu_relax();
     held_ = &s;
-    page_ = page;
+    stripe_ = stripe;
   }
-  /// Whether p lies in the page held.
+  /// Whether p lies in the stripe held.
   bool holds(void const* p) const {
-    return held_ && reinterpret_cast<std::uintptr_t>(p) >> 12 == page_;
+    return held_ && reinterpret_cast<std::uintptr_t>(p) >> stripe_bits == stripe_;
   }
   void release() {
     if (held_)
@@ -578,20 +582,20 @@ public:
   }
 
 private:
-  page_spin* held_ = nullptr;
-  std::uintptr_t page_ = 0;
+  stripe_spin* held_ = nullptr;
+  std::uintptr_t stripe_ = 0;
 };
 
 /// The lane width of atomics: floats and doubles update runs of lanes as vectors under their
-/// page's lock; other types one element at a time.
+/// stripe's lock; other types one element at a time.
 template <class T, class Mask>
 inline constexpr int atomic_width =
     std::is_floating_point_v<T> ? access_width<T, Mask, no_mask> : 1;
 
 // The body of an atomic of shape S: old[lane] = f(element, value) for every lane on, one
-// element at a time (floats and doubles: under their page's lock, atomic_add by vectors). Checks
-// bounds when chk (a contiguous run of W lanes at once); `lane(pos, offset, n)` sees the lanes as
-// they are updated, `value(v)` each lane's value after it.
+// element at a time (floats and doubles: under their stripe's lock, atomic_add by vectors).
+// Checks bounds when chk (a contiguous run of W lanes at once); `lane(pos, offset, n)` sees the
+// lanes as they are updated, `value(v)` each lane's value after it.
 template <int W, class S, class T, class Off, class Val, class Mask, class F, class Lane,
           class Value>
 TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& val,
@@ -600,12 +604,12 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
                                  Value&& value) {
   T* base = p.base.data();
   constexpr bool locked = std::is_floating_point_v<T>;
-  [[maybe_unused]] page_lock pages;
+  [[maybe_unused]] stripe_lock stripes;
   [[maybe_unused]] bool const add = locked && std::string_view(what) == "atomic_add";
   auto one = [&](int r, int c, std::int64_t e) {
     T const v = val.template load<1>(r, c);
     if constexpr (locked) {
-      pages.hold(base + e);
+      stripes.hold(base + e);
       old[r * S::inner + c] = f(plain_ref<T>(base[e], {}), v);
     } else {
       old[r * S::inner + c] = f(atomic_ref_to(base[e]), v);
@@ -625,8 +629,8 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
           check_run(p.base, e, W, what, loc);
         lane(r * S::inner + c, e, W);
         if constexpr (locked && W > 1) {
-          pages.hold(base + e);
-          if (add && pages.holds(base + e + (W - 1))) { // the run in one page: added as a vector
+          stripes.hold(base + e);
+          if (add && stripes.holds(base + e + (W - 1))) { // in one stripe: added as a vector
             T* const o = old + r * S::inner + c;
             T* const m = base + e;
             auto const v = val.template load<W>(r, c);
