@@ -448,7 +448,8 @@ void flash_attention_forward(tensor<T const> q, tensor<T const> k, tensor<T cons
 /// dq atomically into an fp32 buffer. Both start with the delta launch. two_pass recomputes the
 /// scores once more but gives the same gradients, to the bit, for any thread count; atomic_dq
 /// adds dq in the order the programs run. On a 16-core Xeon atomic_dq ran about 1.2 times faster
-/// in fp32 and two_pass 1.3 times faster in bf16 (docs/performance.md, "Float atomics by lock stripes").
+/// in fp32 and two_pass 1.3 times faster in bf16 (docs/performance.md, "Float atomics by lock
+/// stripes").
 template <class T>
 void flash_attention_backward(tensor<T const> q, tensor<T const> k, tensor<T const> v,
                               tensor<T const> o, tensor<T const> d_o, tensor<fp32<T> const> lse,
