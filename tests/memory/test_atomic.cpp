@@ -110,6 +110,15 @@ TYPED_TEST(Atomic, AddWithRepeatedAddressesInOneTile) {
 }
 
 // Several programs, on several threads, adding into the same elements.
+// Runs f(t) as program t of `threads`, each on a thread of its own, and waits for them all.
+template <class F>
+void on_threads(int threads, F&& f) {
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] { as_program(t, threads, [&](program const&) { f(t); }); });
+  for (auto& th : pool) th.join();
+}
+
 TYPED_TEST(Atomic, ManyProgramsAddIntoTheSameElements) {
   using T = TypeParam;
   constexpr int threads = 4, iters = 1000;
@@ -117,19 +126,14 @@ TYPED_TEST(Atomic, ManyProgramsAddIntoTheSameElements) {
   owned_tensor<T> half({7}, "half");
   tensor<T> const c = cnt, h = half;
   std::vector<std::vector<T>> olds(threads);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      as_program(t, threads, [&](program const&) {
-        for (int i = 0; i < iters; ++i) {
-          tile<T, 7> const o = atomic_add(c + arange<0, 7>(), T(1));
-          olds[t].insert(olds[t].end(), o.data(), o.data() + 7);
-          // 37 lanes onto 7 elements, with a value exact in float (0.5) or 1 for integers
-          atomic_add(h + arange<0, 37>() % 7, std::is_floating_point_v<T> ? T(0.5) : T(1));
-        }
-      });
-    });
-  for (auto& th : pool) th.join();
+  on_threads(threads, [&](int t) {
+    for (int i = 0; i < iters; ++i) {
+      tile<T, 7> const o = atomic_add(c + arange<0, 7>(), T(1));
+      olds[t].insert(olds[t].end(), o.data(), o.data() + 7);
+      // 37 lanes onto 7 elements, with a value exact in float (0.5) or 1 for integers
+      atomic_add(h + arange<0, 37>() % 7, std::is_floating_point_v<T> ? T(0.5) : T(1));
+    }
+  });
   T const unit = std::is_floating_point_v<T> ? T(0.5) : T(1);
   for (int e = 0; e < 7; ++e) {
     ASSERT_EQ(c(e), T(threads * iters)) << at(e);
@@ -172,19 +176,14 @@ TYPED_TEST(Atomic, VectorRunsAcrossPagesFromManyThreads) {
     for (int i = 0; i < iters; ++i)
       for (int l = 0; l < 64; ++l) ++expect[static_cast<std::size_t>(start(t, i) + l)];
   std::vector<std::vector<T>> olds(threads);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      as_program(t, threads, [&](program const&) {
-        for (int i = 0; i < iters; ++i) {
-          tile<T, 64> const o = atomic_add(x + (hot + arange<0, 64>()), T(1));
-          olds[t].insert(olds[t].end(), o.data(), o.data() + 64);
-          atomic_max(x + (hot + arange<0, 64>()), T(0));
-          atomic_add(y + (start(t, i) + arange<0, 64>()), T(1));
-        }
-      });
-    });
-  for (auto& th : pool) th.join();
+  on_threads(threads, [&](int t) {
+    for (int i = 0; i < iters; ++i) {
+      tile<T, 64> const o = atomic_add(x + (hot + arange<0, 64>()), T(1));
+      olds[t].insert(olds[t].end(), o.data(), o.data() + 64);
+      atomic_max(x + (hot + arange<0, 64>()), T(0));
+      atomic_add(y + (start(t, i) + arange<0, 64>()), T(1));
+    }
+  });
   for (int e = 0; e < n; ++e) {
     ASSERT_EQ(y(e), T(expect[static_cast<std::size_t>(e)])) << at(e);
     ASSERT_EQ(x(e), e >= hot && e < hot + 64 ? T(threads * iters) : T(0)) << at(e);
@@ -235,18 +234,13 @@ TYPED_TEST(Atomic, MaxAndMinFromManyThreads) {
   tg_mem::fill_with(hi, T(-100000));
   tg_mem::fill_with(lo, T(100000));
   tensor<T> const h = hi, l = lo;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      as_program(t, threads, [&](program const&) {
-        for (int i = 0; i < iters; ++i) {
-          T const s = T(((t * iters + i) * 37) % (threads * iters) - 2000); // each of -2000..1999 once
-          atomic_max(h + arange<0, 7>(), s);
-          atomic_min(l + arange<0, 7>(), s);
-        }
-      });
-    });
-  for (auto& th : pool) th.join();
+  on_threads(threads, [&](int t) {
+    for (int i = 0; i < iters; ++i) {
+      T const s = T(((t * iters + i) * 37) % (threads * iters) - 2000); // each of -2000..1999 once
+      atomic_max(h + arange<0, 7>(), s);
+      atomic_min(l + arange<0, 7>(), s);
+    }
+  });
   for (int e = 0; e < 7; ++e) {
     ASSERT_EQ(h(e), T(1999)) << at(e);
     ASSERT_EQ(l(e), T(-2000)) << at(e);
