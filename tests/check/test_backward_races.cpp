@@ -85,9 +85,10 @@ int const bwd_last_line = __LINE__;
 struct backward_options {
   bool alternate = false;    // every other call takes the key tiles in reverse order
   float extra_on_second = 0; // the second call adds this to dq(0, 0) atomically
-  // dq added into a buffer, then copied: by tg::copy, by hand, or by a launch that loads the
-  // buffer and stores dq (FlashAttention-2's dq_accum and its postprocess kernel)
-  enum { none, with_copy, by_hand, by_launch } accumulator = none;
+  // dq added into a buffer, then copied: by tg::copy, by hand, by a launch that loads the
+  // buffer and stores dq (FlashAttention-2's dq_accum and its postprocess kernel), or by two
+  // launches (one that unscales the buffer into a second one, one that stores dq from it)
+  enum { none, with_copy, by_hand, by_launch, by_two_launches } accumulator = none;
 };
 
 constexpr auto finish_dq = [](tg::program const& p, tg::tensor<float const> acc,
@@ -123,6 +124,13 @@ auto backward(backward_options bo = {}) {
       std::copy(acc.begin(), acc.end(), dq.begin());
     else if (bo.accumulator == backward_options::by_launch)
       tg::launch(ctx.options(), tg::cdiv(acc.numel(), 64), finish_dq, acc.cview(), dq.view());
+    else if (bo.accumulator == backward_options::by_two_launches) {
+      tg::owned_tensor<float> unscaled({n, D}, "unscaled dq");
+      tg::launch(ctx.options(), tg::cdiv(acc.numel(), 64), finish_dq, acc.cview(),
+                 unscaled.view());
+      tg::launch(ctx.options(), tg::cdiv(acc.numel(), 64), finish_dq, unscaled.cview(),
+                 dq.view());
+    }
     ++calls;
     ctx.set_gradient("q", dq);
     ctx.set_gradient("k", dk);
@@ -262,6 +270,26 @@ TEST(BackwardDeterminism, AtomicReorderingIsFollowedThroughALaunchThatStoresTheS
   auto const extra = check(
       backward<dq_by::atomic_add>({.extra_on_second = 1e-3f, .accumulator = bo::by_launch}), 40,
       {tg::executor::sequential, 1});
+  ASSERT_FALSE(extra);
+  EXPECT_TRUE(extra.mentions("not deterministic: two runs on the same data differ in 1 of 640 "
+                             "elements of 'q', the first at (0, 0)"))
+      << extra;
+}
+
+TEST(BackwardDeterminism, AtomicReorderingIsFollowedThroughSeveralLaunches) {
+  // The buffer of atomic sums goes through two launches before it is dq: the second launch takes
+  // what the first stored from the sums, and passes their order on as much.
+  using bo = backward_options;
+  auto const passed_on = check(
+      backward<dq_by::atomic_add>({.alternate = true, .accumulator = bo::by_two_launches}), 40,
+      {tg::executor::sequential, 1});
+  EXPECT_BACKWARD_OK(passed_on);
+  EXPECT_TRUE(passed_on.mentions(") stored by launch 3 of the backward, which takes 'unscaled "
+                                 "dq', made by atomic_add or under a lock in an earlier launch"))
+      << passed_on;
+  auto const extra = check(
+      backward<dq_by::atomic_add>({.extra_on_second = 1e-3f, .accumulator = bo::by_two_launches}),
+      40, {tg::executor::sequential, 1});
   ASSERT_FALSE(extra);
   EXPECT_TRUE(extra.mentions("not deterministic: two runs on the same data differ in 1 of 640 "
                              "elements of 'q', the first at (0, 0)"))

@@ -1236,45 +1236,70 @@ public:
   }
 
   /// The name of a tensor whose memory launch `l` took and of which some element was written
-  /// last, before it, by atomic_add alone or holding a lock, or which launch `l` wrote by
+  /// last, before it, by atomic_add alone or holding a lock, or stored by an earlier launch that
+  /// took such sums itself (through any number of launches), or which launch `l` wrote by
   /// atomic_add alone and loaded (after every addition: the race check orders the loads by
   /// tickets) ('name', or "an unnamed tensor"); empty where there is none.
   /// (A launch that loads sums made in an order the run chose and stores what it makes of them
-  /// passes their run-to-run differences on.)
+  /// passes their run-to-run differences on, and so does every launch after it that takes what it
+  /// stored.)
   std::string takes_atomic_sums(std::ptrdiff_t l) const {
+    std::vector<std::optional<std::string>> taken(launches.size());
+    return takes_atomic_sums(l, taken);
+  }
+
+private:
+  // taken[k]: takes_atomic_sums(k), once worked out.
+  std::string takes_atomic_sums(std::ptrdiff_t l,
+                                std::vector<std::optional<std::string>>& taken) const {
     if (l < 0 || static_cast<std::size_t>(l) >= launches.size())
       return {};
+    std::optional<std::string>& memo = taken[static_cast<std::size_t>(l)];
+    if (memo)
+      return *memo;
+    memo = std::string();
     std::size_t before = 0; // writes of the launches before l (and of copies between)
     while (before < writes.size() &&
            (writes[before].launch == no_launch || writes[before].launch < std::size_t(l)))
       ++before;
+    auto name_of = [](launch_writes const& w) {
+      return w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
+    };
     for (std::size_t k = before; k < writes.size() && writes[k].launch == std::size_t(l); ++k) {
       launch_writes const& w = writes[k];
       if (!w.sums.empty())
         for (std::uint8_t const ops : w.ops)
           if ((ops & op_write) == op_atomic_add && (ops & op_load))
-            return w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
+            return *(memo = name_of(w));
     }
     for (auto const& [lo, hi] : launches[static_cast<std::size_t>(l)].spans)
       for (std::size_t k = 0; k < before; ++k) {
         launch_writes const& w = writes[k];
-        if (w.launch == no_launch || (w.sums.empty() && w.locked.empty()) || w.hi <= lo ||
-            hi <= w.lo)
+        if (w.launch == no_launch || w.hi <= lo || hi <= w.lo)
+          continue;
+        // A launch that stored what it made of such sums passes them on in turn.
+        bool const stores_sums =
+            !takes_atomic_sums(static_cast<std::ptrdiff_t>(w.launch), taken).empty();
+        if (w.sums.empty() && w.locked.empty() && !stores_sums)
           continue;
         auto const step = static_cast<std::ptrdiff_t>(w.elem);
         for (std::size_t i = 0; i < w.ops.size(); ++i) {
           std::byte const* const b = w.lo + static_cast<std::ptrdiff_t>(i) * step;
           bool const locked = !w.locked.empty() && w.locked[i];
-          if (b < lo || b >= hi || ((w.ops[i] & op_write) != op_atomic_add && !locked))
+          bool const stored = stores_sums && (w.ops[i] & op_write) == op_store;
+          if (b < lo || b >= hi || ((w.ops[i] & op_write) != op_atomic_add && !locked && !stored))
             continue;
           if (traced_write const last = last_write(b, w.elem, before);
-              last.ops == op_atomic_add || last.locked)
-            return w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
+              last.ops == op_atomic_add || last.locked ||
+              (last.ops == op_store && last.launch == static_cast<std::ptrdiff_t>(w.launch) &&
+               stores_sums))
+            return *(memo = name_of(w));
         }
       }
-    return {};
+    return *memo;
   }
 
+public:
   /// What wrote the element at p last, among the first `upto` entries of `writes` (a gradient
   /// handed over before later launches reused its buffer is traced as it was then).
   traced_write last_write(void const* p, std::size_t elem,
