@@ -167,6 +167,109 @@ TEST(Aliasing, QKVAsStridedViewsOfOnePackedBuffer) {
                                                      inner(r["v"], uv.cview()));
 }
 
+TEST(Aliasing, AViewMadeInTheKernelThatReachesPastItsTensorIsRefused) {
+  // q, k, v marked as views of one packed buffer, and a kernel that reads whole packed rows
+  // through a view it makes from q's data (a Triton kernel handed qkv_ptr): those lanes are k's
+  // and v's elements, and vjp, which credits an access to the tensor its view was made from,
+  // gave k and v no gradient at all. Halves of one buffer read, or written, through a view made
+  // from the first half reached past its gradient, stamps and cotangent. Each is now refused,
+  // naming the program, both tensors and the line of the view.
+  int const n = 5, d = 4;
+  owned<double> qkv({n, 3, d}, "qkv"), y({n}, "y"), dy({n}, "dy");
+  fill(qkv, 1);
+  fill(dy, 2);
+  auto part = [&](int s, char const* name) {
+    return tg::tensor<double const>(qkv.data() + s * d, {n, d}, {3 * d, 1}, name);
+  };
+  int const load_line = __LINE__ + 8; // the load through the view
+  auto const packed_rows = []<class T>(tg::program const&, tg::tensor<T const> q,
+                                       tg::tensor<T const>, tg::tensor<T const>, tg::tensor<T> y) {
+    using F = tg::fp32<T>;
+    tg::tensor<T const> const rows(q.data(), {q.size(0), 3 * q.size(1)}, {q.stride(0), 1}, "qkv");
+    auto const r = tg::arange<0, 8>();
+    auto const c = tg::arange<0, 16>();
+    auto const m = tg::col(r < rows.size(0)) & tg::row(c < rows.size(1));
+    tg::tile<F, 8, 16> const t = tg::load(rows + tg::col(r) * rows.stride(0) + tg::row(c), m, 0.0);
+    tg::store(y + r, tg::sum<1>(tg::sin(t)), r < y.size(0));
+  };
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (tg::access_error const& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string const packed = message([&] {
+    tg::vjp(1, packed_rows, tg::in("q", part(0, "q")), tg::in("k", part(1, "k")),
+            tg::in("v", part(2, "v")), tg::out("y", y, dy));
+  });
+  for (char const* piece :
+       {"tilegrad::vjp: program (0, 0, 0) loads an address through a view made from the data of "
+        "tensor 'q' (at ",
+        ", element offset 4 from its first element, which is not an element of 'q' (it is one of "
+        "'k')"})
+    EXPECT_NE(packed.find(piece), std::string::npos) << piece << "\n" << packed;
+  EXPECT_NE(packed.find("test_aliasing.cpp:" + std::to_string(load_line)), std::string::npos)
+      << packed;
+
+  // Halves of one contiguous buffer: read, and written, through a view of the first.
+  owned<double> ab({2 * n}, "ab"), yz({2 * n}, "yz"), dyz({2 * n}, "dyz");
+  fill(ab, 3);
+  fill(dyz, 4);
+  auto half = [&](owned<double>& b, int s, char const* name) {
+    return tg::tensor<double>(b.data() + s * n, {n}, name);
+  };
+  auto chalf = [&](owned<double>& b, int s, char const* name) {
+    return tg::tensor<double const>(b.data() + s * n, {n}, name);
+  };
+  auto const read_halves = []<class T>(tg::program const&, tg::tensor<T const> a,
+                                       tg::tensor<T const>, tg::tensor<T> y) {
+    using F = tg::fp32<T>;
+    std::int64_t const m = a.size(0);
+    tg::tensor<T const> const whole(a.data(), {2 * m}, "whole");
+    auto const o = tg::arange<0, 8>();
+    tg::tile<F, 8> const bv = tg::load(whole + m + o, o < m, 0.0);
+    tg::store(y + o, bv * bv, o < m);
+  };
+  std::string const read = message([&] {
+    tg::vjp(1, read_halves, tg::in("a", chalf(ab, 0, "a")), tg::in("b", chalf(ab, 1, "b")),
+            tg::out("y", y, dy));
+  });
+  EXPECT_NE(read.find("loads an address through a view made from the data of tensor 'a' (at "),
+            std::string::npos)
+      << read;
+  EXPECT_NE(read.find("which is not an element of 'a' (it is one of 'b')"), std::string::npos)
+      << read;
+  auto const write_halves = []<class T>(tg::program const&, tg::tensor<T const> a, tg::tensor<T> y,
+                                        tg::tensor<T>) {
+    std::int64_t const m = a.size(0);
+    tg::tensor<T> const whole(y.data(), {2 * m}, "whole");
+    auto const o = tg::arange<0, 8>();
+    tg::store(whole + m + o, tg::load(a + o, o < m, 0.0) * 2.0, o < m);
+  };
+  owned<double> a({n}, "a");
+  fill(a, 5);
+  std::string const written = message([&] {
+    tg::vjp(1, write_halves, tg::in("a", a), tg::out("y", half(yz, 0, "y"), chalf(dyz, 0, "dy")),
+            tg::out("z", half(yz, 1, "z"), chalf(dyz, 1, "dz")));
+  });
+  EXPECT_NE(written.find("stores an address through a view made from the data of tensor 'y' ("),
+            std::string::npos)
+      << written;
+  EXPECT_NE(written.find("(it is one of 'z')"), std::string::npos) << written;
+  // Into memory that no tensor of the launch holds (the last third of a buffer whose middle
+  // third is marked).
+  owned<double> abc({3 * n}, "abc");
+  fill(abc, 6);
+  std::string const beyond = message([&] {
+    tg::vjp(1, read_halves, tg::in("a", chalf(abc, 1, "a")), chalf(ab, 0, "w"),
+            tg::out("y", y, dy));
+  });
+  EXPECT_NE(beyond.find("(it is outside every tensor of the launch)"), std::string::npos)
+      << beyond;
+}
+
 // ---------------------------------------------------------------------------------------------
 // A transposed weight, and an accumulator that is a strided view (inout).
 // ---------------------------------------------------------------------------------------------

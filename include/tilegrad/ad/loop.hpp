@@ -433,9 +433,31 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
 
 } // namespace loop_detail
 
+namespace loop_detail {
+
+/// Refuses one variable carried twice (`loop(0, n, 1, acc, acc, body)`): each carried value keeps
+/// its own copies per iteration and hands its own adjoints back, and two of them writing one
+/// variable would lose one's share of the gradient once the loop is checkpointed.
+template <class... C>
+void check_distinct(std::source_location const& where, C const&... carried) {
+  void const* const at[] = {static_cast<void const*>(std::addressof(carried))...};
+  for (std::size_t i = 0; i < sizeof...(C); ++i)
+    for (std::size_t j = i + 1; j < sizeof...(C); ++j)
+      if (at[i] == at[j])
+        throw std::invalid_argument(
+            "tilegrad::vjp: tg::loop at " + tilegrad::detail::where_string(where) +
+            " carries one variable twice (carried values " + std::to_string(i + 1) + " and " +
+            std::to_string(j + 1) + "): carry each variable once, and copy it first where the "
+            "body needs two values that start equal.");
+}
+
+} // namespace loop_detail
+
 template <class Body, class... C>
 void checkpointed_loop(int begin, int end, int step, Body const& body,
                        std::source_location const& where, C&... carried) {
+  if constexpr (sizeof...(C) > 1)
+    loop_detail::check_distinct(where, carried...);
   int const n = tilegrad::detail::trip_count(begin, end, step);
   program_state* st = current_state();
   if (!st) { // adjoint tiles outside vjp: recorded, never swept

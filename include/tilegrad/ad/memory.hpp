@@ -106,13 +106,79 @@ bool reads_in_place(program_state const* st, void const* base) {
   return e && !e->writable && !e->shared_range && e->bytes == sizeof(T);
 }
 
+/// Refuses a lane of an access that is not an element of the tensor its view was made from: a
+/// view the kernel made from the tensor's data (`tensor(q.data(), ...)`) reaching past it, into a
+/// neighbour in the same buffer or beyond. Its gradient would go to the wrong tensor, or past the
+/// end of the tensor's own buffers.
+[[noreturn]] TILEGRAD_MACHINERY void lane_outside(program_state const& st, tensor_entry const& e,
+                                                  std::int64_t off, char const* what,
+                                                  std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  program const* p = detail::current_program();
+  std::byte const* const at = e.lo + off * static_cast<std::int64_t>(e.bytes);
+  tensor_entry const* other = st.find(at);
+  std::string const who = p ? p->describe() : std::string("host code");
+  throw access_error(
+      "tilegrad::vjp: " + who + " " + what +
+      " an address through a view made from the data of tensor " + detail::tensor_label(e.name) +
+      " (at " + detail::where_string(loc) + "), element offset " + std::to_string(off) +
+      " from its first element, which is not an element of " + detail::tensor_label(e.name) +
+      (other && other != &e ? std::string(" (it is one of ") + detail::tensor_label(other->name) +
+                                  ")"
+                            : std::string(" (it is outside every tensor of the launch)")) +
+      ": vjp credits an access to the tensor its view was made from, and this one's gradient "
+      "would go astray. Make the view from the tensor that holds the element, or pass the whole "
+      "buffer as one tensor and its parts as views made in the kernel.",
+      who, detail::tensor_label(e.name), "offset " + std::to_string(off), loc);
+}
+#else
+;
+#endif
+
+/// Whether every lane of run r (offsets from e's first element) is an element of e.
+inline bool run_inside(tensor_entry const& e, run const& r) {
+  std::int64_t const last = r.element(r.count - 1);
+  std::int64_t const span = (e.hi - e.lo) / static_cast<std::ptrdiff_t>(e.bytes);
+  if (std::min(r.offset, last) < 0 || std::max(r.offset, last) >= span)
+    return false;
+  if (!e.strided_grad && !e.shared_range) // contiguous: every offset in the span is an element
+    return true;
+  if (!e.layout.contains(r.offset) || !e.layout.contains(last))
+    return false;
+  if (r.count <= 2 || r.step == 0)
+    return true;
+  // A run along one axis from an element to an element holds elements only.
+  std::int64_t const s = r.step < 0 ? -r.step : r.step;
+  extents const& n = e.layout.shape();
+  for (int a = 0; a < e.layout.rank(); ++a)
+    if (n[a] > 1 && e.layout.strides()[a] == s) {
+      std::int64_t at = 0;
+      e.logical_index(r.offset, a, &at);
+      std::int64_t const end = at + (r.step < 0 ? 1 - r.count : r.count - 1);
+      if (end >= 0 && end < n[a])
+        return true;
+    }
+  for (int k = 1; k + 1 < r.count; ++k)
+    if (!e.layout.contains(r.element(k)))
+      return false;
+  return true;
+}
+
 /// Lanes are walked as offsets from the view the kernel accessed (t[b][h], say); the runs of
-/// a tensor's accesses are offsets from the tensor's own first element.
+/// a tensor's accesses are offsets from the tensor's own first element. Every lane must be one
+/// of the tensor's elements (lane_outside).
 template <class T>
-void shift_runs(std::vector<run>& runs, tensor_entry const& e, void const* base) {
-  if (std::int64_t const d = e.shift<T>(base))
-    for (run& r : runs)
-      r.offset += d;
+void shift_runs(program_state const& st, std::vector<run>& runs, tensor_entry const& e,
+                void const* base, char const* what, std::source_location const& loc) {
+  std::int64_t const d = e.shift<T>(base);
+  for (run& r : runs) {
+    r.offset += d;
+    if (!run_inside(e, r)) [[unlikely]]
+      for (int k = 0; k < r.count; ++k)
+        if (!run_inside(e, run{r.pos + k, 1, r.element(k), 0}))
+          lane_outside(st, e, r.element(k), what, loc);
+  }
 }
 
 /// A load, in an iteration of a checkpointed loop replayed by the sweep, from a tensor this
@@ -223,7 +289,7 @@ TILEGRAD_MACHINERY bool plain_load_hook(tilegrad::detail::access_hooks const& h,
 template <class T>
 T* record_load(program_state& st, tensor_entry const& e, void const* base, int size,
                std::source_location const& loc) {
-  shift_runs<T>(st.scratch, e, base);
+  shift_runs<T>(st, st.scratch, e, base, "loads", loc);
   tape& tp = st.t;
   std::vector<run> const& lanes = st.scratch;
   // The gradient of a tensor that is not contiguous is indexed by coordinates, not by offset.
@@ -380,7 +446,8 @@ inline void set_stamps(std::uint32_t* s, std::int64_t step, int n, std::uint32_t
 template <class T>
 void record_write(program_state& st, tensor_entry const& e, void const* base, access_kind kind,
                   T* adj, std::source_location const& loc) {
-  shift_runs<T>(st.scratch, e, base);
+  shift_runs<T>(st, st.scratch, e, base, kind == access_kind::atomic ? "updates" : "stores",
+                loc);
   auto& acc = st.out->accesses;
   bool const atomic = kind == access_kind::atomic;
   std::uint32_t const mine = st.stamp();
