@@ -268,6 +268,61 @@ TEST(Aliasing, AViewMadeInTheKernelThatReachesPastItsTensorIsRefused) {
   });
   EXPECT_NE(beyond.find("(it is outside every tensor of the launch)"), std::string::npos)
       << beyond;
+
+  // jvp runs the kernel on a copy of each tensor: the same views read past a copy (the values
+  // came back as inf and 6e72 where 1.26 was right). Refused before the access.
+  owned<double> uq({n, d}, "uq"), y2({n}, "y2");
+  fill(uq, 7);
+  std::string const forward_packed = message([&] {
+    tg::jvp(1, packed_rows, tg::tangent_in("q", part(0, "q"), uq), part(1, "k"), part(2, "v"),
+            tg::tangent_out("y", y2));
+  });
+  for (char const* piece : {"tilegrad::jvp: program (0, 0, 0), a load at ",
+                            " through a view made from the data of tensor 'q', reaches element "
+                            "offset 4 from its first element, which is not an element of 'q'"})
+    EXPECT_NE(forward_packed.find(piece), std::string::npos) << piece << "\n" << forward_packed;
+  EXPECT_NE(forward_packed.find("test_aliasing.cpp:" + std::to_string(load_line)),
+            std::string::npos)
+      << forward_packed;
+  owned<double> ua({n}, "ua");
+  fill(ua, 8);
+  std::string const forward_halves = message([&] {
+    tg::jvp(1, read_halves, tg::tangent_in("a", chalf(ab, 0, "a"), ua), chalf(ab, 1, "b"),
+            tg::tangent_out("y", y2));
+  });
+  EXPECT_NE(forward_halves.find("a load at "), std::string::npos) << forward_halves;
+  EXPECT_NE(forward_halves.find("which is not an element of 'a'"), std::string::npos)
+      << forward_halves;
+  std::string const forward_written = message([&] {
+    tg::jvp(1, write_halves, tg::tangent_in("a", a, ua), tg::tangent_out("y", half(yz, 0, "y")),
+            tg::tangent_out("z", half(yz, 1, "z")));
+  });
+  EXPECT_NE(forward_written.find("a store at "), std::string::npos) << forward_written;
+  EXPECT_NE(forward_written.find("which is not an element of 'y'"), std::string::npos)
+      << forward_written;
+  // Views that stay inside their tensor are untouched: the packed buffer passed whole.
+  auto const whole_rows = []<class T>(tg::program const&, tg::tensor<T const> qkv_rows,
+                                      tg::tensor<T> y) {
+    using F = tg::fp32<T>;
+    auto const r = tg::arange<0, 8>();
+    auto const c = tg::arange<0, 16>();
+    auto const m = tg::col(r < qkv_rows.size(0)) & tg::row(c < qkv_rows.size(1));
+    tg::tile<F, 8, 16> const t =
+        tg::load(qkv_rows + tg::col(r) * qkv_rows.stride(0) + tg::row(c), m, 0.0);
+    tg::store(y + r, tg::sum<1>(tg::sin(t)), r < y.size(0));
+  };
+  tg::tensor<double const> const rows(qkv.data(), {n, 3 * d}, "qkv");
+  owned<double> urows({n, 3 * d}, "urows");
+  fill(urows, 9);
+  auto const g = tg::vjp(1, whole_rows, tg::in("qkv", rows), tg::out("y", y, dy));
+  auto const t = tg::jvp(1, whole_rows, tg::tangent_in("qkv", rows, urows), tg::tangent_out("y", y2));
+  double jv = 0, vj = 0;
+  for (int i = 0; i < n; ++i)
+    jv += t["y"](i) * dy(i);
+  for (int i = 0; i < n * 3 * d; ++i)
+    vj += g["qkv"].data()[i] * urows.data()[i];
+  EXPECT_NEAR(jv, vj, 1e-12 * (1 + std::abs(jv)));
+  EXPECT_NE(vj, 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------

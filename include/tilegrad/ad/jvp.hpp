@@ -335,7 +335,15 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   // Bounds are always checked: an access outside a dual copy would be outside its storage.
   launch_options checked_opts = opts;
   checked_opts.check_bounds = true;
-  std::apply([&](auto const&... a) { launch(checked_opts, g, kernel, a...); }, duals);
+  {
+    // Each tensor is a copy of its own: an access through a view made from one's data must stay
+    // among its elements (access_hooks::confined).
+    struct confine {
+      bool saved = std::exchange(detail::confine_accesses(), true);
+      ~confine() { detail::confine_accesses() = saved; }
+    } const confined;
+    std::apply([&](auto const&... a) { launch(checked_opts, g, kernel, a...); }, duals);
+  }
 
   tangents<T> result;
   [&]<std::size_t... I>(std::index_sequence<I...>) {

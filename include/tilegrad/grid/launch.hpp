@@ -504,10 +504,12 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
 #if TILEGRAD_MACHINERY_BODIES
 {
   launch_observer* const observer = current_observer();
+  bool const confined = confine_accesses(); // (read here: the programs run on other threads)
   std::int64_t const total = g.size();
   if (tracker.empty()) { // nothing the kernel may write: bounds only
     access_hooks bounds_only;
     bounds_only.args = args;
+    bounds_only.confined = confine_accesses();
     launch_untracked(
         opts, g,
         [&](program const& p) {
@@ -548,6 +550,7 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
       log.clear();
       access_hooks h{&tracker, &log};
       h.args = args;
+      h.confined = confined;
       if (jitter)
         h.bf16_jitter = mix64(jitter ^ static_cast<std::uint64_t>(w0 + i));
       program_scope const scope(p, &h);
@@ -613,6 +616,7 @@ void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args)
         [](auto const&... a) { return detail::arg_layouts(a...); }, held);
     detail::access_hooks bounds_only;
     bounds_only.args = &layouts;
+    bounds_only.confined = detail::confine_accesses();
     detail::launch_untracked(opts, g, call, &bounds_only);
     return;
   }

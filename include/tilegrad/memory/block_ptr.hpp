@@ -276,6 +276,10 @@ void for_each_block_row(block_ptr<T, Bs...> const& bp, char const* what,
         block_outside_memory(bp.name(), bp.extent(), mem + c * str[R - 1], coord.data(), R, what,
                              loc);
       }
+      if constexpr (!is_builtin_v<std::remove_const_t<T>>) // (a custom scalar: jvp's duals)
+        confine_run(bp.data(), bp.data() + first, sizeof(T),
+                    static_cast<std::ptrdiff_t>(str[R - 1] * std::int64_t{sizeof(T)}), hi - lo,
+                    what, loc);
     }
     row(r, mem, lo, hi);
   }

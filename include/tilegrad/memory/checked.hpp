@@ -4,6 +4,7 @@
 #pragma once
 
 #include "tilegrad/core/config.hpp"
+#include "tilegrad/core/types.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/access_error.hpp"
 #include "tilegrad/memory/runs.hpp"
@@ -99,7 +100,19 @@ struct access_hooks {
   std::uint64_t bf16_jitter = 0;
   // The launch's tensors, for the names of views made inside a program in error messages.
   std::vector<arg_layout> const* args = nullptr;
+  // jvp: the tensors are copies (of duals), each an allocation of its own, so every element an
+  // access of a custom scalar reaches must be one of the tensor's its view was made from
+  // (confine_run); a view made in the kernel from one's data reaching past it would read memory
+  // that holds no copy of anything.
+  bool confined = false;
 };
+
+/// Set by jvp around its launch, on the thread that launches: the launch's hooks confine accesses
+/// (access_hooks::confined).
+inline bool& confine_accesses() {
+  thread_local bool on = false;
+  return on;
+}
 
 TILEGRAD_MACHINERY std::string where_string(std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
@@ -204,11 +217,60 @@ template <class T>
                    sizeof(T), offset, what, loc);
 }
 
+/// Under confining hooks (jvp): refuses a run of n elements (elem bytes each) from `first`, with
+/// `step` bytes between them, of which one is not an element of the launch's tensor that holds
+/// `view` (the data of the view the kernel accessed), before it is accessed.
+TILEGRAD_MACHINERY void confine_run(void const* view, void const* first, std::size_t elem,
+                                    std::ptrdiff_t step, int n, char const* what,
+                                    std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  access_hooks const* h = current_hooks();
+  if (!h || !h->confined || !h->args || n <= 0)
+    return;
+  auto const* v = static_cast<std::byte const*>(view);
+  for (arg_layout const& a : *h->args) {
+    std::byte const* const lo = a.layout.data();
+    std::byte const* const hi = lo + a.layout.span() * static_cast<std::ptrdiff_t>(a.elem_size);
+    if (a.elem_size != elem || v < lo || v >= hi)
+      continue;
+    auto const* f = static_cast<std::byte const*>(first);
+    auto const e = static_cast<std::ptrdiff_t>(elem);
+    bool const dense = a.layout.is_contiguous();
+    // (A contiguous tensor holds every element of its span: a run inside it needs its ends.)
+    if (dense && f >= lo && f + (n - 1) * step >= lo && f + (n - 1) * step < hi && f < hi &&
+        (f - lo) % e == 0 && step % e == 0)
+      return;
+    for (int k = 0; k < n; ++k) {
+      std::ptrdiff_t const d = f + k * step - lo;
+      if (d >= 0 && d % e == 0 && a.layout.contains(d / e))
+        continue;
+      program const* p = current_program();
+      std::string const who = p ? p->describe() : std::string("host code");
+      std::string const name = tensor_label(a.layout.name());
+      throw access_error("tilegrad::jvp: " + who + ", a " + what + " at " + where_string(loc) +
+                         " through a view made from the data of tensor " + name +
+                         ", reaches element offset " + std::to_string(d / std::ptrdiff_t(elem)) +
+                         " from its first element, which is not an element of " + name +
+                         ": jvp runs the kernel on a copy of each tensor, and a view reaching "
+                         "past one reads no copy of anything. Pass the whole buffer as one tensor "
+                         "and take its parts as views in the kernel.",
+                         who, name, "offset " + std::to_string(d / std::ptrdiff_t(elem)), loc);
+    }
+    return;
+  }
+}
+#else
+;
+#endif
+
 /// Checks one offset (when checking is on).
 template <class T>
 TILEGRAD_INLINE void check_offset(tensor<T> const& t, std::int64_t offset, char const* what,
                                   std::source_location const& loc) {
   if (!t.contains(offset)) out_of_bounds(t, offset, what, loc);
+  if constexpr (!is_builtin_v<std::remove_const_t<T>>) // (a custom scalar: jvp's duals)
+    confine_run(t.data(), t.data() + offset, sizeof(T), 0, 1, what, loc);
 }
 
 /// Checks a contiguous run of n offsets from e; reports the first one outside.
@@ -217,6 +279,8 @@ TILEGRAD_INLINE void check_run(tensor<T> const& t, std::int64_t e, int n, char c
                                std::source_location const& loc) {
   if (e < 0 || e + n > t.span() || !t.is_contiguous())
     for (int l = 0; l < n; ++l) check_offset(t, e + l, what, loc);
+  else if constexpr (!is_builtin_v<std::remove_const_t<T>>)
+    confine_run(t.data(), t.data() + e, sizeof(T), sizeof(T), n, what, loc);
 }
 
 } // namespace detail
