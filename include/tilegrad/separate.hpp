@@ -61,6 +61,9 @@ namespace detail {
 template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);
 template saved_values make_saved_values<double>(std::string, tensor<double>, double const*);
 template saved_values make_saved_values<bf16>(std::string, tensor<bf16>, double const*);
+template saved_values make_moved_inputs<float>(std::string, tensor<float>);
+template saved_values make_moved_inputs<double>(std::string, tensor<double>);
+template saved_values make_moved_inputs<bf16>(std::string, tensor<bf16>);
 template kept_contents keep_contents<float>(std::string, tensor<float>);
 template kept_contents keep_contents<double>(std::string, tensor<double>);
 template kept_contents keep_contents<bf16>(std::string, tensor<bf16>);

@@ -763,4 +763,63 @@ TEST(CheckerEdges, AnglesTheForwardComputesDoNotRaiseKForTheirBand) {
   EXPECT_TRUE(check_rope(n, 1.0001f, false));
 }
 
+// Cross-entropy over rows of V logits, as Triton kernels write it: the forward keeps each row's
+// logsumexp, the backward recomputes it (max, then the sum of exponentials) and takes
+// dx = dloss (exp(x - lse) - onehot). With every logit of a row between 40 and 60 (x - max exact,
+// so the reference rounds nothing in exp(x - max)), the recomputed lse rounds by u |lse|, and
+// exp(x - lse) carries that: the correct kernel is up to 4e-6 off, 65 units of u, where the first
+// look allows 32. The second look's moves of the inputs (each logit moved by an ulp) move it as
+// far, and it passes; it failed every seed before (err/bound 1.7 at [90, 110), 15.5 near 1000).
+// A backward 1e-4 off still fails, as does one that takes the wrong class as the target.
+constexpr int ce_block = 1024;
+constexpr auto ce_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<T> loss) {
+  auto const cols = tg::arange<0, ce_block>();
+  auto const in = cols < x.size(1);
+  std::int64_t const r = p.program_id(0), t = (r * 7) % x.size(1);
+  tg::tile<T, ce_block> const v = tg::load(x + r * x.stride(0) + cols, in, -INFINITY);
+  tg::tile<T> const m = tg::max(v);
+  tg::tile<T> const lse = m + tg::log(tg::sum(tg::exp(v - m)));
+  tg::store(loss + r, lse - tg::load(x + r * x.stride(0) + t));
+};
+constexpr auto ce_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<T const> dloss, tg::tensor<T> dx, float wrong,
+                                    int shift) {
+  auto const cols = tg::arange<0, ce_block>();
+  auto const in = cols < x.size(1);
+  std::int64_t const r = p.program_id(0), t = (r * 7 + shift) % x.size(1);
+  tg::tile<T, ce_block> const v = tg::load(x + r * x.stride(0) + cols, in, -INFINITY);
+  tg::tile<T> const m = tg::max(v);
+  tg::tile<T> const lse = m + tg::log(tg::sum(tg::exp(v - m))); // recomputed
+  tg::tile<T, ce_block> const prob = tg::exp(v - lse);
+  tg::tile<T> const g = tg::load(dloss + r) * wrong;
+  tg::store(dx + r * dx.stride(0) + cols, tg::where(cols == t, prob - 1.0f, prob) * g, in);
+};
+
+tg::check_report check_cross_entropy(double lo, double hi, float wrong = 1, int shift = 0,
+                                     bool move_inputs = true) {
+  std::int64_t const rows = 64, classes = 1000;
+  tg::owned_tensor<float> x({rows, classes}), loss({rows});
+  return tg::check_backward(
+      tg::forward(static_cast<int>(rows), ce_fwd, tg::in("x", x), tg::out("loss", loss)),
+      [&](tg::backward_context<float>& ctx) {
+        tg::owned_tensor<float> dx({rows, classes});
+        tg::launch(ctx.options(), static_cast<int>(rows), ce_bwd, ctx.input("x"),
+                   ctx.cotangent("loss"), dx.view(), wrong, shift);
+        ctx.set_gradient("x", dx);
+      },
+      {.seeds = 3, .move_inputs = move_inputs, .inputs = tg::uniform(lo, hi)});
+}
+
+TEST(CheckerEdges, ACrossEntropyBackwardThatRecomputesItsLogsumexpPasses) {
+  for (auto [lo, hi] : {std::pair{40.0, 60.0}, {-30.0, 30.0}, {90.0, 110.0}, {990.0, 1010.0}})
+    EXPECT_BACKWARD_OK(check_cross_entropy(lo, hi)) << lo << ", " << hi;
+  EXPECT_FALSE(check_cross_entropy(40, 60, 1, 0, false)); // (the moves of the inputs explain it)
+  auto const off = check_cross_entropy(40, 60, 1.0001f);
+  EXPECT_FALSE(off) << off;
+  EXPECT_FALSE(check_cross_entropy(-30, 30, 1.0001f));
+  auto const shifted = check_cross_entropy(40, 60, 1, 1);
+  EXPECT_FALSE(shifted) << shifted;
+}
+
 } // namespace test_checker_edges

@@ -216,6 +216,8 @@ struct forward_parts {
       reference32;
   /// the tensors the forward writes that the backward may read, with their float64 values
   callable_ref<std::vector<saved_values>(std::deque<owned_tensor<double>> const&)> saved_of;
+  /// the float tensors the forward reads (marked in, and passive), each to be moved by an ulp
+  callable_ref<std::vector<saved_values>()> inputs_of;
   /// the contents of every float tensor of the forward, which a backward must leave as they are
   callable_ref<std::vector<kept_contents>()> keep_all;
   /// where the float forward left NaN or Inf in a tensor it writes, as a problem (empty: none)
@@ -398,6 +400,21 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
     });
     return saved;
   };
+  // The float tensors the forward reads (marked in, and passive): the user's values, which the
+  // second look moves by an ulp each, as a float backward that recomputes from them rounds.
+  auto inputs_of = [&] {
+    std::vector<detail::saved_values> moved;
+    detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
+      using K = detail::arg_kind<X>;
+      if constexpr (K::in || K::passive) {
+        using M = std::remove_const_t<typename decltype(x.t)::element_type>;
+        moved.push_back(detail::make_moved_inputs(
+            x.name, tensor<M>(const_cast<M*>(x.t.data()), x.t.rank(), x.t.shape(), x.t.strides(),
+                              x.t.name())));
+      }
+    });
+    return moved;
+  };
   // The contents of every float tensor of the forward, as the backward is about to find them.
   auto keep_all = [&] {
     std::vector<detail::kept_contents> kept;
@@ -454,7 +471,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   // Copies: `reference` reads `outs`.
   forward_parts<T> parts{ins,         passives,    outs,        others,
                          std::move(unmarked), run_forward, reference64, reference32,
-                         saved_of,    keep_all,    nonfinite_written};
+                         saved_of,    inputs_of,   keep_all,    nonfinite_written};
   return check_backward_core(fwd.g, parts, backward, o);
 }
 
@@ -908,7 +925,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
       moved = recomputed;
       auto saved = f.saved_of(keep);
-      if (saved.empty())
+      auto inputs = o.move_inputs ? f.inputs_of() : std::vector<detail::saved_values>{};
+      if (saved.empty() && inputs.empty())
         return moved;
       // A plain rerun first: where the backward does not reproduce its own first run within the
       // first look's bound (memory it never initialised, an accumulator it never zeroes), a move
@@ -937,41 +955,63 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       // value moves; one that compares with >= loses it one way only). Where a pattern's two runs
       // move an element well past the first look's bound (4 times), they count only if they move
       // it opposite ways, and by no more than twice the smaller move.
-      auto rng = detail::rng_for(seed, 3000);
-      for (int r = 0; r < 2; ++r) {
-        std::uint64_t const pattern = rng();
-        std::optional<backward_run> runs[2];
-        for (int way = 0; way < 2; ++way) {
-          for (auto& s : saved)
-            s.jitter(pattern, way == 1);
-          runs[way].emplace(run_backward(cots));
-          for (auto& s : saved)
-            s.restore();
-          if (runs[way]->error)
-            return recomputed;
-        }
-        for (std::size_t q = 0; q < ins.size(); ++q) {
-          erased_gradient const* e = got.find(ins[q].name);
-          erased_gradient const* up = runs[0]->got.find(ins[q].name);
-          erased_gradient const* down = runs[1]->got.find(ins[q].name);
-          if (!e || !up || !down || up->values.size() != e->values.size() ||
-              down->values.size() != e->values.size())
-            continue;
-          moved[q].resize(e->values.size(), 0.0);
-          for (std::size_t i = 0; i < e->values.size(); ++i) {
-            double const d1 = up->values[i] - e->values[i], d2 = down->values[i] - e->values[i];
-            // A NaN after the move allows nothing, nor does an element the rerun did not keep.
-            if (!std::isfinite(d1) || !std::isfinite(d2) || i >= unstable[q].size() ||
-                unstable[q][i])
+      // The saved values first, then the inputs (each moved by an ulp: a backward that recomputes
+      // a logsumexp from them rounds it, and exp(x - lse) carries that rounding, |lse| u, where
+      // the reference's exp(x - max) rounds nothing; CheckerEdges.ACrossEntropyBackward...).
+      // An error in a run leaves what the moves before it allowed.
+      // Moves of the inputs by an ulp may round what the backward recomputes from them (its
+      // logsumexp) across a float, one way and not the other: a step, not a flip of a comparison,
+      // when it moves the element by a small part of its value (at most 2^-10 of it), which is
+      // allowed even when the two ways do not move it opposite ways.
+      auto moves_of = [&](std::vector<detail::saved_values>& set, std::uint64_t stream,
+                          double step_part) {
+        auto rng = detail::rng_for(seed, stream);
+        for (int r = 0; r < 2; ++r) {
+          std::uint64_t const pattern = rng();
+          std::optional<backward_run> runs[2];
+          for (int way = 0; way < 2; ++way) {
+            for (auto& s : set)
+              s.jitter(pattern, way == 1);
+            runs[way].emplace(run_backward(cots));
+            for (auto& s : set)
+              s.restore();
+            if (runs[way]->error)
+              return false;
+          }
+          for (std::size_t q = 0; q < ins.size(); ++q) {
+            erased_gradient const* e = got.find(ins[q].name);
+            erased_gradient const* up = runs[0]->got.find(ins[q].name);
+            erased_gradient const* down = runs[1]->got.find(ins[q].name);
+            if (!e || !up || !down || up->values.size() != e->values.size() ||
+                down->values.size() != e->values.size())
               continue;
-            double const hi = std::max(std::abs(d1), std::abs(d2));
-            double const lo = std::min(std::abs(d1), std::abs(d2));
-            bool const opposite = (d1 < 0 && d2 > 0) || (d1 > 0 && d2 < 0);
-            moved[q][i] = std::max(moved[q][i], hi <= 4 * first_bound[q][i] ? hi
-                                                : opposite                   ? std::min(hi, 2 * lo)
-                                                                             : 0.0);
+            moved[q].resize(e->values.size(), 0.0);
+            for (std::size_t i = 0; i < e->values.size(); ++i) {
+              double const d1 = up->values[i] - e->values[i], d2 = down->values[i] - e->values[i];
+              // A NaN after the move allows nothing, nor does an element the rerun did not keep.
+              if (!std::isfinite(d1) || !std::isfinite(d2) || i >= unstable[q].size() ||
+                  unstable[q][i])
+                continue;
+              double const hi = std::max(std::abs(d1), std::abs(d2));
+              double const lo = std::min(std::abs(d1), std::abs(d2));
+              bool const opposite = (d1 < 0 && d2 > 0) || (d1 > 0 && d2 < 0);
+              double const step = step_part * std::abs(pd.ref64[q][i]);
+              double const allowed = hi <= 4 * first_bound[q][i] ? hi
+                                     : opposite                   ? std::min(hi, 2 * lo)
+                                     : hi <= step                 ? hi
+                                                                  : 0.0;
+              moved[q][i] = std::max(moved[q][i], allowed);
+            }
           }
         }
+        return true;
+      };
+      if (!saved.empty() && !moves_of(saved, 3000, 0.0))
+        return recomputed;
+      if (!inputs.empty()) {
+        std::vector<std::vector<double>> const before = moved;
+        if (!moves_of(inputs, 3001, 0x1p-10))
+          return before;
       }
       return moved;
     };

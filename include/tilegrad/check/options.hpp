@@ -144,6 +144,14 @@ struct check_options {
   /// that explains does not raise k, and each element may be off by k times its move (an angle
   /// pos * freq that cos reads). false: neither; only the saved values move.
   bool jitter_reference = true;
+  /// error_bound, second look: the backward also runs on the forward's float inputs (marked in,
+  /// and passive) each moved by one ulp, up or down at random (two patterns, each both ways), and
+  /// an element may be off by k_saved times how far that moves it, as for the saved values: a
+  /// float backward is as good as the exact gradient of inputs one rounding away, and one that
+  /// recomputes what the forward computed from them (a cross-entropy's logsumexp, read by
+  /// exp(x - lse)) rounds it where the reference (exp(x - max)) rounds nothing. false: the
+  /// inputs stay.
+  bool move_inputs = true;
   /// error_bound: k = max(k_bound, k * the units g_ref32 is off by) is taken per band of rows of
   /// each gradient's 2-D view (every axis but the last folded): at most k_bands bands, each of at
   /// least 512 elements (a smaller gradient is one band), so that one badly conditioned row

@@ -140,6 +140,37 @@ saved_values make_saved_values(std::string name, tensor<E> t, double const* ref)
   return s;
 }
 
+/// An input of the forward (float values the user gave: exact), for the second look's moves of
+/// the inputs: `jitter` sets every element to its value moved by one ulp, up or down at random
+/// (non-finite values and zeros stay), as a float backward that recomputes what the forward
+/// computed from them (a logsumexp) rounds it.
+template <class E>
+saved_values make_moved_inputs(std::string name, tensor<E> t) {
+  auto const n = t.numel();
+  auto kept = std::make_shared<std::vector<E>>();
+  kept->reserve(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    kept->push_back(t.data()[t.row_major_offset(i)]);
+  saved_values s;
+  s.name = std::move(name);
+  s.jitter = [t, kept](std::uint64_t pattern, bool flip) {
+    std::mt19937_64 rng(pattern);
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      double const v = static_cast<double>((*kept)[static_cast<std::size_t>(i)]);
+      bool const up = ((rng() & 1) != 0) != flip;
+      if (!std::isfinite(v) || v == 0)
+        continue;
+      double const e = ulp_of<E>(v);
+      t.data()[t.row_major_offset(i)] = static_cast<E>(up ? v + e : v - e);
+    }
+  };
+  s.restore = [t, kept] {
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t.data()[t.row_major_offset(i)] = (*kept)[static_cast<std::size_t>(i)];
+  };
+  return s;
+}
+
 } // namespace tilegrad::detail
 
 #if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
@@ -147,6 +178,9 @@ namespace tilegrad::detail {
 extern template saved_values make_saved_values<float>(std::string, tensor<float>, double const*);
 extern template saved_values make_saved_values<double>(std::string, tensor<double>, double const*);
 extern template saved_values make_saved_values<bf16>(std::string, tensor<bf16>, double const*);
+extern template saved_values make_moved_inputs<float>(std::string, tensor<float>);
+extern template saved_values make_moved_inputs<double>(std::string, tensor<double>);
+extern template saved_values make_moved_inputs<bf16>(std::string, tensor<bf16>);
 extern template kept_contents keep_contents<float>(std::string, tensor<float>);
 extern template kept_contents keep_contents<double>(std::string, tensor<double>);
 extern template kept_contents keep_contents<bf16>(std::string, tensor<bf16>);

@@ -335,19 +335,57 @@ void in_tbb_arena(int num_threads, Body&& body) {
   }
 }
 
+#endif
+
+/// The error of a parallel launch: the exception of the program with the lowest linear id among
+/// those that threw, whatever the order the threads ran them in (programs after it are skipped,
+/// those before it still run: one of them may throw too). So a launch reports the same program
+/// as the sequential executor, on every run.
+class first_failure {
+public:
+  explicit first_failure(std::int64_t n) : id_(n) {}
+  /// Whether program i may still matter (no program before it threw).
+  bool wanted(std::int64_t i) const { return i < id_.load(std::memory_order_relaxed); }
+  /// Runs run(i), keeping its exception if it is the first in program order so far.
+  template <class Run>
+  void run(Run& run, std::int64_t i) {
+    try {
+      run(i);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (i < id_.load(std::memory_order_relaxed)) {
+        error_ = std::current_exception();
+        id_.store(i, std::memory_order_relaxed);
+      }
+    }
+  }
+  void rethrow() const {
+    if (error_)
+      std::rethrow_exception(error_);
+  }
+
+private:
+  std::atomic<std::int64_t> id_;
+  std::exception_ptr error_;
+  std::mutex mutex_;
+};
+
+#if TILEGRAD_USE_TBB && TILEGRAD_MACHINERY_BODIES
 template <class Run>
 void run_tbb(std::int64_t n, int num_threads, Run& run) {
+  first_failure failure(n);
   in_tbb_arena(num_threads, [&](tbb::task_group_context& ctx) {
     // simple_partitioner: tasks of at most program_chunk programs, split no further.
     std::int64_t const chunk = program_chunk(n, tbb::this_task_arena::max_concurrency());
     tbb::parallel_for(
         tbb::blocked_range<std::int64_t>(0, n, static_cast<std::size_t>(chunk)),
         [&](tbb::blocked_range<std::int64_t> const& r) {
-          for (std::int64_t i = r.begin(); i != r.end(); ++i)
-            run(i);
+          for (std::int64_t i = r.begin(); i != r.end() && failure.wanted(i); ++i)
+            failure.run(run, i);
         },
         tbb::simple_partitioner{}, ctx);
   });
+  failure.rethrow();
 }
 #endif
 
@@ -355,26 +393,15 @@ void run_tbb(std::int64_t n, int num_threads, Run& run) {
 template <class Run>
 void run_openmp(std::int64_t n, int num_threads, Run& run) {
   int const threads = num_threads > 0 ? num_threads : omp_get_max_threads();
-  // An exception must not leave the parallel region: keep the first, skip the rest, rethrow.
-  std::atomic<bool> failed{false};
-  std::exception_ptr first;
-  std::mutex first_mutex;
+  // An exception must not leave the parallel region: keep the first in program order, skip the
+  // programs after it, rethrow.
+  first_failure failure(n);
   int const chunk = static_cast<int>(std::min<std::int64_t>(program_chunk(n, threads), 1 << 30));
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(threads)
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (failed.load(std::memory_order_relaxed))
-      continue;
-    try {
-      run(i);
-    } catch (...) {
-      std::lock_guard lock(first_mutex);
-      if (!first)
-        first = std::current_exception();
-      failed.store(true, std::memory_order_relaxed);
-    }
-  }
-  if (first)
-    std::rethrow_exception(first);
+  for (std::int64_t i = 0; i < n; ++i)
+    if (failure.wanted(i))
+      failure.run(run, i);
+  failure.rethrow();
 }
 #endif
 
