@@ -194,6 +194,37 @@ TEST_P(Launch, ExceptionInOneProgramReachesTheCaller) {
     EXPECT_EQ(v.load(), 1);
 }
 
+TEST_P(Launch, TheFirstFailingProgramInProgramOrderIsReported) {
+  // Every fourth program from 101 on throws, and program 7 too, but after a later one has (where
+  // another thread runs it within a second): a launch reports program 7's exception on every
+  // executor and run, as the sequential one does (before, the first exception a thread caught
+  // won: a checked launch named program 128 where it named program 0 on other runs). Programs
+  // after the first to throw may be skipped.
+  for (int run = 0; run < 3; ++run) {
+    std::atomic<int> late{0};
+    auto kernel = [&](tg::program const& p) {
+      int const i = p.program_id(0);
+      if (i == 7) {
+        auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (late.load() == 0 && GetParam().exec != tg::executor::sequential &&
+               GetParam().threads != 1 && std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+        throw std::runtime_error("program 7");
+      }
+      if (i >= 101 && i % 4 == 1) {
+        late.fetch_add(1);
+        throw std::runtime_error("program " + std::to_string(i));
+      }
+    };
+    try {
+      tg::launch(options(), tg::grid(400), kernel);
+      ADD_FAILURE() << "launch did not throw";
+    } catch (std::runtime_error const& e) {
+      EXPECT_STREQ(e.what(), "program 7") << "run " << run;
+    }
+  }
+}
+
 TEST_P(Launch, InvalidGridThrowsBeforeAnyProgramRuns) {
   struct bad_grid {
     tg::grid g;
