@@ -330,6 +330,57 @@ TEST(BackwardDeterminism, StoredDifferencesStillFail) {
   EXPECT_TRUE(r.mentions("elements of 'q', the first at")) << r;
 }
 
+TEST(LaunchRaces, AViewOverTwoWritableTensorsIsCheckedInBoth) {
+  // A workspace passed as two writable halves and as one const view of the whole: program r
+  // stores row r of the second half and reads row r - 1 of it through the whole. The lanes past
+  // the first half were dropped (the view was found as the first half's), and the race passed.
+  constexpr int R = 6, C = 8;
+  auto kernel = [](tg::program const& p, tg::tensor<float> a, tg::tensor<float> b,
+                   tg::tensor<float const> whole) {
+    int const r = p.program_id(0);
+    auto const c = tg::arange<0, C>();
+    tg::store(b + r * C + c, tg::full<float, C>(float(r)));
+    if (r > 0)
+      tg::store(a + r * C + c, tg::load(whole + (R + r - 1) * C + c));
+  };
+  tg::owned_tensor<float> ws({2 * R * C}, "ws");
+  tg::tensor<float> const a(ws.data(), {R * C}, "ws_a"), b(ws.data() + R * C, {R * C}, "ws_b");
+  for (auto lo : launch_cases()) {
+    lo.check_races = true;
+    try {
+      tg::launch(lo, R, kernel, a, b, ws.cview());
+      ADD_FAILURE() << "no race reported";
+    } catch (tg::race_error const& e) {
+      EXPECT_EQ(e.tensor(), "ws_b") << e.what();
+      EXPECT_EQ(e.element(), "(0)") << e.what();
+      EXPECT_EQ(e.program(), "program (1, 0, 0)") << e.what();
+    }
+  }
+}
+
+TEST(LaunchRaces, WritableTensorsOfTwoElementSizesInOneBufferAreRefused) {
+  // An fp32 buffer converted to bf16 in place, the bf16 view passed beside it: the check follows
+  // elements of one size, and a program's bf16 store over another's fp32 load passed unseen.
+  auto convert = [](tg::program const& p, tg::tensor<float> acc, tg::tensor<tg::bf16> out) {
+    auto const i = p.program_id(0) * 16 + tg::arange<0, 16>();
+    tg::store(out + i, tg::to<tg::bf16>(tg::load(acc + i)));
+  };
+  tg::owned_tensor<float> acc({64}, "acc");
+  tg::tensor<tg::bf16> const out(reinterpret_cast<tg::bf16*>(acc.data()), {64}, "acc as bf16");
+  tg::launch_options lo;
+  lo.check_races = true;
+  try {
+    tg::launch(lo, 4, convert, acc.view(), out);
+    ADD_FAILURE() << "not refused";
+  } catch (std::invalid_argument const& e) {
+    EXPECT_STREQ(e.what(), "tilegrad::launch: tensors 'acc' (4-byte elements) and 'acc as bf16' "
+                           "(2-byte elements) share memory: the race check follows elements, and "
+                           "cannot tell whether a store to one meets another program's access to "
+                           "the other. Write the converted values into a buffer of their own.");
+  }
+  tg::launch(4, convert, acc.view(), out); // (a plain launch checks nothing and runs it)
+}
+
 TEST(LaunchRaces, ForwardKernelRaceCheckedThroughTheLaunchOption) {
   // Program p stores rows [2p, 2p + 4) of y: each overlaps the next program's first two rows.
   auto overlapping = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {

@@ -530,6 +530,11 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
                                        program_call call, std::vector<arg_layout> const* args)
 #if TILEGRAD_MACHINERY_BODIES
 {
+  if (!tracker.unmergeable().empty())
+    throw std::invalid_argument(
+        "tilegrad::launch: " + tracker.unmergeable() + ": the race check follows elements, and "
+        "cannot tell whether a store to one meets another program's access to the other. Write "
+        "the converted values into a buffer of their own.");
   launch_observer* const observer = current_observer();
   bool const confined = confine_accesses(); // (read here: the programs run on other threads)
   std::int64_t const total = g.size();

@@ -392,6 +392,9 @@ public:
     return -1;
   }
   tracked_tensor const& tensor_at(int i) const { return tensors_[static_cast<std::size_t>(i)]; }
+  /// Two writable tensors of the launch that share memory with elements of different sizes (or
+  /// not at whole elements), as messages name them; empty: none.
+  std::string const& unmergeable() const { return unmergeable_; }
   std::vector<tracked_tensor>& tensors() { return tensors_; }
   bool empty() const { return tensors_.empty(); }
 
@@ -442,7 +445,16 @@ private:
     auto const step = static_cast<std::ptrdiff_t>(elem);
     for (std::size_t i = 0; i < tensors_.size();) {
       tracked_tensor& o = tensors_[i];
-      if (o.elem != elem || !(o.lo < e.hi && e.lo < o.hi) || (o.lo - e.lo) % step != 0) {
+      bool const overlap = o.lo < e.hi && e.lo < o.hi;
+      if (overlap && (o.elem != elem || (o.lo - e.lo) % step != 0) && unmergeable_.empty())
+        // (Elements of another size, or not at whole elements: the check follows elements, and
+        // a conflict between such views would pass unseen.)
+        unmergeable_ = "tensors " + tensor_label(o.name) + " (" + std::to_string(o.elem) +
+                       "-byte elements) and " + tensor_label(e.name) + " (" +
+                       std::to_string(elem) + "-byte elements" +
+                       (o.elem == elem ? ", not at whole elements of the other" : "") +
+                       ") share memory";
+      if (o.elem != elem || !overlap || (o.lo - e.lo) % step != 0) {
         ++i;
         continue;
       }
@@ -686,20 +698,38 @@ private:
         run const& r = log.runs[ri];
         std::int64_t const last = r.element(r.count - 1);
         std::int64_t const lo = std::min(r.offset, last), hi = std::max(r.offset, last) + 1;
-        if (lo < 0 || hi > t.span) { // a view reaching past the tracked memory: its part inside
+        if (lo < 0 || hi > t.span) {
+          // A view reaching past the tracked memory (made from one tensor's data, over its
+          // neighbour's too): each lane outside goes to the tracked tensor that holds its address,
+          // if any (before, it was dropped, and a race on the neighbour passed unseen).
           for (int k = 0; k < r.count; ++k) {
-            std::int64_t const el = r.element(k);
-            if (el < 0 || el >= t.span)
-              continue;
-            t.state.touch(el, el + 1);
-            if (ord)
-              t.order.touch(el, el + 1);
-            if (v) {
-              t.sums.touch(el, el + 1);
-              t.sums.get()[el].abs += v[k];
-              ++t.sums.get()[el].n;
+            std::int64_t el = r.element(k);
+            tracked_tensor* u = &t;
+            if (el < 0 || el >= t.span) {
+              std::byte const* const addr = t.lo + el * static_cast<std::int64_t>(t.elem);
+              int const ui = find(addr, t.elem);
+              if (ui < 0)
+                continue;
+              u = &tensors_[static_cast<std::size_t>(ui)];
+              el = (addr - u->lo) / static_cast<std::ptrdiff_t>(u->elem);
+              if (!u->state)
+                u->state = zeroed_array<element_state>(static_cast<std::size_t>(u->span));
+              if (v && !u->sums)
+                u->sums = zeroed_array<add_sum>(static_cast<std::size_t>(u->span));
+              if (ordering && !u->order)
+                u->order = zeroed_array<ticket_orders>(static_cast<std::size_t>(u->span));
             }
-            if (!apply(st[el], ord ? ord + el : nullptr, tag, me, a.op, at, t, el, a, lock))
+            u->state.touch(el, el + 1);
+            ticket_orders* const uo = ordering ? u->order.get() : nullptr;
+            if (uo)
+              u->order.touch(el, el + 1);
+            if (v) {
+              u->sums.touch(el, el + 1);
+              u->sums.get()[el].abs += v[k];
+              ++u->sums.get()[el].n;
+            }
+            if (!apply(u->state.get()[el], uo ? uo + el : nullptr, tag, me, a.op, at, *u, el, a,
+                       lock))
               return;
           }
           if (v)
@@ -977,6 +1007,7 @@ private:
   grid g_;
   char const* who_;
   std::vector<tracked_tensor> tensors_;
+  std::string unmergeable_;
   std::vector<std::pair<std::byte const*, std::byte const*>> spans_;
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
