@@ -306,7 +306,9 @@ TEST(DotBf16, AmxRunsWhereTheTargetHasIt) {
 
 // dot(a, b) writes its products into a tile it does not zero first: a block of the per-thread
 // cache that held NaN just before must not show through, on any path (vector blocks, column
-// tails, the bf16 kernels, the float path of bf16).
+// tails, the bf16 kernels, the float path of bf16), with either operand given transposed
+// (dot(trans(at), b), Triton's tl.dot(tl.trans(p), v): the bf16 kernel added its products to
+// what the block held, 1017 where 16 was right).
 template <class E, int M, int K, int N>
 void check_product_ignores_old_storage() {
   auto rng = make_rng(M * 7 + K * 3 + N);
@@ -314,8 +316,16 @@ void check_product_ignores_old_storage() {
   tile<E, K, N> b;
   tg_test::fill_uniform(a, rng, -1, 1);
   tg_test::fill_uniform(b, rng, -1, 1);
+  tile<E, K, M> at; // a and b transposed, stored
+  tile<E, N, K> bt;
+  for (int i = 0; i < M; ++i)
+    for (int k = 0; k < K; ++k)
+      at(k, i) = a(i, k);
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < N; ++j)
+      bt(j, k) = b(k, j);
   using C = std::conditional_t<std::is_same_v<E, double>, double, float>;
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < 5; ++round) {
     {
       tile<C, M, N> poison;
       for (int i = 0; i < M; ++i)
@@ -323,9 +333,12 @@ void check_product_ignores_old_storage() {
           poison(i, j) = std::numeric_limits<C>::quiet_NaN();
     } // its block goes back to the cache, for the product below
     tile<C, M, N> const c =
-        round == 0
-            ? tile<C, M, N>(dot(a, b))
-            : tile<C, M, N>(detail::dot_impl<false, true>(a, b, tile<C, M, N>(uninitialized)));
+        round == 0   ? tile<C, M, N>(dot(a, b))
+        : round == 1 ? tile<C, M, N>(detail::dot_impl<false, true>(a, b, tile<C, M, N>(
+                           uninitialized)))
+        : round == 2 ? tile<C, M, N>(dot(trans(at), b))
+        : round == 3 ? tile<C, M, N>(dot(a, trans(bt)))
+                     : tile<C, M, N>(dot(trans(at), trans(bt)));
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
         double s = 0, mag = 0;
@@ -347,6 +360,44 @@ TEST(Dot, AProductNeverReadsTheTileItIsWrittenTo) {
   check_product_ignores_old_storage<bf16, 64, 64, 64>();
   check_product_ignores_old_storage<bf16, 32, 64, 48>();
   check_product_ignores_old_storage<bf16, 17, 31, 65>();
+}
+
+// Triton's `acc = tl.dot(acc, w, acc)`, written `acc = dot(acc, w, std::move(acc))`: the
+// accumulator was moved into the result before the product read it as its left operand (a
+// tile over 512 bytes: a crash in gemm). It is copied where an operand reads it.
+template <class E>
+void check_accumulator_read_as_operand() {
+  constexpr int N = 16;
+  using C = std::conditional_t<std::is_same_v<E, double>, double, float>;
+  auto rng = make_rng(N);
+  tile<C, N, N> acc;
+  tile<E, N, N> w;
+  tg_test::fill_uniform(acc, rng, -1, 1);
+  tg_test::fill_uniform(w, rng, -1, 1);
+  tile<C, N, N> const start = acc;
+  for (int form = 0; form < 2; ++form) {
+    acc = start;
+    if (form == 0)
+      acc = dot(acc, w, std::move(acc)); // acc @ w + acc
+    else
+      acc = dot(trans(acc), w, std::move(acc)); // acc^T @ w + acc
+    for (int i = 0; i < N; ++i)
+      for (int j = 0; j < N; ++j) {
+        double s = start(i, j), mag = std::abs(s);
+        for (int k = 0; k < N; ++k) {
+          double const x = form == 0 ? start(i, k) : start(k, i);
+          s += x * double(C(w(k, j)));
+          mag += std::abs(x * double(C(w(k, j))));
+        }
+        ASSERT_LE(std::abs(double(acc(i, j)) - s), 2 * N * 0x1p-24 * mag)
+            << "form " << form << " at (" << i << ", " << j << ")";
+      }
+  }
+}
+
+TEST(Dot, AnAccumulatorReadAsAnOperandIsReadBeforeItIsReused) {
+  check_accumulator_read_as_operand<float>();
+  check_accumulator_read_as_operand<double>();
 }
 
 TEST(DotMixed, IntegerAndMixedPrecisionOperands) {

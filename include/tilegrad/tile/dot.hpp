@@ -141,6 +141,20 @@ namespace detail {
 /// element type) they are converted to the compute type and run the float (or double) kernel above.
 /// dot takes the bf16 kernel wherever this build has one (bf16_dot_kernel); dot_impl<false> is the
 /// other path, for comparing the two.
+/// Whether operand x of a product reads the tile at `p` (itself, or its stored transpose):
+/// `acc = dot(acc, w, std::move(acc))`, Triton's `acc = tl.dot(acc, w, acc)`, must not move the
+/// accumulator into the result the product writes while it reads it.
+template <class T, class X>
+bool operand_reads(X const& x, void const* p) {
+  using D = std::remove_cvref_t<X>;
+  if constexpr (is_tile_v<D>)
+    return static_cast<void const*>(x.data()) == p;
+  else if constexpr (stored_transpose<value_of_t<D>, D>::value)
+    return static_cast<void const*>(stored_transpose<value_of_t<D>, D>::data(x)) == p;
+  else
+    return false;
+}
+
 template <bool Bf16Kernel, bool Zero = false, tile_expression A, tile_expression B,
           tile_expression C>
 auto dot_impl(A&& a, B&& b, C&& acc) {
@@ -159,7 +173,9 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
       return tile<T, M, N>(uninitialized);
     else if constexpr (std::is_same_v<std::remove_cvref_t<C>, tile<T, M, N>> &&
                        !std::is_lvalue_reference_v<C>)
-      return std::move(acc);
+      return operand_reads<T>(a, acc.data()) || operand_reads<T>(b, acc.data())
+                 ? tile<T, M, N>(acc)
+                 : std::move(acc);
     else
       return tile<T, M, N>(acc);
   }();
@@ -169,7 +185,7 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
     if (bf16_kernel_runs<M, N, K>()) {
       auto&& tb = materialize<bf16>(std::forward<B>(b));
       if constexpr (stored_transpose<bf16, std::remove_cvref_t<A>>::value) {
-        gemm_bf16<M, N, K, true>(
+        gemm_bf16<M, N, K, true, Zero>(
             out.data(), stored_transpose<bf16, std::remove_cvref_t<A>>::data(a), tb.data());
       } else {
         auto&& ta = materialize<bf16>(std::forward<A>(a));
