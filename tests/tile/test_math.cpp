@@ -267,6 +267,42 @@ TEST(MathFloat, Exp2WithSubnormalResultsOnVectorLanesAndTails) {
   expect_exp2_at_the_bottom<double>();
 }
 
+// Double exp, log and log2 on vector lanes at the ends of the double range, against libm: xsimd's
+// exp gave inf for exp(709.7) (1.65e308) and 0 for the subnormal results (exp(-709)), its log
+// -746.5 for log(1e-310) (-713.8), each only on the lanes of a batch: the scalar tail of the
+// same tile was right. 19 lanes: a batch and a tail.
+TEST(MathDouble, ExpAndLogOnVectorLanesAtTheEndsOfTheRange) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  constexpr double tiny = std::numeric_limits<double>::denorm_min();
+  double const e_in[] = {709.0,  709.5,  709.7,  709.78, 709.8, 710,   -708,   -708.5, -709,   -720,
+                         -730.5, -744.4, -745.2, -746,  0.5,   -0.5,  inf,    -inf,   -707.9};
+  double const l_in[] = {1e-310, 4.9e-324, 2.2e-308, 1e-320, 3e-315, 1e-300, 0.5, 2, 1e300,
+                         0,      inf,      7e-311,   1.5e-309, 2.5e-322, 1,  1e-308, 5e-324,
+                         2.225e-308, 3};
+  constexpr int n = 19;
+  static_assert(sizeof e_in / sizeof e_in[0] == n && sizeof l_in / sizeof l_in[0] == n);
+  tile<double, n> x, y;
+  for (int i = 0; i < n; ++i) {
+    x(i) = e_in[i];
+    y(i) = l_in[i];
+  }
+  tile<double, n> const e = exp(x), l = log(y), l2 = log2(y);
+  auto expect = [](double got, double want, char const* what, double at) {
+    if (std::isinf(want) || want == 0)
+      EXPECT_EQ(got, want) << what << "(" << at << ")";
+    else if (std::abs(want) < std::numeric_limits<double>::min())
+      EXPECT_NEAR(got, want, 2 * tiny) << what << "(" << at << ")";
+    else
+      EXPECT_NEAR(got, want, tg_test::math_rtol<double> * std::abs(want))
+          << what << "(" << at << ")";
+  };
+  for (int i = 0; i < n; ++i) {
+    expect(e(i), std::exp(e_in[i]), "exp", e_in[i]);
+    expect(l(i), std::log(l_in[i]), "log", l_in[i]);
+    expect(l2(i), std::log2(l_in[i]), "log2", l_in[i]);
+  }
+}
+
 } // namespace
 
 } // namespace test_math

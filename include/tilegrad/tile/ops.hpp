@@ -51,6 +51,46 @@ TILEGRAD_INLINE xsimd::batch<T, A> exp2(xsimd::batch<T, A> const& x) {
 }
 #endif
 
+#if TILEGRAD_USE_XSIMD
+// The lanes of r where `redo` holds, computed again one at a time by the C library's `f`.
+template <class T, class A, class M, class F>
+TILEGRAD_INLINE xsimd::batch<T, A> lanes_again(xsimd::batch<T, A> const& r,
+                                                xsimd::batch<T, A> const& x, M const& redo, F f) {
+  if (xsimd::none(redo))
+    return r;
+  constexpr std::size_t n = xsimd::batch<T, A>::size;
+  alignas(64) T xs[n], rs[n], which[n];
+  x.store_aligned(xs);
+  r.store_aligned(rs);
+  xsimd::select(redo, xsimd::batch<T, A>(T(1)), xsimd::batch<T, A>(T(0))).store_aligned(which);
+  for (std::size_t i = 0; i < n; ++i)
+    if (which[i] != T(0))
+      rs[i] = f(xs[i]);
+  return xsimd::batch<T, A>::load_aligned(rs);
+}
+// xsimd's double exp overflows before the end of the double range (exp(709.7) is inf, where the
+// result is 1.65e308) and flushes the subnormal results to 0 (exp(-709)); its log and log2 of
+// subnormals are off by tens (log(1e-310) -746.5 where it is -713.8). Those lanes are computed
+// by the C library. (Floats are right there: exp16, and xsimd's float log.)
+template <class A>
+TILEGRAD_INLINE xsimd::batch<double, A> exp(xsimd::batch<double, A> const& x) {
+  return lanes_again(xsimd::exp(x), x, (x > 709.0) || (x < -708.0),
+                     [](double v) { return std::exp(v); });
+}
+template <class A>
+TILEGRAD_INLINE xsimd::batch<double, A> log(xsimd::batch<double, A> const& x) {
+  using L = std::numeric_limits<double>;
+  return lanes_again(xsimd::log(x), x, (x > 0.0) && (x < L::min()),
+                     [](double v) { return std::log(v); });
+}
+template <class A>
+TILEGRAD_INLINE xsimd::batch<double, A> log2(xsimd::batch<double, A> const& x) {
+  using L = std::numeric_limits<double>;
+  return lanes_again(xsimd::log2(x), x, (x > 0.0) && (x < L::min()),
+                     [](double v) { return std::log2(v); });
+}
+#endif
+
 template <class V>
 TILEGRAD_INLINE V one() {
   return V(1);
