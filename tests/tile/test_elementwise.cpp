@@ -315,6 +315,28 @@ TYPED_TEST(Where, BroadcastMaskAndOperands) {
     }
 }
 
+// -x flips the sign on every lane: xsimd's negation of a float batch was 0 - x, which gave +0
+// for +0 on the 16 lanes of a batch and -0 on the scalar tail of the same tile.
+template <class F>
+void expect_negation_flips_the_sign() {
+  constexpr int n = 19; // a batch and a tail
+  tile<F, n> x;
+  for (int i = 0; i < n; ++i)
+    x(i) = i % 3 == 0 ? F(0) : i % 3 == 1 ? -F(0) : F(i) - F(9);
+  tile<F, n> const y = -x;
+  tile<F, n> const z = -(x * F(1)); // inside an expression too
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(std::signbit(y(i)), !std::signbit(x(i))) << i;
+    EXPECT_EQ(std::signbit(z(i)), !std::signbit(x(i))) << i;
+    EXPECT_EQ(y(i), -x(i)) << i;
+  }
+}
+
+TEST(Elementwise, NegationFlipsTheSignOnEveryLane) {
+  expect_negation_flips_the_sign<float>();
+  expect_negation_flips_the_sign<double>();
+}
+
 } // namespace
 
 } // namespace test_elementwise

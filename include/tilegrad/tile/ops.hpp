@@ -91,6 +91,14 @@ TILEGRAD_INLINE xsimd::batch<double, A> log2(xsimd::batch<double, A> const& x) {
 }
 #endif
 
+/// Whether V is a batch of float or double lanes.
+template <class V>
+inline constexpr bool is_float_batch_v = false;
+#if TILEGRAD_USE_XSIMD
+template <class T, class A>
+inline constexpr bool is_float_batch_v<xsimd::batch<T, A>> = std::is_floating_point_v<T>;
+#endif
+
 template <class V>
 TILEGRAD_INLINE V one() {
   return V(1);
@@ -216,13 +224,18 @@ struct neg_op : same_type {
   static constexpr bool passes_adjoint = true;
   static constexpr char const* name = "neg";
   static constexpr bool floating_only = false;
+  // The sign flipped, on vector lanes too (xsimd's -x of a float batch is 0 - x on some targets,
+  // which gives +0 for +0: a tile's lanes disagreed with its scalar tail).
   template <class V>
   TILEGRAD_INLINE static V apply(V const& x) {
-    return -x;
+    if constexpr (detail::is_float_batch_v<V>)
+      return x ^ V(typename V::value_type(-0.0));
+    else
+      return -x;
   }
   template <class V>
   TILEGRAD_INLINE static V grad(V const&, V const&, V const& g) {
-    return -g;
+    return apply(g);
   }
 };
 
