@@ -255,7 +255,8 @@ struct tolerance {
       if (saved)
         os << " + " << k_saved
            << " * (how far the gradient moves when the values the backward reads from the forward, "
-              "or those the reference computes, move by their rounding errors)";
+              "or those the reference computes, move by their rounding errors, or its inputs by "
+              "an ulp)";
       if (floor)
         os << " + " << floor;
     } else if (rule == pass_rule::baseline) {
