@@ -31,6 +31,8 @@ enum class bug {
   wrong_lock,          // rows r and r + 1 share a partial row but not a lock
   ticket,              // a ticket taken by atomic_cas (never given back) instead of a lock
   read_before_lock,    // the partial sums loaded before the lock is taken
+  ignored_try,         // atomic_cas's result ignored: the lock is held only when it was free
+  inverted_wait,       // the spin loop's condition the wrong way round: it stops when it fails
 };
 
 int const bwd_first_line = __LINE__;
@@ -71,8 +73,10 @@ constexpr auto tutorial_bwd = []<class T>(tg::program const& p, tg::tensor<T con
       if (tg::atomic_cas(locks + count, t, t + 1).item() == t)
         break;
     }
+  } else if (b == bug::ignored_try) {
+    (void)tg::atomic_cas(locks + lock, 0, 1);
   } else {
-    while (tg::atomic_cas(locks + lock, 0, 1).item() == 1) {
+    while ((tg::atomic_cas(locks + lock, 0, 1).item() == 1) != (b == bug::inverted_wait)) {
     }
   }
   if (b != bug::ticket && tg::load(locks + count).item() == 0) {
@@ -98,14 +102,16 @@ struct tutorial_backward {
   int* calls = nullptr;
   bool direct = false;            // one group: dw and db summed under one lock, handed over
   float extra_on_second = 0.0f;   // added to each row's dw on the second call
+  int groups = Groups;            // partial rows and locks
 
   tg::gradient_set operator()(tg::backward_context<float>& ctx) const {
     auto const x = ctx.input("x");
     auto const w = ctx.input("w");
     std::int64_t const m = x.size(0), n = x.size(1);
-    tg::owned_tensor<float> dx({m, n}), pdw({Groups, n}, "partial_dw"), pdb({Groups, n}, "partial_db");
+    tg::owned_tensor<float> dx({m, n}), pdw({groups, n}, "partial_dw"),
+        pdb({groups, n}, "partial_db");
     tg::owned_tensor<float> dw({n}), db({n});
-    tg::owned_tensor<int> locks({2 * Groups}, "locks");
+    tg::owned_tensor<int> locks({2 * groups}, "locks");
     int const order = alternate ? (*calls)++ % 2 : 0;
     if (direct) { // one group: its partial rows are the gradients
       tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
@@ -114,7 +120,7 @@ struct tutorial_backward {
     }
     tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
                pdw.view(), pdb.view(), locks.view(), static_cast<int>(b), order,
-               order ? extra_on_second : 0.0f, Groups);
+               order ? extra_on_second : 0.0f, groups);
     tg::launch(ctx.options(), tg::cdiv(n, BlockN), tg::kernels::layer_norm_reduce_dwdb<BG, BlockN>,
                pdw.cview(), pdb.cview(), dw.view(), db.view());
     return {{"x", dx}, {"w", dw}, {"b", db}};
@@ -160,7 +166,7 @@ TEST(Locks, BrokenLockingIsARaceOnThePartialSums) {
     char const* theirs; // ... and what program 0 did, at line `other`
     int other;
   };
-  int const early_load = 31, locked_load = 45, store = 50;
+  int const early_load = 31, locked_load = 47, store = 52;
   for (auto [b, mine, at, theirs, other] :
        {expect{bug::store_after_release, "program (8, 0, 0) loads it", locked_load, "stores it",
                store},
@@ -178,6 +184,77 @@ TEST(Locks, BrokenLockingIsARaceOnThePartialSums) {
         << k << r;
     EXPECT_TRUE(r.mentions("test_locks.cpp:" + std::to_string(bwd_first_line + other) + ". "))
         << k << r;
+  }
+}
+
+TEST(Locks, ASpinLockThatDoesNotWaitRaces) {
+  // A try at the lock whose result is ignored, or a spin loop the wrong way round, holds the lock
+  // only when no other program does: programs that share a lock may never contend in a check
+  // (256 groups: rows r, r + 256 and r + 512 share one, and run in different waves; or every
+  // program in one wave on one thread). Each program's first try at a lock that programs took
+  // and gave back finds it held, in later waves and in a second run: the broken kernels race on
+  // the partial sums, and the report says which try was made to fail; the tutorial's passes.
+  struct setup {
+    std::int64_t m;
+    int groups;
+    tg::launch_options lo;
+    char const* when; // what the report says of the run that raced
+  };
+  for (auto const& [m, groups, lo, when] :
+       {setup{600, 256, {}, "race in launch 1 of the backward (grid (600))"},
+        setup{600, 256, {tg::executor::sequential, 1}, "race in launch 1 of the backward (grid"},
+        setup{40, 16, {tg::executor::sequential, 1},
+              "race in launch 1 of the backward, run again with each program's first try at a "
+              "lock failing (grid (40))"}}) {
+    tutorial_backward ok{bug::none, {}, {}};
+    ok.groups = groups;
+    auto const fine = check(ok, m, 100, {.seeds = 1, .launch = lo});
+    EXPECT_BACKWARD_OK(fine) << m;
+    EXPECT_FALSE(fine.mentions("race")) << fine;
+    for (bug b : {bug::ignored_try, bug::inverted_wait})
+      for (bool det : {false, true}) { // the second run: one of its own, or the determinism's
+      tutorial_backward bwd{b, {}, {}};
+      bwd.groups = groups;
+      auto const r = check(bwd, m, 100, {.seeds = 1, .check_determinism = det, .launch = lo});
+      int const k = static_cast<int>(b) * 2 + det;
+      EXPECT_FALSE(r) << k;
+      EXPECT_TRUE(r.mentions(when)) << k << r;
+      EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << k << r;
+      EXPECT_TRUE(r.mentions("'s first atomic_cas on the lock at 'locks', element (")) << k
+                                                                                             << r;
+      int const tried_at = b == bug::ignored_try ? 39 : 41; // the atomic_cas
+      EXPECT_TRUE(r.mentions("test_locks.cpp:" + std::to_string(bwd_first_line + tried_at) +
+                             ") was made to find it held"))
+          << k << r;
+    }
+  }
+}
+
+TEST(Locks, ALaunchThatChecksRacesMakesTriesAtALockFail) {
+  // The same outside check_backward: a launch with check_races makes each program's first try at
+  // a lock that programs of its earlier waves took and gave back fail.
+  std::int64_t const m = 600, n = 100;
+  int const groups = 256;
+  tg::owned_tensor<float> x({m, n}), w({n}), mean({m}), rstd({m}), dy({m, n}), dx({m, n});
+  tg::owned_tensor<float> pdw({groups, n}, "partial_dw"), pdb({groups, n}, "partial_db");
+  for (bug b : {bug::none, bug::ignored_try}) {
+    tg::owned_tensor<int> locks({2 * groups}, "locks");
+    auto const go = [&] {
+      tg::launch({.check_races = true}, m, tutorial_bwd, x.cview(), w.cview(), mean.cview(),
+                 rstd.cview(), dy.cview(), dx.view(), pdw.view(), pdb.view(), locks.view(),
+                 static_cast<int>(b), 0, 0.0f, groups);
+    };
+    if (b == bug::none) {
+      EXPECT_NO_THROW(go());
+      continue;
+    }
+    try {
+      go();
+      ADD_FAILURE() << "no race reported";
+    } catch (tg::race_error const& e) {
+      EXPECT_NE(std::string(e.what()).find("was made to find it held"), std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -824,6 +824,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           m *= widen;
     }
   };
+  // The locks the backward's launches took and gave back, launch by launch: from the run after
+  // the first on, each program's first try at one of them finds it held (a spin lock that does
+  // not wait races then; launch_tracker, "Locks found held").
+  std::vector<std::vector<std::uint64_t>> known_locks;
   for (int si = 0; si < o.seeds; ++si) {
     unsigned const seed = o.first_seed + static_cast<unsigned>(si);
     seed_report& sr = rep.seeds.emplace_back();
@@ -863,6 +867,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       r.launches.bf16_jitter = jitter;
       if (jitter)
         r.launches.jitter_targets = kept_sums;
+      r.launches.known_locks = known_locks;
       {
         detail::observer_scope const tracked(&r.launches);
         try {
@@ -873,6 +878,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           r.error = "an exception not derived from std::exception";
         }
       }
+      known_locks = r.launches.known_locks;
       r.got = std::move(ctx.gradients());
       for (auto& k : kept)
         if (std::string const at = k.check_and_restore(); !at.empty()) {
@@ -1078,15 +1084,37 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             "u * (|g_ref64| + sqrt(|J|^2^T w^2)) (the root mean square over its elements, at "
             "least 1). Accumulate in float32 for the tighter bound; .bf16_partial_sums = true "
             "weighs by the running error bound |J|^T |w| instead, false ignores the sums");
-    for (std::size_t l = 0; l < first.launches.launches.size(); ++l)
-      if (auto const& race = first.launches.launches[l].race) {
-        auto const& d = first.launches.launches[l].g;
-        std::string grid_dims = std::to_string(d.dims[0]);
-        for (int a = 1; a < d.rank; ++a)
-          grid_dims += ", " + std::to_string(d.dims[static_cast<std::size_t>(a)]);
-        sr.problems.push_back("race in launch " + std::to_string(l + 1) +
-                              " of the backward (grid (" + grid_dims + ")): " + race->message);
-      }
+    auto races_of = [&](backward_run const& r, std::string const& when) {
+      bool any = false;
+      for (std::size_t l = 0; l < r.launches.launches.size(); ++l)
+        if (auto const& race = r.launches.launches[l].race) {
+          auto const& d = r.launches.launches[l].g;
+          std::string grid_dims = std::to_string(d.dims[0]);
+          for (int a = 1; a < d.rank; ++a)
+            grid_dims += ", " + std::to_string(d.dims[static_cast<std::size_t>(a)]);
+          sr.problems.push_back("race in launch " + std::to_string(l + 1) + " of the backward" +
+                                when + " (grid (" + grid_dims + ")): " + race->message);
+          any = true;
+        }
+      return any;
+    };
+    bool const raced = races_of(first, "");
+    // Programs that share a lock may all have run in the first wave of their launch, where no
+    // try at a lock is made to fail: on the first seed a second run, with every such try made to
+    // fail from the first wave on, is checked for races too (the determinism check's, or one of
+    // its own).
+    bool const probe_locks = si == 0 && !raced && !first.error &&
+                             std::any_of(known_locks.begin(), known_locks.end(),
+                                         [](auto const& k) { return !k.empty(); });
+    std::string const probed = ", run again with each program's first try at a lock failing";
+    if (probe_locks && !o.check_determinism) {
+      backward_run const probe = run_backward(cots);
+      if (probe.error)
+        sr.problems.push_back("the backward threw when run again with each program's first "
+                              "try at a lock failing: " + *probe.error);
+      else
+        races_of(probe, probed);
+    }
     gradient_set const* got = &first.got;
     for (auto const& d : got->duplicates())
       sr.problems.push_back("the backward set gradient '" + d + "' more than once");
@@ -1189,7 +1217,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       backward_run again = run_backward(cots);
       if (again.error) {
         sr.problems.push_back("the backward threw when run a second time: " + *again.error);
-      } else {
+      } else if (!(probe_locks && races_of(again, probed))) {
         for (auto const& e : got->entries())
           if (auto const* e2 = again.got.find(e.name)) {
             // The first look's bound per element: what a difference passed on from atomic_add

@@ -663,7 +663,21 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
     rec.expect_values(S::size);
   // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
   constexpr int W = access_width<T, Mask, no_mask>;
-  atomic_into<W, S>(old, p, val, mask, f, what, loc, true, rec, [&](T const& v) {
+  // A program's first try at a known lock finds it held (launch_tracker, "Locks found held"):
+  // it returns the value it would have written (any value but cmp), and writes nothing.
+  auto tried = [&](auto a, T v) -> T {
+    if constexpr (std::is_integral_v<T> && S::size == 1)
+      if (cmps && v != cmps[0] && rec.active() && !h.lenient) {
+        std::uint64_t const key = launch_tracker::lock_key(rec.tensor(), rec.last_element());
+        if (h.tracker->known_lock(key) && h.log->first_try(key)) {
+          if (h.log->failed.tensor < 0)
+            h.log->failed = {rec.tensor(), rec.last_element(), loc};
+          return v;
+        }
+      }
+    return f(a, v);
+  };
+  atomic_into<W, S>(old, p, val, mask, tried, what, loc, true, rec, [&](T const& v) {
     if constexpr (std::is_floating_point_v<T>)
       rec.value(static_cast<double>(v));
   });

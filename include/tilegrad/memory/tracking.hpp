@@ -87,6 +87,15 @@ struct drawn_ticket {
   std::source_location loc;
 };
 
+/// A try at a lock that a tracked launch made fail (launch_tracker::known_lock): the program's
+/// first atomic_cas on one element of an integer tensor that the launch, or an earlier run of
+/// the same backward, saw used as a lock.
+struct lock_probe {
+  int tensor = -1; ///< -1: none made to fail
+  std::int64_t element = 0;
+  std::source_location loc;
+};
+
 /// The accesses of one program, in program order; reused from wave to wave.
 struct program_log {
   std::vector<logged_access> accesses;
@@ -95,6 +104,8 @@ struct program_log {
   std::vector<held_lock> locks;
   std::vector<int> open; // the locks held now, outermost first
   std::vector<drawn_ticket> tickets;
+  std::vector<std::uint64_t> tried; // the known locks the program has tried (lock_key)
+  lock_probe failed;                // the first of those tries made to fail
   void clear() {
     accesses.clear();
     runs.clear();
@@ -102,6 +113,15 @@ struct program_log {
     locks.clear();
     open.clear();
     tickets.clear();
+    tried.clear();
+    failed = {};
+  }
+  /// Whether this is the program's first try at the lock at (tensor, el); it is one from now on.
+  bool first_try(std::uint64_t key) {
+    if (std::find(tried.begin(), tried.end(), key) != tried.end())
+      return false;
+    tried.push_back(key);
+    return true;
   }
   /// The lock the next access is made under (-1: none).
   int holding() const { return open.empty() ? -1 : open.front(); }
@@ -409,6 +429,40 @@ public:
   /// A tensor a program wrote holding a lock, as messages name it (empty: none).
   std::string const& locked_writes() const { return locked_; }
 
+  // ---- Locks found held
+  // A spin lock that does not wait (atomic_cas's result ignored, a loop whose condition is the
+  // wrong way round) holds the lock whenever no other program does, and only contention shows
+  // the bug, which a check cannot wait for: programs that share a lock may never run at once.
+  // So a program's first try at an element that programs of the launch (in earlier waves) or of
+  // an earlier run of the same backward (launch_observer::known_locks) took by atomic_cas and
+  // gave back finds it held: it returns the value it would have written, and writes nothing, as
+  // while another program holds the lock. A spin lock tries again; one that does not wait goes
+  // on without the lock, and its accesses race.
+
+  /// Key of the element `el` of tracked tensor `tensor`, as a lock.
+  static std::uint64_t lock_key(int tensor, std::int64_t el) {
+    return (static_cast<std::uint64_t>(tensor) << 48) ^ static_cast<std::uint64_t>(el);
+  }
+  /// Whether programs took the element of `key` by atomic_cas and gave it back, in the waves
+  /// checked so far or in an earlier run (know_locks). (Read by the programs of a wave; written
+  /// between waves only.)
+  bool known_lock(std::uint64_t key) const { return locks_.find(key) != locks_.end(); }
+  /// Locks an earlier run of the same launch saw (lock_keys()).
+  void know_locks(std::vector<std::uint64_t> const& keys) {
+    for (std::uint64_t const k : keys)
+      if (locks_.size() < 0xffff)
+        locks_.try_emplace(k, static_cast<std::uint16_t>(locks_.size() + 1));
+  }
+  /// Every lock the launch knows, sorted.
+  std::vector<std::uint64_t> lock_keys() const {
+    std::vector<std::uint64_t> keys;
+    keys.reserve(locks_.size());
+    for (auto const& kv : locks_)
+      keys.push_back(kv.first);
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+
 private:
   template <class X>
   struct is_view : std::false_type {};
@@ -497,8 +551,7 @@ private:
     held_lock const& l = log.locks[static_cast<std::size_t>(i)];
     if (!l.released)
       return 0;
-    auto const key = (static_cast<std::uint64_t>(l.tensor) << 48) ^
-                     static_cast<std::uint64_t>(l.element);
+    auto const key = lock_key(l.tensor, l.element);
     auto const [it, added] = locks_.try_emplace(key, static_cast<std::uint16_t>(locks_.size() + 1));
     if (added && locks_.size() > 0xffff) {
       locks_.erase(it);
@@ -540,7 +593,8 @@ private:
                 ". Within one launch each element is written by one program (or only "
                 "accumulated with atomics), and no program reads what another writes, unless "
                 "both hold one lock (taken by atomic_cas on an integer tensor and given back by "
-                "the same program with atomic_xchg or atomic_cas)." + note;
+                "the same program with atomic_xchg or atomic_cas)." + note + failed_try(me) +
+                (other != me ? failed_try(other) : std::string());
     race_ = std::move(r);
   }
 #else
@@ -653,9 +707,31 @@ private:
     return true;
   }
 
+  /// What a race message says of a try at a lock by program `id` made to fail (empty: none).
+  TILEGRAD_MACHINERY_MEMBER std::string failed_try(std::uint32_t id) const
+#if TILEGRAD_MACHINERY_BODIES
+  {
+    auto const it = failed_.find(id);
+    if (it == failed_.end())
+      return {};
+    lock_probe const& f = it->second;
+    tracked_tensor const& t = tensors_[static_cast<std::size_t>(f.tensor)];
+    auto const [view, coordinates] = t.element(f.element);
+    return " " + describe(id) + "'s first atomic_cas on the lock at " + t.label(view) +
+           ", element " + coordinates + " (" + where_string(f.loc) +
+           ") was made to find it held, as it finds it while another program holds it (the "
+           "check makes each program's first try at a lock fail; a spin lock tries again): did "
+           "it go on without the lock?";
+  }
+#else
+  ;
+#endif
+
   TILEGRAD_MACHINERY_MEMBER void check_program(std::uint32_t me, program_log const& log)
 #if TILEGRAD_MACHINERY_BODIES
   {
+    if (log.failed.tensor >= 0)
+      failed_.emplace(me, log.failed);
     // The program's tickets from counters that order programs, in program order.
     bool const ordering = ordering_;
     mine_.clear();
@@ -1012,6 +1088,7 @@ private:
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
   std::unordered_map<std::uint64_t, std::uint16_t> locks_;
+  std::unordered_map<std::uint32_t, lock_probe> failed_; // by program: a try made to fail
   std::string locked_;
   std::vector<saved_ints> saved_;
   std::vector<ticket_counter> counters_;
@@ -1203,6 +1280,11 @@ public:
   /// whose bf16 stores are moved, as (launch, argument) (launch_writes::launch, ::arg).
   std::uint64_t bf16_jitter = 0;
   std::vector<std::pair<std::size_t, int>> jitter_targets;
+  /// The locks (launch_tracker::lock_key) each launch, in order, knew at its end. check_backward
+  /// hands them to the next run of the same backward, whose launches then make each program's
+  /// first try at one of them fail from their first wave on (launch_tracker, "Locks found
+  /// held"), where a launch alone starts with its second wave.
+  std::vector<std::vector<std::uint64_t>> known_locks;
   /// launch_writes::launch of a host copy.
   static constexpr std::size_t no_launch = static_cast<std::size_t>(-1);
 
@@ -1211,6 +1293,8 @@ public:
 #if TILEGRAD_MACHINERY_BODIES
   {
     launches.push_back({g, tr.race(), tr.locked_writes(), tr.spans()});
+    known_locks.resize(std::max(known_locks.size(), launches.size()));
+    known_locks[launches.size() - 1] = tr.lock_keys();
     for (auto& t : tr.tensors()) {
       if (!t.state)
         continue;
