@@ -258,6 +258,80 @@ TEST(Locks, ALaunchThatChecksRacesMakesTriesAtALockFail) {
   }
 }
 
+TEST(Locks, ALockThatNamesItsHolderIsFoundHeldByAnother) {
+  // Each program adds its row into one shared row under one lock, which holds the id + 1 of the
+  // program holding it; a program that finds its own id there holds the lock already (as a
+  // reentrant lock does). The try made to fail returns what another program wrote to take the
+  // lock, not the program's own id, so the program waits, and the sum is whole. In later waves
+  // of one launch, and in check_backward's second run, where program 0 tries again first.
+  static constexpr int C = 24;
+  auto const kernel = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> acc,
+                                  tg::tensor<int> lock) {
+    int const me = p.program_id(0) + 1;
+    for (;;) {
+      int const old = tg::atomic_cas(lock + 0, 0, me).item();
+      if (old == 0 || old == me)
+        break;
+    }
+    auto const cols = tg::arange<0, C>();
+    tg::tile<T, C> const row = tg::load(x + p.program_id(0) * C + cols);
+    tg::store(acc + cols, tg::load(acc + cols) + row);
+    (void)tg::atomic_xchg(lock + 0, 0);
+  };
+  std::int64_t const m = 200;
+  tg::owned_tensor<float> x({m, C}), acc({C}, "acc");
+  tg::owned_tensor<int> lock({1}, "lock");
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data()[i] = static_cast<float>(i % 7);
+  for (auto e : {tg::executor::tbb, tg::executor::sequential}) {
+    if (!tg::executor_available(e))
+      continue;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    tg::launch_options lo{e};
+    lo.check_races = true;
+    EXPECT_NO_THROW(tg::launch(lo, m, kernel, x.cview(), acc.view(), lock.view()));
+    for (int c = 0; c < C; ++c) {
+      float want = 0;
+      for (std::int64_t r = 0; r < m; ++r)
+        want += static_cast<float>((r * C + c) % 7);
+      EXPECT_EQ(acc.data()[c], want) << c;
+    }
+  }
+  // As a backward: d(sum of rows)/dx is dy for every row, summed under the lock in the kernel.
+  auto const fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const cols = tg::arange<0, C>();
+    (void)tg::atomic_add(y + cols, tg::load(x + p.program_id(0) * C + cols));
+  };
+  tg::owned_tensor<float> y({C});
+  auto const bwd = [&](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    tg::owned_tensor<float> dx({m, C});
+    tg::owned_tensor<float> sum({C}, "sum");
+    tg::owned_tensor<int> lk({1}, "lock");
+    auto const copy = []<class T>(tg::program const& p, tg::tensor<T const> dy, tg::tensor<T> dx,
+                                  tg::tensor<T> s, tg::tensor<int> lock) {
+      int const me = p.program_id(0) + 1;
+      for (;;) {
+        int const old = tg::atomic_cas(lock + 0, 0, me).item();
+        if (old == 0 || old == me)
+          break;
+      }
+      auto const cols = tg::arange<0, C>();
+      tg::store(s + cols, tg::load(s + cols) + 1.0f); // programs counted under the lock
+      (void)tg::atomic_xchg(lock + 0, 0);
+      tg::store(dx + p.program_id(0) * C + cols, tg::load(dy + cols));
+    };
+    tg::launch(ctx.options(), m, copy, ctx.cotangent("y"), dx.view(), sum.view(), lk.view());
+    EXPECT_EQ(sum.data()[0], static_cast<float>(m));
+    return {{"x", dx}};
+  };
+  for (bool det : {false, true}) {
+    auto const r = tg::check_backward(tg::forward(m, fwd, tg::in("x", x), tg::out("y", y)), bwd,
+                                      {.seeds = 1, .check_determinism = det});
+    EXPECT_BACKWARD_OK(r);
+    EXPECT_FALSE(r.mentions("race")) << r;
+  }
+}
+
 TEST(Locks, SumsMadeUnderALockInAnotherOrderAreANote) {
   // The second run of the backward takes the rows in reverse order: the partial sums differ in
   // their last bits, and so does what the reduction launch makes of them. Both are the order the

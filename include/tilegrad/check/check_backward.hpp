@@ -827,7 +827,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   // The locks the backward's launches took and gave back, launch by launch: from the run after
   // the first on, each program's first try at one of them finds it held (a spin lock that does
   // not wait races then; launch_tracker, "Locks found held").
-  std::vector<std::vector<std::uint64_t>> known_locks;
+  std::vector<std::vector<detail::known_lock_site>> known_locks;
   for (int si = 0; si < o.seeds; ++si) {
     unsigned const seed = o.first_seed + static_cast<unsigned>(si);
     seed_report& sr = rep.seeds.emplace_back();

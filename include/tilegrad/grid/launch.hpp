@@ -582,6 +582,7 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
       program const p = program_at(g, w0 + i);
       program_log& log = logs[static_cast<std::size_t>(i)];
       log.clear();
+      log.program = static_cast<std::uint32_t>(w0 + i + 1);
       access_hooks h{&tracker, &log};
       h.args = args;
       h.confined = confined;

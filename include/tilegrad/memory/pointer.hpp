@@ -664,16 +664,18 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
   // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
   constexpr int W = access_width<T, Mask, no_mask>;
   // A program's first try at a known lock finds it held (launch_tracker, "Locks found held"):
-  // it returns the value it would have written (any value but cmp), and writes nothing.
+  // it returns what another program wrote to take it (else what it would write itself; never
+  // cmp), and writes nothing.
   auto tried = [&](auto a, T v) -> T {
     if constexpr (std::is_integral_v<T> && S::size == 1)
       if (cmps && v != cmps[0] && rec.active() && !h.lenient) {
         std::uint64_t const key = launch_tracker::lock_key(rec.tensor(), rec.last_element());
-        if (h.tracker->known_lock(key) && h.log->first_try(key)) {
-          if (h.log->failed.tensor < 0)
-            h.log->failed = {rec.tensor(), rec.last_element(), loc};
-          return v;
-        }
+        if (auto const held = h.tracker->held_value(key, h.log->program, v))
+          if (static_cast<T>(*held) != cmps[0] && h.log->first_try(key)) {
+            if (h.log->failed.tensor < 0)
+              h.log->failed = {rec.tensor(), rec.last_element(), loc};
+            return static_cast<T>(*held);
+          }
       }
     return f(a, v);
   };

@@ -73,6 +73,19 @@ struct held_lock {
   std::int64_t element;
   std::int64_t unlocked;
   bool released;
+  std::int64_t held; ///< the value the program wrote to take it
+};
+
+/// A lock programs of a launch took and gave back (launch_tracker, "Locks found held"): its
+/// key (launch_tracker::lock_key), and the value that the first program to take it wrote
+/// (`program`: its linear id + 1), and `other`, one that another program wrote (a lock whose
+/// value names its holder).
+struct known_lock_site {
+  std::uint64_t key;
+  std::int64_t held;
+  std::uint32_t program;
+  std::int64_t other;
+  bool has_other;
 };
 
 /// A ticket a program drew: an atomic_add of a positive value `add` to one element of an integer
@@ -106,6 +119,7 @@ struct program_log {
   std::vector<drawn_ticket> tickets;
   std::vector<std::uint64_t> tried; // the known locks the program has tried (lock_key)
   lock_probe failed;                // the first of those tries made to fail
+  std::uint32_t program = 0;        // the program's linear id + 1
   void clear() {
     accesses.clear();
     runs.clear();
@@ -143,7 +157,7 @@ struct program_log {
     }
     if (is_cas && old == cmp && v != cmp) {
       open.push_back(static_cast<int>(locks.size()));
-      locks.push_back({tensor, el, cmp, false});
+      locks.push_back({tensor, el, cmp, false, v});
     }
   }
 };
@@ -443,24 +457,35 @@ public:
   static std::uint64_t lock_key(int tensor, std::int64_t el) {
     return (static_cast<std::uint64_t>(tensor) << 48) ^ static_cast<std::uint64_t>(el);
   }
-  /// Whether programs took the element of `key` by atomic_cas and gave it back, in the waves
-  /// checked so far or in an earlier run (know_locks). (Read by the programs of a wave; written
-  /// between waves only.)
-  bool known_lock(std::uint64_t key) const { return locks_.find(key) != locks_.end(); }
-  /// Locks an earlier run of the same launch saw (lock_keys()).
-  void know_locks(std::vector<std::uint64_t> const& keys) {
-    for (std::uint64_t const k : keys)
-      if (locks_.size() < 0xffff)
-        locks_.try_emplace(k, static_cast<std::uint16_t>(locks_.size() + 1));
+  /// Where programs took the element of `key` by atomic_cas and gave it back (in the waves
+  /// checked so far, or in an earlier run: know_locks), what program `me` (linear id + 1) finds
+  /// it holding: what another program wrote to take it, or else `v`, what `me` would write; null
+  /// where they did not. (Read by the programs of a wave; written between waves only.)
+  std::optional<std::int64_t> held_value(std::uint64_t key, std::uint32_t me,
+                                         std::int64_t v) const {
+    auto const it = sites_by_key_.find(key);
+    if (it == sites_by_key_.end())
+      return std::nullopt;
+    known_lock_site const& s = it->second;
+    return s.program != me ? s.held : s.has_other ? s.other : v;
   }
-  /// Every lock the launch knows, sorted.
-  std::vector<std::uint64_t> lock_keys() const {
-    std::vector<std::uint64_t> keys;
-    keys.reserve(locks_.size());
-    for (auto const& kv : locks_)
-      keys.push_back(kv.first);
-    std::sort(keys.begin(), keys.end());
-    return keys;
+  /// Locks an earlier run of the same launch saw (lock_sites()).
+  void know_locks(std::vector<known_lock_site> const& sites) {
+    for (known_lock_site const& s : sites)
+      if (locks_.size() < 0xffff) {
+        locks_.try_emplace(s.key, static_cast<std::uint16_t>(locks_.size() + 1));
+        sites_by_key_.try_emplace(s.key, s);
+      }
+  }
+  /// Every lock the launch knows, by key.
+  std::vector<known_lock_site> lock_sites() const {
+    std::vector<known_lock_site> sites;
+    sites.reserve(sites_by_key_.size());
+    for (auto const& kv : sites_by_key_)
+      sites.push_back(kv.second);
+    std::sort(sites.begin(), sites.end(),
+              [](known_lock_site const& a, known_lock_site const& b) { return a.key < b.key; });
+    return sites;
   }
 
 private:
@@ -543,9 +568,9 @@ private:
     return static_cast<std::uint16_t>(sites_.size());
   }
 
-  /// The launch's id of lock `i` of a program's log (1-based; 0: none, a lock the program
-  /// did not give back, or past 65535 locks).
-  std::uint16_t lock_id(program_log const& log, int i) {
+  /// The launch's id of lock `i` of the log of program `me` (1-based; 0: none, a lock the
+  /// program did not give back, or past 65535 locks).
+  std::uint16_t lock_id(program_log const& log, int i, std::uint32_t me) {
     if (i < 0)
       return 0;
     held_lock const& l = log.locks[static_cast<std::size_t>(i)];
@@ -557,6 +582,11 @@ private:
       locks_.erase(it);
       return 0;
     }
+    auto const [site, first] = sites_by_key_.try_emplace(key, known_lock_site{key, l.held, me, 0,
+                                                                              false});
+    if (!first && !site->second.has_other && site->second.program != me &&
+        site->second.held != l.held)
+      site->second.other = l.held, site->second.has_other = true;
     return it->second;
   }
 
@@ -765,7 +795,7 @@ private:
       if (ordering && !t.order)
         t.order = zeroed_array<ticket_orders>(static_cast<std::size_t>(t.span));
       ticket_orders* const ord = ordering ? t.order.get() : nullptr;
-      std::uint16_t const lock = lock_id(log, a.lock);
+      std::uint16_t const lock = lock_id(log, a.lock, me);
       if (lock && (a.op & op_write) && locked_.empty())
         locked_ = t.label(t.element(log.runs[a.first].offset).first);
       float const* v = a.values >= 0 ? log.values.data() + a.values : nullptr;
@@ -1088,6 +1118,7 @@ private:
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
   std::unordered_map<std::uint64_t, std::uint16_t> locks_;
+  std::unordered_map<std::uint64_t, known_lock_site> sites_by_key_;
   std::unordered_map<std::uint32_t, lock_probe> failed_; // by program: a try made to fail
   std::string locked_;
   std::vector<saved_ints> saved_;
@@ -1284,7 +1315,7 @@ public:
   /// hands them to the next run of the same backward, whose launches then make each program's
   /// first try at one of them fail from their first wave on (launch_tracker, "Locks found
   /// held"), where a launch alone starts with its second wave.
-  std::vector<std::vector<std::uint64_t>> known_locks;
+  std::vector<std::vector<known_lock_site>> known_locks;
   /// launch_writes::launch of a host copy.
   static constexpr std::size_t no_launch = static_cast<std::size_t>(-1);
 
@@ -1294,7 +1325,7 @@ public:
   {
     launches.push_back({g, tr.race(), tr.locked_writes(), tr.spans()});
     known_locks.resize(std::max(known_locks.size(), launches.size()));
-    known_locks[launches.size() - 1] = tr.lock_keys();
+    known_locks[launches.size() - 1] = tr.lock_sites();
     for (auto& t : tr.tensors()) {
       if (!t.state)
         continue;
