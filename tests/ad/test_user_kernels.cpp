@@ -291,6 +291,25 @@ TEST(UserKernels, ItemPassedBackIntoTilesKeepsItsDerivative) {
   make(item_back_into_tiles, 8).check(18);
 }
 
+// Triton's tl.where(c, s, 0.0) and tl.where(c, s, t) with numbers s and t of the kernel's mode:
+// in every mode (reverse mode did not compile), each branch's derivative flowing back to it.
+auto const items_as_branches = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                           tg::tensor<T const> z, tg::tensor<T> y) {
+  auto const o = p.program_id(0) * B + tg::arange<0, B>();
+  auto const in = o < x.size(0);
+  auto const v = tg::load(x + o, in);
+  auto const q = tg::load(z + o, in);
+  auto const s = tg::max(tg::where(in, v, -1e30f)).item();
+  auto const t = tg::sum(v * q).item();
+  tg::tile<tg::fp32<T>, B> const a = tg::where(q > 0, s, 0.0f);
+  tg::tile<tg::fp32<T>, B> const b = tg::where(v > q, s, t);
+  tg::store(y + o, a * v + b, in);
+};
+
+TEST(UserKernels, ItemsAsTheBranchesOfWhereKeepTheirDerivatives) {
+  make(items_as_branches, 9).check(19);
+}
+
 } // namespace
 
 // ---- a float64 reference of a float launch --------------------------------------------------
