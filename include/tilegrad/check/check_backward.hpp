@@ -828,6 +828,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   // the first on, each program's first try at one of them finds it held (a spin lock that does
   // not wait races then; launch_tracker, "Locks found held").
   std::vector<std::vector<detail::known_lock_site>> known_locks;
+  bool probing_locks = false; // the run is the probe of locks
   for (int si = 0; si < o.seeds; ++si) {
     unsigned const seed = o.first_seed + static_cast<unsigned>(si);
     seed_report& sr = rep.seeds.emplace_back();
@@ -868,6 +869,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (jitter)
         r.launches.jitter_targets = kept_sums;
       r.launches.known_locks = known_locks;
+      r.launches.probe_locks = probing_locks;
       {
         detail::observer_scope const tracked(&r.launches);
         try {
@@ -1099,22 +1101,27 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       return any;
     };
     bool const raced = races_of(first, "");
-    // Programs that share a lock may all have run in the first wave of their launch, where no
-    // try at a lock is made to fail: on the first seed a second run, with every such try made to
-    // fail from the first wave on, is checked for races too (the determinism check's, or one of
-    // its own).
+    // The probe of locks: where the first run took locks and gave them back, the first seed's
+    // backward runs once more (after the structural checks, below), the first tries of each
+    // taking of those locks made to find them held; its races fail as the first run's do.
     bool const probe_locks = si == 0 && !raced && !first.error &&
                              std::any_of(known_locks.begin(), known_locks.end(),
                                          [](auto const& k) { return !k.empty(); });
-    std::string const probed = ", run again with each program's first try at a lock failing";
-    if (probe_locks && !o.check_determinism) {
-      backward_run const probe = run_backward(cots);
-      if (probe.error)
-        sr.problems.push_back("the backward threw when run again with each program's first "
-                              "try at a lock failing: " + *probe.error);
-      else
-        races_of(probe, probed);
-    }
+    auto probe = [&] {
+      bool& on = probing_locks;
+      on = true;
+      backward_run const r = run_backward(cots);
+      on = false;
+      std::string const when = ", run again with the first " +
+                               std::to_string(detail::launch_tracker::probe_failures) +
+                               " tries of each taking of a lock failing";
+      if (!r.launches.probe_stopped.empty())
+        rep.notes.push_back("the probe of locks stopped: " + r.launches.probe_stopped +
+                            "; what the backward did under its locks until then did not race");
+      else if (r.error)
+        sr.problems.push_back("the backward threw when" + when.substr(1) + ": " + *r.error);
+      races_of(r, when);
+    };
     gradient_set const* got = &first.got;
     for (auto const& d : got->duplicates())
       sr.problems.push_back("the backward set gradient '" + d + "' more than once");
@@ -1217,7 +1224,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       backward_run again = run_backward(cots);
       if (again.error) {
         sr.problems.push_back("the backward threw when run a second time: " + *again.error);
-      } else if (!(probe_locks && races_of(again, probed))) {
+      } else {
         for (auto const& e : got->entries())
           if (auto const* e2 = again.got.find(e.name)) {
             // The first look's bound per element: what a difference passed on from atomic_add
@@ -1253,6 +1260,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (pd.twice)
         pd.first_launches = std::move(first.launches);
     }
+    if (probe_locks)
+      probe();
   }
 
   if (!kept_sums.empty()) {

@@ -539,6 +539,8 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
   bool const confined = confine_accesses(); // (read here: the programs run on other threads)
   if (observer && observer->launches.size() < observer->known_locks.size())
     tracker.know_locks(observer->known_locks[observer->launches.size()]);
+  if (observer && observer->probe_locks)
+    tracker.probe_locks(&observer->probe_stopped);
   std::int64_t const total = g.size();
   if (tracker.empty()) { // nothing the kernel may write: bounds only
     access_hooks bounds_only;

@@ -663,19 +663,27 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
     rec.expect_values(S::size);
   // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
   constexpr int W = access_width<T, Mask, no_mask>;
-  // A program's first try at a known lock finds it held (launch_tracker, "Locks found held"):
-  // it returns what another program wrote to take it (else what it would write itself; never
-  // cmp), and writes nothing.
+  // The probe of locks (launch_tracker, "Locks found held"): the first tries of each taking of
+  // a known lock find it held. Such a try returns what another program wrote to take it (else
+  // what it would write itself; never cmp), and writes nothing.
   auto tried = [&](auto a, T v) -> T {
     if constexpr (std::is_integral_v<T> && S::size == 1)
-      if (cmps && v != cmps[0] && rec.active() && !h.lenient) {
+      if (cmps && v != cmps[0] && rec.active() && h.tracker->probing()) {
         std::uint64_t const key = launch_tracker::lock_key(rec.tensor(), rec.last_element());
-        if (auto const held = h.tracker->held_value(key, h.log->program, v))
-          if (static_cast<T>(*held) != cmps[0] && h.log->first_try(key)) {
+        if (auto const held = h.tracker->held_value(key, h.log->program, v)) {
+          if (static_cast<T>(*held) != cmps[0] &&
+              h.log->fail_try(key, launch_tracker::probe_failures)) {
+            lock_probe const here{rec.tensor(), rec.last_element(), loc};
             if (h.log->failed.tensor < 0)
-              h.log->failed = {rec.tensor(), rec.last_element(), loc};
+              h.log->failed = here;
+            h.log->pending = here;
             return static_cast<T>(*held);
           }
+          T const was = f(a, v);
+          if (was == cmps[0])
+            h.log->took(key);
+          return was;
+        }
       }
     return f(a, v);
   };

@@ -16,14 +16,17 @@
 #include "tilegrad/memory/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <source_location>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -100,13 +103,19 @@ struct drawn_ticket {
   std::source_location loc;
 };
 
-/// A try at a lock that a tracked launch made fail (launch_tracker::known_lock): the program's
-/// first atomic_cas on one element of an integer tensor that the launch, or an earlier run of
-/// the same backward, saw used as a lock.
+/// A try at a lock that check_backward's probe of locks made fail (launch_tracker, "Locks found
+/// held"): an atomic_cas on one element of an integer tensor that an earlier run of the same
+/// backward saw used as a lock.
 struct lock_probe {
   int tensor = -1; ///< -1: none made to fail
   std::int64_t element = 0;
   std::source_location loc;
+};
+
+/// Thrown by every access of a launch whose probe of locks stopped (a program went on too long
+/// after a try made to fail without trying again: it waits for something the probe cannot give).
+struct lock_probe_stopped : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 /// The accesses of one program, in program order; reused from wave to wave.
@@ -117,9 +126,14 @@ struct program_log {
   std::vector<held_lock> locks;
   std::vector<int> open; // the locks held now, outermost first
   std::vector<drawn_ticket> tickets;
-  std::vector<std::uint64_t> tried; // the known locks the program has tried (lock_key)
-  lock_probe failed;                // the first of those tries made to fail
-  std::uint32_t program = 0;        // the program's linear id + 1
+  // The probe of locks: per known lock the program is trying to take, its tries made to fail so
+  // far (lock_key, count), and the length of the log at the last of them while it has not taken
+  // the lock since (npos: none pending).
+  std::vector<std::pair<std::uint64_t, int>> tried;
+  std::size_t waiting_since = static_cast<std::size_t>(-1);
+  lock_probe failed;         // the first try made to fail
+  lock_probe pending;        // the last, while waiting_since is set
+  std::uint32_t program = 0; // the program's linear id + 1
   void clear() {
     accesses.clear();
     runs.clear();
@@ -128,14 +142,25 @@ struct program_log {
     open.clear();
     tickets.clear();
     tried.clear();
+    waiting_since = static_cast<std::size_t>(-1);
     failed = {};
   }
-  /// Whether this is the program's first try at the lock at (tensor, el); it is one from now on.
-  bool first_try(std::uint64_t key) {
-    if (std::find(tried.begin(), tried.end(), key) != tried.end())
+  /// Whether the probe makes this try at the lock of `key` fail: the first `fails` tries of each
+  /// taking of it do.
+  bool fail_try(std::uint64_t key, int fails) {
+    auto it = std::find_if(tried.begin(), tried.end(), [&](auto const& t) { return t.first == key; });
+    if (it == tried.end())
+      it = tried.insert(tried.end(), {key, 0});
+    if (it->second >= fails)
       return false;
-    tried.push_back(key);
+    ++it->second;
+    waiting_since = accesses.size();
     return true;
+  }
+  /// The program took the lock of `key`: its next taking is probed anew.
+  void took(std::uint64_t key) {
+    std::erase_if(tried, [&](auto const& t) { return t.first == key; });
+    waiting_since = static_cast<std::size_t>(-1);
   }
   /// The lock the next access is made under (-1: none).
   int holding() const { return open.empty() ? -1 : open.front(); }
@@ -274,9 +299,14 @@ private:
 struct element_state {
   std::uint32_t first, second; // linear program id + 1; 0: none
   std::uint16_t first_site, second_site;
-  std::uint16_t lock;
+  std::uint16_t lock_lo; // the lock, in 24 bits (lock())
   std::uint8_t ops;
-  std::uint8_t unused;
+  std::uint8_t lock_hi;
+  std::uint32_t lock() const { return std::uint32_t{lock_hi} << 16 | lock_lo; }
+  void set_lock(std::uint32_t l) {
+    lock_lo = static_cast<std::uint16_t>(l);
+    lock_hi = static_cast<std::uint8_t>(l >> 16);
+  }
 };
 static_assert(sizeof(element_state) == 16);
 
@@ -457,6 +487,51 @@ public:
   static std::uint64_t lock_key(int tensor, std::int64_t el) {
     return (static_cast<std::uint64_t>(tensor) << 48) ^ static_cast<std::uint64_t>(el);
   }
+  /// The tries at a lock of one taking that the probe makes fail.
+  static constexpr int probe_failures = 256;
+  /// The accesses a program may make after a try made to fail without trying again (a try-lock's
+  /// other path, or a wait for something the probe cannot give) before the probe stops.
+  static constexpr std::size_t probe_patience = std::size_t{1} << 16;
+  /// Turns the probe of locks on for this launch (check_backward's probe run): `stopped` receives
+  /// why it stopped, if it does.
+  void probe_locks(std::string* stopped) { probe_ = stopped; }
+  bool probing() const { return probe_ != nullptr; }
+  /// Whether the probe stopped (every access of the launch then throws lock_probe_stopped).
+  bool probe_stopped() const { return stopped_.load(std::memory_order_relaxed); }
+  /// Before each access of a probed launch: throws lock_probe_stopped once the probe stopped, and
+  /// stops it when the program has gone on too long after a try made to fail.
+  void probe_watch(program_log const& log) {
+    if (probe_stopped())
+      throw lock_probe_stopped("tilegrad: the probe of locks stopped");
+    if (log.waiting_since != static_cast<std::size_t>(-1) &&
+        log.accesses.size() - log.waiting_since > probe_patience)
+      stop_probe(describe(log.program) + " made " + std::to_string(probe_patience) +
+                 " accesses after its try at the lock at " + probe_site(log.pending) +
+                 " was made to find it held, without trying it again: a wait for something the "
+                 "probe cannot give (a number that the holder changes as it gives the lock "
+                 "back), or another path for a lock found held that long");
+  }
+  /// The lock of a try made to fail and where it was tried, as messages name them.
+  TILEGRAD_MACHINERY_MEMBER std::string probe_site(lock_probe const& f) const
+#if TILEGRAD_MACHINERY_BODIES
+  {
+    tracked_tensor const& t = tensors_[static_cast<std::size_t>(f.tensor)];
+    auto const [view, coordinates] = t.element(f.element);
+    return t.label(view) + ", element " + coordinates + " (" + where_string(f.loc) + ")";
+  }
+#else
+  ;
+#endif
+  /// Stops the probe, for `why`, and throws lock_probe_stopped.
+  [[noreturn]] void stop_probe(std::string const& why) {
+    {
+      std::lock_guard<std::mutex> const lock(stop_m_);
+      if (!stopped_.exchange(true) && probe_->empty())
+        *probe_ = why;
+    }
+    throw lock_probe_stopped("tilegrad: the probe of locks stopped: " + why);
+  }
+
   /// Where programs took the element of `key` by atomic_cas and gave it back (in the waves
   /// checked so far, or in an earlier run: know_locks), what program `me` (linear id + 1) finds
   /// it holding: what another program wrote to take it, or else `v`, what `me` would write; null
@@ -472,8 +547,8 @@ public:
   /// Locks an earlier run of the same launch saw (lock_sites()).
   void know_locks(std::vector<known_lock_site> const& sites) {
     for (known_lock_site const& s : sites)
-      if (locks_.size() < 0xffff) {
-        locks_.try_emplace(s.key, static_cast<std::uint16_t>(locks_.size() + 1));
+      if (locks_.size() < max_locks) {
+        locks_.try_emplace(s.key, static_cast<std::uint32_t>(locks_.size() + 1));
         sites_by_key_.try_emplace(s.key, s);
       }
   }
@@ -569,16 +644,16 @@ private:
   }
 
   /// The launch's id of lock `i` of the log of program `me` (1-based; 0: none, a lock the
-  /// program did not give back, or past 65535 locks).
-  std::uint16_t lock_id(program_log const& log, int i, std::uint32_t me) {
+  /// program did not give back, or past 2^24 - 1 locks).
+  std::uint32_t lock_id(program_log const& log, int i, std::uint32_t me) {
     if (i < 0)
       return 0;
     held_lock const& l = log.locks[static_cast<std::size_t>(i)];
     if (!l.released)
       return 0;
     auto const key = lock_key(l.tensor, l.element);
-    auto const [it, added] = locks_.try_emplace(key, static_cast<std::uint16_t>(locks_.size() + 1));
-    if (added && locks_.size() > 0xffff) {
+    auto const [it, added] = locks_.try_emplace(key, static_cast<std::uint32_t>(locks_.size() + 1));
+    if (added && locks_.size() > max_locks) {
       locks_.erase(it);
       return 0;
     }
@@ -685,7 +760,7 @@ private:
   /// programs), and `tag`, where this one does.
   bool apply(element_state& s, ticket_orders* o, ticket_order const& tag, std::uint32_t me,
              std::uint8_t op, std::uint16_t at, tracked_tensor const& t, std::int64_t el,
-             logged_access const& a, std::uint16_t lock) {
+             logged_access const& a, std::uint32_t lock) {
     // The other program in the state, if any (the first two always hold one).
     std::uint32_t other = 0;
     std::uint16_t other_site = 0;
@@ -695,7 +770,7 @@ private:
       other = s.second, other_site = s.second_site;
     // Accesses every program made holding one lock are ordered by it (lockset, as in Eraser), and
     // accesses on either side of two tickets by those tickets.
-    if (other && !(lock && s.lock == lock))
+    if (other && !(lock && s.lock() == lock))
       if (char const* theirs = conflict(s.ops, op)) {
         ticket_order const* unordered = nullptr;
         if (o) {
@@ -730,9 +805,9 @@ private:
       s.second_site = at;
     }
     if (s.ops == 0)
-      s.lock = lock;
-    else if (s.lock != lock)
-      s.lock = 0;
+      s.set_lock(lock);
+    else if (s.lock() != lock)
+      s.set_lock(0);
     s.ops |= op;
     return true;
   }
@@ -744,14 +819,11 @@ private:
     auto const it = failed_.find(id);
     if (it == failed_.end())
       return {};
-    lock_probe const& f = it->second;
-    tracked_tensor const& t = tensors_[static_cast<std::size_t>(f.tensor)];
-    auto const [view, coordinates] = t.element(f.element);
-    return " " + describe(id) + "'s first atomic_cas on the lock at " + t.label(view) +
-           ", element " + coordinates + " (" + where_string(f.loc) +
-           ") was made to find it held, as it finds it while another program holds it (the "
-           "check makes each program's first try at a lock fail; a spin lock tries again): did "
-           "it go on without the lock?";
+    return " " + describe(id) + "'s atomic_cas on the lock at " + probe_site(it->second) +
+           " was made to find it held, as it finds it while another program holds it (the "
+           "probe of locks makes the first " + std::to_string(probe_failures) +
+           " tries of each taking fail; a spin lock tries until it gets it): did it go on "
+           "without the lock?";
   }
 #else
   ;
@@ -795,7 +867,7 @@ private:
       if (ordering && !t.order)
         t.order = zeroed_array<ticket_orders>(static_cast<std::size_t>(t.span));
       ticket_orders* const ord = ordering ? t.order.get() : nullptr;
-      std::uint16_t const lock = lock_id(log, a.lock, me);
+      std::uint32_t const lock = lock_id(log, a.lock, me);
       if (lock && (a.op & op_write) && locked_.empty())
         locked_ = t.label(t.element(log.runs[a.first].offset).first);
       float const* v = a.values >= 0 ? log.values.data() + a.values : nullptr;
@@ -1117,9 +1189,13 @@ private:
   std::vector<std::pair<std::byte const*, std::byte const*>> spans_;
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
-  std::unordered_map<std::uint64_t, std::uint16_t> locks_;
+  std::unordered_map<std::uint64_t, std::uint32_t> locks_;
+  static constexpr std::size_t max_locks = (std::size_t{1} << 24) - 1;
   std::unordered_map<std::uint64_t, known_lock_site> sites_by_key_;
   std::unordered_map<std::uint32_t, lock_probe> failed_; // by program: a try made to fail
+  std::string* probe_ = nullptr; // probing locks: where why it stopped goes
+  std::atomic<bool> stopped_{false};
+  std::mutex stop_m_;
   std::string locked_;
   std::vector<saved_ints> saved_;
   std::vector<ticket_counter> counters_;
@@ -1168,6 +1244,8 @@ public:
     tensor_ = t;
     log_ = h.log;
     hooks_ = &h;
+    if (h.tracker->probing()) [[unlikely]]
+      h.tracker->probe_watch(*log_);
     auto const& e = h.tracker->tensor_at(t);
     shift_ = (static_cast<std::byte const*>(base) - e.lo) / static_cast<std::ptrdiff_t>(elem);
     builder_.emplace(log_->scratch);
@@ -1307,14 +1385,16 @@ public:
   };
   std::vector<launch_record> launches;
   std::vector<launch_writes> writes; // launch by launch, in order
+  /// check_backward's probe of locks: whether this run's launches probe them (launch_tracker,
+  /// "Locks found held"), and why the probe stopped, if it did (empty: it did not).
+  bool probe_locks = false;
+  std::string probe_stopped;
   /// check_backward's measure of bf16 sums kept in memory: a seed (0: off), and the tensors
   /// whose bf16 stores are moved, as (launch, argument) (launch_writes::launch, ::arg).
   std::uint64_t bf16_jitter = 0;
   std::vector<std::pair<std::size_t, int>> jitter_targets;
-  /// The locks (launch_tracker::lock_key) each launch, in order, knew at its end. check_backward
-  /// hands them to the next run of the same backward, whose launches then make each program's
-  /// first try at one of them fail from their first wave on (launch_tracker, "Locks found
-  /// held"), where a launch alone starts with its second wave.
+  /// The locks each launch, in order, knew at its end: check_backward hands them to the next run
+  /// of the same backward, and its probe run makes tries at them fail.
   std::vector<std::vector<known_lock_site>> known_locks;
   /// launch_writes::launch of a host copy.
   static constexpr std::size_t no_launch = static_cast<std::size_t>(-1);
@@ -1337,7 +1417,7 @@ public:
         element_state const& e = t.state.get()[i];
         w.ops[static_cast<std::size_t>(i)] = e.ops;
         any |= (e.ops & op_write) != 0;
-        if (e.lock && (e.ops & op_store)) {
+        if (e.lock() && (e.ops & op_store)) {
           w.locked.resize(static_cast<std::size_t>(t.span), 0);
           w.locked[static_cast<std::size_t>(i)] = 1;
         }
