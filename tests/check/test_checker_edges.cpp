@@ -826,4 +826,33 @@ TEST(CheckerEdges, ACrossEntropyBackwardThatRecomputesItsLogsumexpPasses) {
   EXPECT_FALSE(shifted) << shifted;
 }
 
+TEST(CheckerEdges, AnEmptyProblemPassesWithoutBlamingACapture) {
+  // Zero rows: no program runs, no output element depends on w, and the reference never reads it;
+  // that is no capture. A backward that hands w's gradient back non-zero still fails.
+  auto const fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> w,
+                               tg::tensor<T> y) {
+    auto const cols = tg::arange<0, 8>();
+    auto const mask = cols < x.size(1);
+    std::int64_t const r = p.program_id(0);
+    tg::store(y + r * y.stride(0) + cols,
+              tg::load(x + r * x.stride(0) + cols, mask, 0.0f) * tg::load(w + cols, mask, 0.0f),
+              mask);
+  };
+  tg::owned_tensor<float> x({0, 7}), w({7}), y({0, 7});
+  for (float wrong : {0.0f, 1.0f}) {
+    auto const bwd = [&](tg::backward_context<float>&) -> tg::gradient_set {
+      tg::owned_tensor<float> dx({0, 7}), dw({7});
+      std::fill(dw.begin(), dw.end(), wrong);
+      return {{"x", dx}, {"w", dw}};
+    };
+    auto const r = tg::check_backward(
+        tg::forward(0, fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)), bwd, {.seeds = 1});
+    EXPECT_FALSE(r.mentions("capture")) << r;
+    if (wrong != 0)
+      EXPECT_FALSE(r) << r;
+    else
+      EXPECT_BACKWARD_OK(r);
+  }
+}
+
 } // namespace test_checker_edges

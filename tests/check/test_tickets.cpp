@@ -410,3 +410,57 @@ TEST(Tickets, SplitKWithACounterPerTilePassesAndItsBugsFail) {
 }
 
 } // namespace test_tickets
+
+namespace test_tickets {
+
+TEST(Tickets, TwoCountersOrderingOneAccessAreNamedInTheRace) {
+  // dw and db each reduced by the program that draws its counter's last ticket, each partial row
+  // stored before its own counter's ticket: correct under acq_rel atomics, but the check places
+  // each access among the tickets of one counter (the last its program drew before it, or else
+  // the first after it), and the reduction of dw, after both tickets, is placed by db's counter.
+  // Reported as a race whose message names each ticket's counter and says what to write instead.
+  constexpr int C = 16;
+  auto const kernel = [](tg::program const& p, tg::tensor<float const> g, tg::tensor<float> pdw,
+                         tg::tensor<float> pdb, tg::tensor<int> cw, tg::tensor<int> cb,
+                         tg::tensor<float> dw, tg::tensor<float> db) {
+    int const r = p.program_id(0), programs = p.num_programs(0);
+    auto const cols = tg::arange<0, C>();
+    tg::tile<float, C> const v = tg::load(g + r * C + cols);
+    tg::store(pdw + r * C + cols, v * 2.0f);
+    int const tw = tg::atomic_add(cw + 0, 1).item();
+    tg::store(pdb + r * C + cols, v);
+    int const tb = tg::atomic_add(cb + 0, 1).item();
+    auto const reduce = [&](tg::tensor<float> part, tg::tensor<float> out) {
+      auto acc = tg::zeros<float, C>();
+      for (int q = 0; q < programs; ++q)
+        acc += tg::load(part + q * C + cols);
+      tg::store(out + cols, acc);
+    };
+    if (tw == programs - 1)
+      reduce(pdw, dw);
+    if (tb == programs - 1)
+      reduce(pdb, db);
+  };
+  int const m = 40;
+  tg::owned_tensor<float> g({m, C}), pdw({m, C}, "partial_dw"), pdb({m, C}, "partial_db");
+  tg::owned_tensor<float> dw({C}, "dw"), db({C}, "db");
+  tg::owned_tensor<int> cw({1}, "count_w"), cb({1}, "count_b");
+  tg::launch_options lo{tg::executor::sequential, 1};
+  lo.check_races = true;
+  try {
+    tg::launch(lo, m, kernel, g.cview(), pdw.view(), pdb.view(), cw.view(), cb.view(), dw.view(),
+               db.view());
+    ADD_FAILURE() << "no race reported";
+  } catch (tg::race_error const& e) {
+    std::string const what = e.what();
+    EXPECT_NE(what.find("race on tensor 'partial_dw'"), std::string::npos) << what;
+    EXPECT_NE(what.find(" of tensor 'count_b', element (0) ("), std::string::npos) << what;
+    EXPECT_NE(what.find(" of tensor 'count_w', element (0) ("), std::string::npos) << what;
+    EXPECT_NE(what.find("accesses placed by two counters are not ordered: draw the tickets that "
+                        "order these accesses from one counter"),
+              std::string::npos)
+        << what;
+  }
+}
+
+} // namespace test_tickets

@@ -64,6 +64,7 @@ struct logged_access {
   std::int64_t values;
   std::source_location loc;
   int lock = -1;
+  std::uint8_t locks_held = 0; // how many locks the program held (the check counts `lock`)
 };
 
 /// A lock a program took: a successful atomic_cas on one element of an integer tensor that
@@ -783,7 +784,12 @@ private:
                                    : op == op_store ? "stores"
                                                     : "atomically updates";
           report(t, el, me, a.loc, mine, other, other_site, theirs,
-                 o ? ticket_note(tag, *unordered, op, me, other) : disorder_note());
+                 (o ? ticket_note(tag, *unordered, op, me, other) : disorder_note()) +
+                     (a.locks_held > 1
+                          ? " " + describe(me) + " held " + std::to_string(a.locks_held) +
+                                " locks at its access: a lock taken while another is held is "
+                                "not followed (the check counts the first the program took)."
+                          : std::string()));
           return false;
         }
       }
@@ -1014,6 +1020,7 @@ private:
         if (added) {
           if (counters_.size() >= 0x7fff) {
             counter_ids_.erase(it);
+            counters_capped_ = true;
             continue;
           }
           counters_.push_back({k.tensor, k.element, k.loc, {}, {}, true, true, false, {}});
@@ -1161,22 +1168,46 @@ private:
         c = static_cast<std::uint16_t>(i + 1);
     if (!c)
       return {};
-    auto ticket = [](std::uint32_t present, std::int64_t v, char const* none) {
-      return present ? "ticket " + std::to_string(v) : std::string(none);
+    if (counters_capped_ && !mine.which() && !theirs.which())
+      return " Tickets drawn from more than 32,767 elements as counters: those past the "
+             "32,767th are not followed, and neither access is placed among tickets.";
+    // Each access is placed among the tickets of one counter: where the two are placed by two
+    // counters, each ticket is named with its counter.
+    bool const two = mine.which() && theirs.which() && mine.which() != theirs.which();
+    auto ticket = [&](std::uint32_t present, std::int64_t v, char const* none,
+                      ticket_order const& of) {
+      if (!present)
+        return std::string(none);
+      return "ticket " + std::to_string(v) +
+             (two ? " of " + counter_label(counters_[of.which() - 1u]) : std::string());
     };
     char const* const noun = op == op_load ? "load" : op == op_store ? "store" : "atomic";
-    std::string note = " Programs draw tickets from " + counter_label(counters_[c - 1u]) +
+    std::string note = " Programs draw tickets from " +
+                       (two ? std::string("several counters") : counter_label(counters_[c - 1u])) +
                        ": what a program does before drawing a ticket comes before what a program "
-                       "does after drawing a later one. Here " +
-                       describe(me) + " draws " + ticket(mine.acq, mine.acquired(), "no ticket") +
-                       " before its " + noun + " and " + ticket(mine.rel, mine.released(), "none") +
+                       "does after drawing a later one" + (two ? " from the same counter" : "") +
+                       ". Here " +
+                       describe(me) + " draws " +
+                       ticket(mine.acq, mine.acquired(), "no ticket", mine) + " before its " +
+                       noun + " and " + ticket(mine.rel, mine.released(), "none", mine) +
                        " after it; ";
+    std::string const placed =
+        two ? " Each access is placed among the tickets of one counter (the last its program "
+              "drew before it, or else the first it draws after it), and accesses placed by two "
+              "counters are not ordered: draw the tickets that order these accesses from one "
+              "counter (one ticket after storing every partial row)."
+            : std::string();
+    std::string const capped =
+        counters_capped_ ? " (More than 32,767 elements were drawn from as counters: tickets "
+                           "from those past the 32,767th are not followed, and count as none.)"
+                         : std::string();
     if (theirs.counter & ticket_order::many)
-      return note + describe(other) + " draws " + ticket(theirs.rel, theirs.released(), "none") +
-             " after its access (one of several programs that access it).";
+      return note + describe(other) + " draws " +
+             ticket(theirs.rel, theirs.released(), "none", theirs) +
+             " after its access (one of several programs that access it)." + placed + capped;
     return note + describe(other) + " draws " +
-           ticket(theirs.acq, theirs.acquired(), "no ticket") + " before its access and " +
-           ticket(theirs.rel, theirs.released(), "none") + " after it.";
+           ticket(theirs.acq, theirs.acquired(), "no ticket", theirs) + " before its access and " +
+           ticket(theirs.rel, theirs.released(), "none", theirs) + " after it." + placed + capped;
   }
 #else
   ;
@@ -1203,6 +1234,7 @@ private:
   std::vector<bool> counts_; // per tensor: whether it holds a counter
   std::vector<ordinal> mine_;
   bool ordering_ = false; // whether a counter orders programs
+  bool counters_capped_ = false; // tickets were drawn from more than 32767 counters
 };
 
 /// Throws access_error for a write by a program of a tracked launch to a tensor `name` that
@@ -1320,7 +1352,9 @@ private:
     auto const first = static_cast<std::uint32_t>(log_->runs.size());
     log_->runs.insert(log_->runs.end(), log_->scratch.begin(), log_->scratch.end());
     log_->accesses.push_back({op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
-                              op == op_atomic_add ? values_ : -1, loc, log_->holding()});
+                              op == op_atomic_add ? values_ : -1, loc, log_->holding(),
+                              static_cast<std::uint8_t>(std::min<std::size_t>(
+                                  log_->open.size(), 255))});
   }
 #else
   ;
