@@ -222,6 +222,7 @@ struct attention_case {
   double uneven_hi = 1.3; // uneven: query rows scaled by 10^U(-1, uneven_hi)
   bool jitter_reference = true; // check_options::jitter_reference
   bool move_inputs = true;      // check_options::move_inputs
+  double scale_units = -1;      // check_options::scale_units (< 0: unset)
   std::string name() const {
     char b[160];
     std::snprintf(b, sizeof b, "d=%d %s %s B=%lld H=%lld N=%lld Nk=%lld seed=%u", d,
@@ -273,6 +274,8 @@ tg::check_report check_attention(attention_case const& c, corruption_of<T> const
                                            : tg::uniform(-2, 2));
         o.jitter_reference = c.jitter_reference;
         o.move_inputs = c.move_inputs;
+        if (c.scale_units >= 0)
+          o.scale_units = c.scale_units;
         return o;
       }());
 }
@@ -479,6 +482,44 @@ TEST(CheckerSweep, Bf16FlashAttentionAFewPercentOffIsCaughtOverManyKeys) {
       ASSERT_NE(r.gradient("v"), nullptr);
       EXPECT_TRUE(r.gradient("v")->ok) << r;
     }
+  }
+}
+
+TEST(CheckerSweep, Bf16FlashAttentionOffAlongItsReferenceAllOverFails) {
+  // dq 2 % and 1 % too large everywhere (a scale applied twice, say) passed element by element on
+  // every seed: an element of dq is a sum of 512 terms, whose bf16 roundings its bound allows.
+  // Fitted over all its elements, dq is (1 + 0.02) times the reference, 0.22 of its bounds (0.15
+  // at 1 %), and its blocks agree on it to hundreds of standard errors, where correct backwards
+  // stay below 0.05 of their bounds; check_options::scale_units (0.1 for bf16) fails it, and the
+  // report gives the fitted factor. The correct kernel passes; scale_units = 0 turns it off.
+  auto const scale_q = [](float f) {
+    return [f](attention_case const&, tg::tensor<tg::bf16> dq, tg::tensor<tg::bf16>,
+               tg::tensor<tg::bf16>) {
+      for (std::int64_t i = 0; i < dq.numel(); ++i) {
+        auto& e = dq.data()[dq.row_major_offset(i)];
+        e = tg::bf16(static_cast<float>(e) * f);
+      }
+    };
+  };
+  for (unsigned seed : {0u, 1u}) {
+    attention_case const c{.d = 64, .n = 512, .nk = 512, .seed = seed};
+    EXPECT_BACKWARD_OK((check_attention<tg::bf16, 64>(c, {})));
+    for (float f : {1.02f, 1.01f}) {
+      auto const r = check_attention<tg::bf16, 64>(c, scale_q(f));
+      EXPECT_FALSE(r) << f << " seed " << seed;
+      ASSERT_NE(r.gradient("q"), nullptr);
+      EXPECT_EQ(r.gradient("q")->mismatches, 0) << r; // no element over its bound
+      std::ostringstream text;
+      text << r;
+      EXPECT_NE(text.str().find("FAIL; off along the reference all over: "), std::string::npos)
+          << r;
+      EXPECT_NE(text.str().find("along the reference: kernel = (1 + 0.0"), std::string::npos) << r;
+      EXPECT_TRUE(r.gradient("k")->ok && r.gradient("v")->ok) << r;
+    }
+    attention_case off_case = c;
+    off_case.scale_units = 0;
+    auto const off = check_attention<tg::bf16, 64>(off_case, scale_q(1.02f));
+    EXPECT_BACKWARD_OK(off);
   }
 }
 

@@ -334,8 +334,9 @@ TEST(Locks, TheProbeMakesEveryTakingOfALockWaitAWhile) {
         EXPECT_FALSE(r) << static_cast<int>(how);
         EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
         // (Two threads may meet at a lock in the first run, which then fails by itself.)
-        if (e == tg::executor::sequential)
+        if (e == tg::executor::sequential) {
           EXPECT_TRUE(r.mentions("was made to find it held")) << r;
+        }
       }
     }
   }

@@ -1161,7 +1161,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     }
     // No output element: nothing depends on any input, whether it is read or not.
     bool const no_outputs = std::all_of(outs.begin(), outs.end(),
-                                        [](auto const& y) { return y.cotangent.numel() == 0; });
+                                        [](auto const& y) { return y.t.numel() == 0; });
     for (auto const& n : g64->unread()) {
       bool const empty = no_outputs || std::any_of(ins.begin(), ins.end(), [&](auto const& x) {
         return x.name == n && x.t.numel() == 0;
@@ -1333,7 +1333,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                                "' is all zeros by cancellation (|J|^T |w| is not): the kernel "
                                "reads it, and its terms cancel");
       bool const no_outputs = std::all_of(
-          outs.begin(), outs.end(), [](auto const& y) { return y.cotangent.numel() == 0; });
+          outs.begin(), outs.end(), [](auto const& y) { return y.t.numel() == 0; });
       if (finite && !ref64.empty() && detail::max_abs(ref64) == 0 && !cancels && !no_outputs) {
         auto msg = "the reference gradient of '" + n.name +
                    "' is all zeros: does the kernel capture it instead of taking it as an "
@@ -1365,7 +1365,14 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                                       explained_of(pd, q), terms_of(pd, q),
                                       most_terms_of(pd, q));
       tols.emplace_back(n.name, tol);
-      auto r = compare_gradient(*e, ref64, tol, o);
+      double const scale_units = rule == pass_rule::error_bound
+                                     ? o.scale_units.value_or(dtype.squares ? 0.1 : 0.25)
+                                     : 0.0;
+      auto r = compare_gradient(*e, ref64, tol, o, scale_units);
+      if (r.scale_failed)
+        r.notes.push_back("off along the reference all over: " + detail::number(r.scale_units) +
+                          " of its bounds, past check_options::scale_units " +
+                          detail::number(scale_units));
       // A bf16 input's gradient may be handed back wider (kept in float, say).
       bool const dtype_ok = e->dtype == dtype_name<T>() ||
                             (storage && (e->dtype == "float32" || e->dtype == "float64"));

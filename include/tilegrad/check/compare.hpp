@@ -298,7 +298,59 @@ struct gradient_report {
   /// Bounding box of the mismatches in the 2-D view (rows x last axis); lo > hi when none.
   std::int64_t bad_row_lo = 1, bad_row_hi = 0, bad_col_lo = 1, bad_col_hi = 0;
   std::vector<std::string> notes; ///< why it failed besides the numbers (dtype, shape)
+  /// The gradient fitted as a multiple of the reference, g = (1 + scale_error) g_ref64 (least
+  /// squares); that error in units of the bounds (what one bound with the reference's sign on
+  /// every element would give); and how many standard errors it lies from 0 as blocks of the
+  /// elements measure it (0: not measured).
+  double scale_error = 0, scale_units = 0, scale_z = 0;
+  bool scale_failed = false; ///< failed by check_options::scale_units
 };
+
+namespace detail {
+/// The fit of gradient_report::scale_error over elements where the gradient, the reference and
+/// the bound are finite and the bound positive: `bound(i)` the bound of element i.
+template <class Bound>
+void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, Bound&& bound,
+               gradient_report& r) {
+  std::size_t const n = std::min(got.size(), ref.size());
+  int const blocks = static_cast<int>(std::min<std::size_t>(64, std::max<std::size_t>(n / 16, 1)));
+  std::vector<double> bg(static_cast<std::size_t>(blocks), 0.0), be = bg;
+  double gg = 0, eg = 0, b_abs = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double const g = ref[i], e = got[i] - ref[i];
+    double const b = bound(static_cast<std::int64_t>(i));
+    if (!std::isfinite(e) || !std::isfinite(b) || !(b > 0) || g == 0)
+      continue;
+    gg += g * g;
+    eg += e * g;
+    b_abs += b * std::abs(g);
+    auto const k = static_cast<std::size_t>(i * static_cast<std::size_t>(blocks) / n);
+    bg[k] += g * g;
+    be[k] += e * g;
+  }
+  if (!(gg > 0))
+    return;
+  r.scale_error = eg / gg;
+  r.scale_units = std::abs(eg) / b_abs;
+  // Spread of the blocks' own fits about the whole's, weighted as they weigh in it.
+  double var = 0, w2 = 0;
+  int used = 0;
+  for (int k = 0; k < blocks; ++k)
+    if (bg[static_cast<std::size_t>(k)] > 0) {
+      double const w = bg[static_cast<std::size_t>(k)] / gg;
+      double const d = be[static_cast<std::size_t>(k)] / bg[static_cast<std::size_t>(k)] -
+                       r.scale_error;
+      var += w * w * d * d;
+      w2 += w * w;
+      ++used;
+    }
+  // (Blocks that carry the whole weight between them count as that few: n_eff = 1 / sum w^2.)
+  bool const enough = used >= 8 && w2 > 0 && 1 / w2 >= 8;
+  r.scale_z = enough && var > 0 ? std::abs(r.scale_error) / std::sqrt(var)
+              : enough && eg != 0 ? std::numeric_limits<double>::infinity()
+                                  : 0;
+}
+} // namespace detail
 
 /// error_bound: the units of the fp32 reference's error that its forward's explained roundings may
 /// still count for (k up to 8 times k_bound, as before they were explained): past that, only what
@@ -398,9 +450,14 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
 }
 
 /// Compares `got` with `ref64` under `tol`. `got` must have ref64's number of elements.
+/// The standard errors by which the blocks of a gradient's elements must agree on its fitted scale
+/// error for check_options::scale_units to fail it.
+inline constexpr double scale_agreement = 16;
+
+/// @param scale_units check_options::scale_units as it applies (0: off)
 inline gradient_report compare_gradient(erased_gradient const& got,
                                         std::vector<double> const& ref64, tolerance const& tol,
-                                        check_options const& o) {
+                                        check_options const& o, double scale_units = 0) {
   gradient_report r;
   r.name = got.name;
   r.dtype = got.dtype;
@@ -493,6 +550,15 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   for (std::size_t j = 0; j < k; ++j)
     r.worst.push_back(element(order[j]));
   r.ok = r.mismatches == 0;
+  if (tol.rule == pass_rule::error_bound) {
+    detail::fit_scale(
+        got.values, ref64,
+        [&](std::int64_t i) { return tol.bound(ref64[static_cast<std::size_t>(i)], i); }, r);
+    if (scale_units > 0 && r.scale_units > scale_units && r.scale_z > scale_agreement) {
+      r.ok = false;
+      r.scale_failed = true;
+    }
+  }
   return r;
 }
 

@@ -117,6 +117,15 @@ struct check_options {
   /// dtype's (32 for float32 and float64, 4 for bfloat16; docs/checking.md has the sweeps that
   /// set them).
   std::optional<double> k_bound = {};
+  /// error_bound: how far, in units of its bounds, a gradient may be off along its reference all
+  /// over, g = (1 + s) g_ref64 fitted by least squares: a gradient fails where |s| exceeds this
+  /// share of sum(bound |g_ref64|) / sum(g_ref64^2), the s of an error of one bound with the
+  /// reference's sign on every element, and the blocks of its elements agree on s (16 standard
+  /// errors; at least 8 blocks' worth of weight). Roundings move elements either way; a missing
+  /// factor moves them all one way, and a few percent of a bf16 gradient passed element by
+  /// element. Unset: 0.1 for bfloat16, 0.25 for float32 and float64 (docs/checking.md, "Errors
+  /// along the reference"); 0: off.
+  std::optional<double> scale_units = {};
   /// error_bound with bfloat16 tensors: whether the backward keeps sums of many terms in bf16
   /// (partial weight gradients in a bf16 buffer, read back and added to, as in Triton's
   /// layer-norm tutorial). Such a sum is rounded at every step, at its full size, and the random

@@ -171,6 +171,13 @@ private:
       os << "\n";
       if (g.mismatches)
         os << g.map;
+      // What a factor missing, or applied twice, leaves: the whole gradient a multiple of the
+      // reference, which its blocks agree on.
+      if (g.scale_z > scale_agreement)
+        os << "      along the reference: kernel = (1 + " << g.scale_error
+           << ") * reference, fitted over its elements (least squares; its blocks agree to "
+           << g.scale_z << " standard errors), " << g.scale_units
+           << " of its bounds (sum bound |ref| / sum ref^2)\n";
     }
     os.flags(flags);
     os.precision(prec);
