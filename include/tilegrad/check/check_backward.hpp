@@ -691,6 +691,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     std::vector<std::vector<double>> terms; // effective terms per element, or empty: not swept
     bool one_term = false; // where not swept, one term per element (the count was not needed)
     std::vector<std::vector<double>> saved;  // second look: per input marked in, or empty
+    // second look: per input marked in, how far the moves shifted the gradient's fitted scale
+    // error (gradient_report::scale_error), or empty
+    std::vector<double> scale_moved;
     std::vector<std::vector<double>> explained; // first look's jittered reference, or empty
     std::optional<gradient_set> zero, twice; // first seed: scaled cotangents
     detail::launch_observer first_launches, twice_launches; // ... and what their launches wrote
@@ -728,6 +731,25 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       for (std::size_t i = 0; i < e->values.size(); ++i)
         if (!(detail::abs_err(e->values[i], pd.ref64[q][i]) <= bounds[i]))
           return true;
+    }
+    return false;
+  };
+  // check_options::scale_units as it applies (0: off).
+  double const scale_limit =
+      rule == pass_rule::error_bound ? o.scale_units.value_or(dtype.squares ? 0.1 : 0.25) : 0.0;
+  // Whether a gradient of `got` is off along its reference all over, by this seed's bounds (the
+  // second look then measures how far the forward's roundings move that fit).
+  auto off_along = [&](gradient_set const& got, pending const& pd) {
+    for (std::size_t q = 0; q < ins.size() && scale_limit > 0; ++q) {
+      erased_gradient const* e = got.find(ins[q].name);
+      if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
+        continue;
+      std::vector<double> const bounds = first_look_bounds(pd, q);
+      gradient_report fit;
+      detail::fit_scale(e->values, pd.ref64[q],
+                        [&](std::int64_t i) { return bounds[static_cast<std::size_t>(i)]; }, fit);
+      if (fit.scale_units > scale_limit && fit.scale_z > scale_agreement)
+        return true;
     }
     return false;
   };
@@ -901,8 +923,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     // moves, the larger over the patterns, may be added k_saved times to its bound, where the
     // plain rerun reproduced it.
     auto second_look = [&](gradient_set const& got, pending const& pd,
-                           std::deque<owned_tensor<double>> const& keep) {
+                           std::deque<owned_tensor<double>> const& keep,
+                           std::vector<double>& scale_moved) {
       std::vector<std::vector<double>> moved;
+      scale_moved.assign(ins.size(), 0.0);
       // The reference's own sensitivity to roundings that do not cancel (ad/jitter.hpp): how far
       // the float64 reference moves when each value its forward computes is read, by each
       // operation that reads it, moved by a random fraction of its rounding error (a backward
@@ -994,6 +1018,13 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                 down->values.size() != e->values.size())
               continue;
             moved[q].resize(e->values.size(), 0.0);
+            // The whole gradient's fit along the reference moves with such roundings too (a
+            // saved value all elements read, rounded to bf16): by as much, the fit may be off.
+            double const s0 = detail::scale_error_of(e->values, pd.ref64[q]);
+            for (auto const* run : {up, down})
+              if (double const s = detail::scale_error_of(run->values, pd.ref64[q]);
+                  std::isfinite(s) && std::isfinite(s0))
+                scale_moved[q] = std::max(scale_moved[q], std::abs(s - s0));
             for (std::size_t i = 0; i < e->values.size(); ++i) {
               double const d1 = up->values[i] - e->values[i], d2 = down->values[i] - e->values[i];
               // A NaN after the move allows nothing, nor does an element the rerun did not keep.
@@ -1204,8 +1235,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (count_terms(pd, cots))
         over = over_bound(first.got, pd);
     }
-    if (over && o.k_saved > 0)
-      pd.saved = second_look(first.got, pd, keep64);
+    bool const off = rule == pass_rule::error_bound && !first.error && !over &&
+                     off_along(first.got, pd);
+    if ((over || off) && o.k_saved > 0)
+      pd.saved = second_look(first.got, pd, keep64, pd.scale_moved);
     keep64.clear(); // not held through the structural checks
 
     if (si != 0 || first.error)
@@ -1365,14 +1398,17 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                                       explained_of(pd, q), terms_of(pd, q),
                                       most_terms_of(pd, q));
       tols.emplace_back(n.name, tol);
-      double const scale_units = rule == pass_rule::error_bound
-                                     ? o.scale_units.value_or(dtype.squares ? 0.1 : 0.25)
-                                     : 0.0;
-      auto r = compare_gradient(*e, ref64, tol, o, scale_units);
+      double const scale_allowed =
+          q < pd.scale_moved.size() ? o.k_saved * pd.scale_moved[q] : 0.0;
+      auto r = compare_gradient(*e, ref64, tol, o, scale_limit, scale_allowed);
       if (r.scale_failed)
         r.notes.push_back("off along the reference all over: " + detail::number(r.scale_units) +
                           " of its bounds, past check_options::scale_units " +
-                          detail::number(scale_units));
+                          detail::number(scale_limit) +
+                          (scale_allowed > 0 ? ", and by more than the forward's roundings "
+                                               "move it (second look, k_saved times: " +
+                                                   detail::number(scale_allowed) + ")"
+                                             : std::string()));
       // A bf16 input's gradient may be handed back wider (kept in float, say).
       bool const dtype_ok = e->dtype == dtype_name<T>() ||
                             (storage && (e->dtype == "float32" || e->dtype == "float64"));
