@@ -1402,13 +1402,14 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           q < pd.scale_moved.size() ? o.k_saved * pd.scale_moved[q] : 0.0;
       auto r = compare_gradient(*e, ref64, tol, o, scale_limit, scale_allowed);
       if (r.scale_failed)
-        r.notes.push_back("off along the reference all over: " + detail::number(r.scale_units) +
-                          " of its bounds, past check_options::scale_units " +
-                          detail::number(scale_limit) +
-                          (scale_allowed > 0 ? ", and by more than the forward's roundings "
-                                               "move it (second look, k_saved times: " +
-                                                   detail::number(scale_allowed) + ")"
-                                             : std::string()));
+        r.notes.push_back(
+            "off along the reference all over: " + detail::number(r.scale_units) +
+            " of its bounds, past check_options::scale_units " + detail::number(scale_limit) +
+            ", by more than roundings allow (" + detail::number(r.scale_allowed) +
+            ": the reference rounded to " + e->dtype + ", two unit roundoffs" +
+            (scale_allowed > 0 ? ", k_saved times how far the second look's moves shift it"
+                               : "") +
+            ")");
       // A bf16 input's gradient may be handed back wider (kept in float, say).
       bool const dtype_ok = e->dtype == dtype_name<T>() ||
                             (storage && (e->dtype == "float32" || e->dtype == "float64"));
