@@ -713,8 +713,8 @@ constexpr auto stat_bwd = [](tg::program const&, tg::tensor<tg::bf16 const> x,
   for (int i = 0; i < StatN; i += StatB) {
     tg::tile<float, StatB> const xv = tg::to<float>(tg::load(x + i + c));
     tg::tile<float, StatB> const g = tg::to<float>(tg::load(dy + i + c));
-    tg::store(dx + i + c, tg::to<tg::bf16>((g / s - xv * (2.0f * d / (float(StatN) * s * s))) *
-                                           factor));
+    tg::store(dx + i + c,
+              tg::to<tg::bf16>((g / s - xv * (2.0f * d / (float(StatN) * s * s))) * factor));
   }
 };
 
@@ -809,16 +809,16 @@ TEST(CheckBf16, AGradientCorrectlyRoundedAllOneWayPasses) {
   tg::owned_tensor<tg::bf16> x({rows, CeC}), loss({1}), dloss({1});
   dloss(0) = tg::bf16(1.0f);
   auto const check = [&](ce_way how) {
-    return tg::check_backward(
-        tg::forward(1, ce_mean_fwd, tg::in("x", x), tg::out("loss", loss.view(), dloss.cview()),
-                    rows),
-        [&](tg::backward_context<tg::bf16>& ctx) -> tg::gradient_set {
-          tg::owned_tensor<tg::bf16> dx({rows, CeC});
-          tg::launch(ctx.options(), rows, ce_mean_bwd, ctx.input("x"), ctx.cotangent("loss"),
-                     dx.view(), rows, static_cast<int>(how));
-          return {{"x", dx}};
-        },
-        {.seeds = 2, .inputs = tg::uniform(-3, 3)});
+    return tg::check_backward(tg::forward(1, ce_mean_fwd, tg::in("x", x),
+                                          tg::out("loss", loss.view(), dloss.cview()), rows),
+                              [&](tg::backward_context<tg::bf16>& ctx) -> tg::gradient_set {
+                                tg::owned_tensor<tg::bf16> dx({rows, CeC});
+                                tg::launch(ctx.options(), rows, ce_mean_bwd, ctx.input("x"),
+                                           ctx.cotangent("loss"), dx.view(), rows,
+                                           static_cast<int>(how));
+                                return {{"x", dx}};
+                              },
+                              {.seeds = 2, .inputs = tg::uniform(-3, 3)});
   };
   EXPECT_BACKWARD_OK(check(ce_way::fused));
   EXPECT_BACKWARD_OK(check(ce_way::autograd));

@@ -212,19 +212,19 @@ TEST(Locks, ASpinLockThatDoesNotWaitRaces) {
     EXPECT_FALSE(fine.mentions("race")) << fine;
     for (bug b : {bug::ignored_try, bug::inverted_wait})
       for (bool det : {false, true}) { // (the probe runs after the structural checks)
-      tutorial_backward bwd{b, {}, {}};
-      bwd.groups = groups;
-      auto const r = check(bwd, m, 100, {.seeds = 1, .check_determinism = det, .launch = lo});
-      int const k = static_cast<int>(b) * 2 + det;
-      EXPECT_FALSE(r) << k;
-      EXPECT_TRUE(r.mentions(when)) << k << r;
-      EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << k << r;
-      EXPECT_TRUE(r.mentions("'s atomic_cas on the lock at 'locks', element (")) << k << r;
-      int const tried_at = b == bug::ignored_try ? 39 : 41; // the atomic_cas
-      EXPECT_TRUE(r.mentions("test_locks.cpp:" + std::to_string(bwd_first_line + tried_at) +
-                             ") was made to find it held"))
-          << k << r;
-    }
+        tutorial_backward bwd{b, {}, {}};
+        bwd.groups = groups;
+        auto const r = check(bwd, m, 100, {.seeds = 1, .check_determinism = det, .launch = lo});
+        int const k = static_cast<int>(b) * 2 + det;
+        EXPECT_FALSE(r) << k;
+        EXPECT_TRUE(r.mentions(when)) << k << r;
+        EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << k << r;
+        EXPECT_TRUE(r.mentions("'s atomic_cas on the lock at 'locks', element (")) << k << r;
+        int const tried_at = b == bug::ignored_try ? 39 : 41; // the atomic_cas
+        EXPECT_TRUE(r.mentions("test_locks.cpp:" + std::to_string(bwd_first_line + tried_at) +
+                               ") was made to find it held"))
+            << k << r;
+      }
   }
 }
 
@@ -242,8 +242,8 @@ enum class taking {
 // locks, then a turn number per lock.
 constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
                                tg::tensor<float const> w, tg::tensor<float const> dy,
-                               tg::tensor<float> dx, tg::tensor<float> part,
-                               tg::tensor<int> locks, int how, int groups) {
+                               tg::tensor<float> dx, tg::tensor<float> part, tg::tensor<int> locks,
+                               int how, int groups) {
   constexpr int C = 32;
   std::int64_t const r = p.program_id(0);
   auto const cols = tg::arange<0, C>();
@@ -398,8 +398,7 @@ TEST(Locks, MoreLocksThanSixteenBitsCanNumber) {
       return {{"table", dtable}};
     };
     auto const r = tg::check_backward(
-        tg::forward(static_cast<int>(M), fwd, idx.cview(), tg::in("table", table),
-                    tg::out("y", y)),
+        tg::forward(static_cast<int>(M), fwd, idx.cview(), tg::in("table", table), tg::out("y", y)),
         bwd, {.seeds = 1, .check_determinism = false});
     if (ignored) {
       EXPECT_FALSE(r);

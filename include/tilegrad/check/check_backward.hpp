@@ -746,8 +746,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         continue;
       std::vector<double> const bounds = first_look_bounds(pd, q);
       gradient_report fit;
-      detail::fit_scale(e->values, pd.ref64[q],
-                        [&](std::int64_t i) { return bounds[static_cast<std::size_t>(i)]; }, fit);
+      detail::fit_scale(
+          e->values, pd.ref64[q],
+          [&](std::int64_t i) { return bounds[static_cast<std::size_t>(i)]; }, fit);
       if (fit.scale_units > scale_limit && fit.scale_z > scale_agreement)
         return true;
     }
@@ -1191,12 +1192,12 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       continue;
     }
     // No output element: nothing depends on any input, whether it is read or not.
-    bool const no_outputs = std::all_of(outs.begin(), outs.end(),
-                                        [](auto const& y) { return y.t.numel() == 0; });
+    bool const no_outputs =
+        std::all_of(outs.begin(), outs.end(), [](auto const& y) { return y.t.numel() == 0; });
     for (auto const& n : g64->unread()) {
       bool const empty = no_outputs || std::any_of(ins.begin(), ins.end(), [&](auto const& x) {
-        return x.name == n && x.t.numel() == 0;
-      }); // nothing to read
+                           return x.name == n && x.t.numel() == 0;
+                         }); // nothing to read
       if (empty)
         continue;
       auto msg = "the reference never read '" + n +
@@ -1235,8 +1236,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       if (count_terms(pd, cots))
         over = over_bound(first.got, pd);
     }
-    bool const off = rule == pass_rule::error_bound && !first.error && !over &&
-                     off_along(first.got, pd);
+    bool const off =
+        rule == pass_rule::error_bound && !first.error && !over && off_along(first.got, pd);
     if ((over || off) && o.k_saved > 0)
       pd.saved = second_look(first.got, pd, keep64, pd.scale_moved);
     keep64.clear(); // not held through the structural checks
@@ -1365,8 +1366,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         rep.warnings.push_back("the reference gradient of '" + n.name +
                                "' is all zeros by cancellation (|J|^T |w| is not): the kernel "
                                "reads it, and its terms cancel");
-      bool const no_outputs = std::all_of(
-          outs.begin(), outs.end(), [](auto const& y) { return y.t.numel() == 0; });
+      bool const no_outputs =
+          std::all_of(outs.begin(), outs.end(), [](auto const& y) { return y.t.numel() == 0; });
       if (finite && !ref64.empty() && detail::max_abs(ref64) == 0 && !cancels && !no_outputs) {
         auto msg = "the reference gradient of '" + n.name +
                    "' is all zeros: does the kernel capture it instead of taking it as an "
@@ -1398,8 +1399,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                                       explained_of(pd, q), terms_of(pd, q),
                                       most_terms_of(pd, q));
       tols.emplace_back(n.name, tol);
-      double const scale_allowed =
-          q < pd.scale_moved.size() ? o.k_saved * pd.scale_moved[q] : 0.0;
+      double const scale_allowed = q < pd.scale_moved.size() ? o.k_saved * pd.scale_moved[q] : 0.0;
       auto r = compare_gradient(*e, ref64, tol, o, scale_limit, scale_allowed);
       if (r.scale_failed)
         r.notes.push_back(
@@ -1407,8 +1407,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             " of its bounds, past check_options::scale_units " + detail::number(scale_limit) +
             ", by more than roundings allow (" + detail::number(r.scale_allowed) +
             ": the reference rounded to " + e->dtype + ", two unit roundoffs" +
-            (scale_allowed > 0 ? ", k_saved times how far the second look's moves shift it"
-                               : "") +
+            (scale_allowed > 0 ? ", k_saved times how far the second look's moves shift it" : "") +
             ")");
       // A bf16 input's gradient may be handed back wider (kept in float, say).
       bool const dtype_ok = e->dtype == dtype_name<T>() ||

@@ -367,15 +367,15 @@ void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, B
   for (int k = 0; k < blocks; ++k)
     if (bg[static_cast<std::size_t>(k)] > 0) {
       double const w = bg[static_cast<std::size_t>(k)] / gg;
-      double const d = be[static_cast<std::size_t>(k)] / bg[static_cast<std::size_t>(k)] -
-                       r.scale_error;
+      double const d =
+          be[static_cast<std::size_t>(k)] / bg[static_cast<std::size_t>(k)] - r.scale_error;
       var += w * w * d * d;
       w2 += w * w;
       ++used;
     }
   // (Blocks that carry the whole weight between them count as that few: n_eff = 1 / sum w^2.)
   bool const enough = used >= 8 && w2 > 0 && 1 / w2 >= 8;
-  r.scale_z = enough && var > 0 ? std::abs(r.scale_error) / std::sqrt(var)
+  r.scale_z = enough && var > 0   ? std::abs(r.scale_error) / std::sqrt(var)
               : enough && eg != 0 ? std::numeric_limits<double>::infinity()
                                   : 0;
 }

@@ -149,7 +149,8 @@ struct program_log {
   /// Whether the probe makes this try at the lock of `key` fail: the first `fails` tries of each
   /// taking of it do.
   bool fail_try(std::uint64_t key, int fails) {
-    auto it = std::find_if(tried.begin(), tried.end(), [&](auto const& t) { return t.first == key; });
+    auto it =
+        std::find_if(tried.begin(), tried.end(), [&](auto const& t) { return t.first == key; });
     if (it == tried.end())
       it = tried.insert(tried.end(), {key, 0});
     if (it->second >= fails)
@@ -521,7 +522,7 @@ public:
     return t.label(view) + ", element " + coordinates + " (" + where_string(f.loc) + ")";
   }
 #else
-  ;
+      ;
 #endif
   /// Stops the probe, for `why`, and throws lock_probe_stopped.
   [[noreturn]] void stop_probe(std::string const& why) {
@@ -658,8 +659,8 @@ private:
       locks_.erase(it);
       return 0;
     }
-    auto const [site, first] = sites_by_key_.try_emplace(key, known_lock_site{key, l.held, me, 0,
-                                                                              false});
+    auto const [site, first] =
+        sites_by_key_.try_emplace(key, known_lock_site{key, l.held, me, 0, false});
     if (!first && !site->second.has_other && site->second.program != me &&
         site->second.held != l.held)
       site->second.other = l.held, site->second.has_other = true;
@@ -692,15 +693,15 @@ private:
     r.tensor = view ? view->name : t.name;
     r.element = std::move(coordinates);
     r.where = at;
-    r.message = std::string(who_) + ": race on tensor " + t.label(view) + ", element " +
-                r.element + ": " + r.program + " " + mine + " it at " + where_string(at) +
-                ", and " + r.other + " " + theirs +
+    r.message = std::string(who_) + ": race on tensor " + t.label(view) + ", element " + r.element +
+                ": " + r.program + " " + mine + " it at " + where_string(at) + ", and " + r.other +
+                " " + theirs +
                 (site_other ? " at " + where_string(sites_[site_other - 1u]) : std::string()) +
                 ". Within one launch each element is written by one program (or only "
                 "accumulated with atomics), and no program reads what another writes, unless "
                 "both hold one lock (taken by atomic_cas on an integer tensor and given back by "
-                "the same program with atomic_xchg or atomic_cas)." + note + failed_try(me) +
-                (other != me ? failed_try(other) : std::string());
+                "the same program with atomic_xchg or atomic_cas)." +
+                note + failed_try(me) + (other != me ? failed_try(other) : std::string());
     race_ = std::move(r);
   }
 #else
@@ -827,12 +828,13 @@ private:
       return {};
     return " " + describe(id) + "'s atomic_cas on the lock at " + probe_site(it->second) +
            " was made to find it held, as it finds it while another program holds it (the "
-           "probe of locks makes the first " + std::to_string(probe_failures) +
+           "probe of locks makes the first " +
+           std::to_string(probe_failures) +
            " tries of each taking fail; a spin lock tries until it gets it): did it go on "
            "without the lock?";
   }
 #else
-  ;
+      ;
 #endif
 
   TILEGRAD_MACHINERY_MEMBER void check_program(std::uint32_t me, program_log const& log)
@@ -1185,12 +1187,11 @@ private:
     std::string note = " Programs draw tickets from " +
                        (two ? std::string("several counters") : counter_label(counters_[c - 1u])) +
                        ": what a program does before drawing a ticket comes before what a program "
-                       "does after drawing a later one" + (two ? " from the same counter" : "") +
-                       ". Here " +
-                       describe(me) + " draws " +
-                       ticket(mine.acq, mine.acquired(), "no ticket", mine) + " before its " +
-                       noun + " and " + ticket(mine.rel, mine.released(), "none", mine) +
-                       " after it; ";
+                       "does after drawing a later one" +
+                       (two ? " from the same counter" : "") + ". Here " + describe(me) +
+                       " draws " + ticket(mine.acq, mine.acquired(), "no ticket", mine) +
+                       " before its " + noun + " and " +
+                       ticket(mine.rel, mine.released(), "none", mine) + " after it; ";
     std::string const placed =
         two ? " Each access is placed among the tickets of one counter (the last its program "
               "drew before it, or else the first it draws after it), and accesses placed by two "
@@ -1224,7 +1225,7 @@ private:
   static constexpr std::size_t max_locks = (std::size_t{1} << 24) - 1;
   std::unordered_map<std::uint64_t, known_lock_site> sites_by_key_;
   std::unordered_map<std::uint32_t, lock_probe> failed_; // by program: a try made to fail
-  std::string* probe_ = nullptr; // probing locks: where why it stopped goes
+  std::string* probe_ = nullptr;                         // probing locks: where why it stopped goes
   std::atomic<bool> stopped_{false};
   std::mutex stop_m_;
   std::string locked_;
@@ -1351,10 +1352,10 @@ private:
       return;
     auto const first = static_cast<std::uint32_t>(log_->runs.size());
     log_->runs.insert(log_->runs.end(), log_->scratch.begin(), log_->scratch.end());
-    log_->accesses.push_back({op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
-                              op == op_atomic_add ? values_ : -1, loc, log_->holding(),
-                              static_cast<std::uint8_t>(std::min<std::size_t>(
-                                  log_->open.size(), 255))});
+    log_->accesses.push_back(
+        {op, tensor_, first, static_cast<std::uint32_t>(log_->scratch.size()),
+         op == op_atomic_add ? values_ : -1, loc, log_->holding(),
+         static_cast<std::uint8_t>(std::min<std::size_t>(log_->open.size(), 255))});
   }
 #else
   ;

@@ -299,24 +299,25 @@ struct where_type<A, B> {
 // A number that enters expressions as a node of its own (an item of a reverse-mode tile, whose
 // derivative flows back to it) selects as that rank-0 node does.
 template <class X>
-using where_operand_t =
-    std::conditional_t<!tile_expression<X> && requires(X const& x) { x.as_expr_node(); },
-                       node_t<X>, X>;
+using where_operand_t = std::conditional_t < !tile_expression<X> && requires(X const& x) {
+  x.as_expr_node();
+}
+, node_t<X>, X > ;
 } // namespace detail
 
 template <tile_expression C, class A, class B>
   requires std::is_same_v<value_of_t<C>, bool> &&
            (tile_expression<A> || scalar_operand<A>) && (tile_expression<B> || scalar_operand<B>)
 TILEGRAD_INLINE auto where(C&& c, A&& a, B&& b) {
-  using T = typename detail::where_type<detail::where_operand_t<A>,
-                                        detail::where_operand_t<B>>::type;
-  using S = broadcast_shape_t<
-      shape_of_t<detail::node_t<C>>,
-      broadcast_shape_t<shape_of_t<detail::node_t<A>>, shape_of_t<detail::node_t<B>>>>;
-  return make_map<ops::where_op>(
-      detail::broadcast_as<S>(detail::as_node(std::forward<C>(c))),
-      detail::broadcast_as<S>(detail::convert_as<T>(detail::as_node(std::forward<A>(a)))),
-      detail::broadcast_as<S>(detail::convert_as<T>(detail::as_node(std::forward<B>(b)))));
+    using T =
+        typename detail::where_type<detail::where_operand_t<A>, detail::where_operand_t<B>>::type;
+    using S = broadcast_shape_t<
+        shape_of_t<detail::node_t<C>>,
+        broadcast_shape_t<shape_of_t<detail::node_t<A>>, shape_of_t<detail::node_t<B>>>>;
+    return make_map<ops::where_op>(
+        detail::broadcast_as<S>(detail::as_node(std::forward<C>(c))),
+        detail::broadcast_as<S>(detail::convert_as<T>(detail::as_node(std::forward<A>(a)))),
+        detail::broadcast_as<S>(detail::convert_as<T>(detail::as_node(std::forward<B>(b)))));
 }
 
 namespace detail {
