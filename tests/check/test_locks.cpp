@@ -449,21 +449,31 @@ TEST(Locks, ALockTakenWhileAnotherIsHeldIsNamedInTheRace) {
   }
 }
 
+namespace {
+
+// Takes the lock at lock[0], which holds its holder's id + 1 (`me`): a program that finds its own
+// id there holds it already, as a reentrant lock does.
+void take_named(tg::tensor<int> lock, int me) {
+  for (;;) {
+    int const old = tg::atomic_cas(lock + 0, 0, me).item();
+    if (old == 0 || old == me)
+      break;
+  }
+}
+
+} // namespace
+
 TEST(Locks, ALockThatNamesItsHolderIsFoundHeldByAnother) {
   // Each program adds its row into one shared row under one lock, which holds the id + 1 of the
   // program holding it; a program that finds its own id there holds the lock already (as a
-  // reentrant lock does). The try made to fail returns what another program wrote to take the
-  // lock, not the program's own id, so the program waits, and the sum is whole. In later waves
-  // of one launch, and in check_backward's second run, where program 0 tries again first.
+  // reentrant lock does). In the probe of locks, a try made to fail returns what another program
+  // wrote to take the lock, not the program's own id, so the program waits and the sum is whole
+  // (program 0, which took the lock first in the first run, is probed too).
   static constexpr int C = 24;
   auto const kernel = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> acc,
                                   tg::tensor<int> lock) {
     int const me = p.program_id(0) + 1;
-    for (;;) {
-      int const old = tg::atomic_cas(lock + 0, 0, me).item();
-      if (old == 0 || old == me)
-        break;
-    }
+    take_named(lock, me);
     auto const cols = tg::arange<0, C>();
     tg::tile<T, C> const row = tg::load(x + p.program_id(0) * C + cols);
     tg::store(acc + cols, tg::load(acc + cols) + row);
@@ -501,11 +511,7 @@ TEST(Locks, ALockThatNamesItsHolderIsFoundHeldByAnother) {
     auto const copy = []<class T>(tg::program const& p, tg::tensor<T const> dy, tg::tensor<T> dx,
                                   tg::tensor<T> s, tg::tensor<int> lock) {
       int const me = p.program_id(0) + 1;
-      for (;;) {
-        int const old = tg::atomic_cas(lock + 0, 0, me).item();
-        if (old == 0 || old == me)
-          break;
-      }
+      take_named(lock, me);
       auto const cols = tg::arange<0, C>();
       tg::store(s + cols, tg::load(s + cols) + 1.0f); // programs counted under the lock
       (void)tg::atomic_xchg(lock + 0, 0);
