@@ -479,11 +479,13 @@ public:
   // A spin lock that does not wait (atomic_cas's result ignored, a loop whose condition is the
   // wrong way round) holds the lock whenever no other program does, and only contention shows
   // the bug, which a check cannot wait for: programs that share a lock may never run at once.
-  // So a program's first try at an element that programs of the launch (in earlier waves) or of
-  // an earlier run of the same backward (launch_observer::known_locks) took by atomic_cas and
-  // gave back finds it held: it returns the value it would have written, and writes nothing, as
-  // while another program holds the lock. A spin lock tries again; one that does not wait goes
-  // on without the lock, and its accesses race.
+  // So in check_backward's probe run (launch_observer::probe_locks), the first probe_failures
+  // tries of each taking of an element that an earlier run of the same backward
+  // (launch_observer::known_locks) took by atomic_cas and gave back find it held: the try
+  // returns what another program wrote to take it, and writes nothing, as while another program
+  // holds the lock. A spin lock tries until it gets it; one that does not wait goes on without
+  // the lock, and its accesses race. A program that goes on probe_patience accesses after such a
+  // try without trying again stops the probe (probe_watch).
 
   /// Key of the element `el` of tracked tensor `tensor`, as a lock.
   static std::uint64_t lock_key(int tensor, std::int64_t el) {
