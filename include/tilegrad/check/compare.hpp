@@ -305,7 +305,9 @@ struct gradient_report {
   /// elements measure it (0: not measured).
   double scale_error = 0, scale_units = 0, scale_z = 0;
   bool scale_failed = false; ///< failed by check_options::scale_units
-  double scale_allowed = 0;  ///< the |scale_error| roundings allow besides (compare_gradient)
+  /// The |scale_error| roundings allow besides (compare_gradient; the rounded reference's part
+  /// only where the size and the agreement of the fit say it fails).
+  double scale_allowed = 0;
 };
 
 namespace detail {
@@ -589,13 +591,15 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     // Allowed besides: the fit of the reference rounded to the gradient's dtype, and two unit
     // roundoffs of the working dtype (two roundings of factors every element shares: 1/N of a
     // mean rounded to bf16 before use, as autograd's MeanBackward does, is up to one).
-    double const allowed =
-        scale_allowed + std::abs(detail::rounding_scale_error(ref64, got.dtype)) + 2 * tol.unit;
-    r.scale_allowed = allowed;
-    if (scale_units > 0 && r.scale_units > scale_units && r.scale_z > scale_agreement &&
-        std::abs(r.scale_error) > allowed) {
-      r.ok = false;
-      r.scale_failed = true;
+    // The rounded reference's fit is a pass over the gradient: taken only where the fit's size
+    // and its blocks' agreement already say it may fail.
+    r.scale_allowed = scale_allowed + 2 * tol.unit;
+    if (scale_units > 0 && r.scale_units > scale_units && r.scale_z > scale_agreement) {
+      r.scale_allowed += std::abs(detail::rounding_scale_error(ref64, got.dtype));
+      if (std::abs(r.scale_error) > r.scale_allowed) {
+        r.ok = false;
+        r.scale_failed = true;
+      }
     }
   }
   return r;

@@ -542,26 +542,24 @@ public:
   /// where they did not. (Read by the programs of a wave; written between waves only.)
   std::optional<std::int64_t> held_value(std::uint64_t key, std::uint32_t me,
                                          std::int64_t v) const {
-    auto const it = sites_by_key_.find(key);
-    if (it == sites_by_key_.end())
+    auto const it = locks_.find(key);
+    if (it == locks_.end())
       return std::nullopt;
-    known_lock_site const& s = it->second;
+    known_lock_site const& s = it->second.site;
     return s.program != me ? s.held : s.has_other ? s.other : v;
   }
   /// Locks an earlier run of the same launch saw (lock_sites()).
   void know_locks(std::vector<known_lock_site> const& sites) {
     for (known_lock_site const& s : sites)
-      if (locks_.size() < max_locks) {
-        locks_.try_emplace(s.key, static_cast<std::uint32_t>(locks_.size() + 1));
-        sites_by_key_.try_emplace(s.key, s);
-      }
+      if (locks_.size() < max_locks)
+        locks_.try_emplace(s.key, known_lock{static_cast<std::uint32_t>(locks_.size() + 1), s});
   }
   /// Every lock the launch knows, by key.
   std::vector<known_lock_site> lock_sites() const {
     std::vector<known_lock_site> sites;
-    sites.reserve(sites_by_key_.size());
-    for (auto const& kv : sites_by_key_)
-      sites.push_back(kv.second);
+    sites.reserve(locks_.size());
+    for (auto const& kv : locks_)
+      sites.push_back(kv.second.site);
     std::sort(sites.begin(), sites.end(),
               [](known_lock_site const& a, known_lock_site const& b) { return a.key < b.key; });
     return sites;
@@ -656,17 +654,17 @@ private:
     if (!l.released)
       return 0;
     auto const key = lock_key(l.tensor, l.element);
-    auto const [it, added] = locks_.try_emplace(key, static_cast<std::uint32_t>(locks_.size() + 1));
+    auto const [it, added] =
+        locks_.try_emplace(key, known_lock{static_cast<std::uint32_t>(locks_.size() + 1),
+                                           known_lock_site{key, l.held, me, 0, false}});
     if (added && locks_.size() > max_locks) {
       locks_.erase(it);
       return 0;
     }
-    auto const [site, first] =
-        sites_by_key_.try_emplace(key, known_lock_site{key, l.held, me, 0, false});
-    if (!first && !site->second.has_other && site->second.program != me &&
-        site->second.held != l.held)
-      site->second.other = l.held, site->second.has_other = true;
-    return it->second;
+    known_lock_site& site = it->second.site;
+    if (!added && !site.has_other && site.program != me && site.held != l.held)
+      site.other = l.held, site.has_other = true;
+    return it->second.id;
   }
 
   static int weight(std::uint8_t ops) {
@@ -1223,9 +1221,14 @@ private:
   std::vector<std::pair<std::byte const*, std::byte const*>> spans_;
   std::vector<std::source_location> sites_;
   std::optional<race_found> race_;
-  std::unordered_map<std::uint64_t, std::uint32_t> locks_;
+  // The locks programs took and gave back, by key: the launch's id of each (1-based), and what
+  // the probe of locks makes a try at it find.
+  struct known_lock {
+    std::uint32_t id;
+    known_lock_site site;
+  };
+  std::unordered_map<std::uint64_t, known_lock> locks_;
   static constexpr std::size_t max_locks = (std::size_t{1} << 24) - 1;
-  std::unordered_map<std::uint64_t, known_lock_site> sites_by_key_;
   std::unordered_map<std::uint32_t, lock_probe> failed_; // by program: a try made to fail
   std::string* probe_ = nullptr;                         // probing locks: where why it stopped goes
   std::atomic<bool> stopped_{false};
