@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -573,6 +574,120 @@ TEST(Locks, ARaceOnAnUnnamedTensorNamesItsArgument) {
     EXPECT_NE(std::string(e.what()).find("(unnamed: the kernel's argument 3 after the program)"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// A program that waits for another program to get somewhere (a flag set by a later program, a
+// lock never given back) waits for ever where that program never runs beside it: on the
+// sequential executor, or in a later wave of a checked launch. It throws, naming itself, the
+// tensor, the element and the line, once its tries have failed for set_wait_limit's seconds.
+struct wait_limit_scope {
+  explicit wait_limit_scope(double s) { tg::set_wait_limit(s); }
+  ~wait_limit_scope() { tg::set_wait_limit(10); }
+};
+
+int const wait_line = __LINE__ + 11; // the line of the test-and-set wait below
+// Program 0 reduces the rows the others store, waiting for each one's flag (split-K and
+// stream-K kernels written for GPUs whose programs all run at once); with `xchg`, the programs
+// after 0 take a test-and-set lock that none gives back instead.
+constexpr auto waiting_kernel = [](tg::program const& p, tg::tensor<float> part,
+                                   tg::tensor<int> flags, tg::tensor<float> out, int xchg) {
+  int const r = p.program_id(0), programs = p.num_programs(0);
+  auto const cols = tg::arange<0, 16>();
+  tg::store(part + r * 16 + cols, tg::full<float, 16>(float(r)));
+  if (xchg) { // every program but 0 takes the lock, none gives it back
+    if (r > 0)
+      while (tg::atomic_xchg(flags + 0, 1).item() == 1) {
+      }
+    return;
+  }
+  (void)tg::atomic_xchg(flags + r, 1);
+  if (r == 0) {
+    auto acc = tg::zeros<float, 16>();
+    for (int q = 1; q < programs; ++q) {
+      while (tg::atomic_cas(flags + q, 1, 1).item() != 1) {
+      }
+      acc += tg::load(part + q * 16 + cols);
+    }
+    tg::store(out + cols, acc);
+  }
+};
+
+// `program`: the program that waits (empty: any but program 0).
+void expect_wait_error(tg::launch_options o, int programs, int xchg, std::string const& program,
+                       char const* element) {
+  tg::owned_tensor<float> part({programs, 16}, "part"), out({16}, "out");
+  tg::owned_tensor<int> flags({programs}, "flags");
+  auto const t0 = std::chrono::steady_clock::now();
+  try {
+    tg::launch(o, programs, waiting_kernel, part.view(), flags.view(), out.view(), xchg);
+    ADD_FAILURE() << "the launch returned";
+  } catch (tg::access_error const& e) {
+    std::string const what = e.what();
+    if (program.empty())
+      EXPECT_NE(e.program(), "program (0, 0, 0)") << what;
+    else
+      EXPECT_EQ(e.program(), program) << what;
+    EXPECT_EQ(e.tensor(), "flags") << what;
+    EXPECT_EQ(e.element(), element) << what;
+    EXPECT_EQ(e.where().line(), static_cast<unsigned>(wait_line + (xchg ? 0 : 8))) << what;
+    EXPECT_NE(what.find(xchg ? "its atomic_xchg on tensor 'flags'"
+                             : "its atomic_cas on tensor "
+                               "'flags'"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("not for another program to start or to get somewhere"), std::string::npos)
+        << what;
+  }
+  double const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 60.0); // (the limit is 0.3 s: not a hang)
+}
+
+TEST(Waits, AProgramWaitingForOneThatNeverRunsBesideItThrows) {
+  wait_limit_scope const limit(0.3);
+  // One thread: program 0 waits for program 1, which runs after it.
+  expect_wait_error({tg::executor::sequential, 1}, 8, 0, "program (0, 0, 0)", "(1)");
+  // A checked launch runs programs in waves: program 64 is in the second.
+  if (tg::executor_available(tg::executor::tbb)) {
+    tg::launch_options o{tg::executor::tbb, 2};
+    o.check_races = true;
+    expect_wait_error(o, 200, 0, "program (0, 0, 0)", "(64)");
+  }
+  // A test-and-set lock that its holder never gives back, on every executor.
+  for (tg::executor e : {tg::executor::sequential, tg::executor::tbb, tg::executor::openmp}) {
+    if (!tg::executor_available(e))
+      continue;
+    tg::launch_options o{e, 2};
+    std::string const waiter = e == tg::executor::sequential ? "program (2, 0, 0)" : "";
+    expect_wait_error(o, 4, 1, waiter, "(0)");
+    o.check_races = true;
+    expect_wait_error(o, 4, 1, waiter, "(0)");
+  }
+  EXPECT_THROW(tg::set_wait_limit(-1), std::invalid_argument);
+}
+
+TEST(Waits, SpinLocksUnderContentionDoNotTrip) {
+  // The tutorial's lock, every row on one lock, four threads: waits are short.
+  wait_limit_scope const limit(0.5);
+  for (tg::executor e : {tg::executor::tbb, tg::executor::openmp}) {
+    if (!tg::executor_available(e))
+      continue;
+    tg::owned_tensor<float> x({4000}, "x"), sum({1}, "sum");
+    tg::owned_tensor<int> lock({1}, "lock");
+    for (int i = 0; i < 4000; ++i)
+      x.view()(i) = 1.0f;
+    tg::launch(
+        {e, 4}, 4000,
+        [](tg::program const& p, tg::tensor<float const> xs, tg::tensor<float> s,
+           tg::tensor<int> l) {
+          tg::tile<float> const v = tg::load(xs + p.program_id(0));
+          while (tg::atomic_cas(l + 0, 0, 1).item() == 1) {
+          }
+          tg::store(s + 0, tg::load(s + 0) + v);
+          (void)tg::atomic_xchg(l + 0, 0);
+        },
+        x.cview(), sum.view(), lock.view());
+    EXPECT_EQ(sum.view()(0), 4000.0f);
   }
 }
 

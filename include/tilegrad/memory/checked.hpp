@@ -208,6 +208,35 @@ TILEGRAD_MACHINERY std::string view_label(char const* name, void const* data,
 ;
 #endif
 
+/// Throws access_error for a program whose try at element `offset` of t (an atomic_cas that
+/// finds another value than its compare value, or an atomic_xchg that finds the value it writes)
+/// has failed again and again for `seconds`: a wait for something no program running beside it
+/// does.
+[[noreturn]] TILEGRAD_MACHINERY void
+waited_too_long(tensor<std::byte const> const& t, std::size_t elem_size, std::int64_t offset,
+                char const* what, std::uint64_t tries, double seconds,
+                std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("host code");
+  std::string const elem = t.coordinates(offset);
+  throw access_error(
+      "tilegrad: " + prog + " waits at " + where_string(loc) + ": its " + what + " on tensor " +
+          view_label(t.name(), t.data(), elem_size, t.rank(), t.shape().data()) + ", element " +
+          elem + " failed " + std::to_string(tries) + " times in a row over " +
+          std::to_string(static_cast<long long>(seconds)) +
+          " s. A program may wait for a lock that another running program holds, not for another "
+          "program to start or to get somewhere: the programs of a launch run in any order, each "
+          "thread runs its programs one after another (the sequential executor all of them), "
+          "and a launch that checks races runs them in waves. Set the limit with "
+          "tilegrad::set_wait_limit (seconds; 0: wait for ever).",
+      prog, t.name(), elem, loc);
+}
+#else
+    ;
+#endif
+
 /// out_of_bounds_of for tensor t; only the layout matters, so one function serves every type.
 template <class T>
 [[noreturn]] void out_of_bounds(tensor<T> const& t, std::int64_t offset, char const* what,

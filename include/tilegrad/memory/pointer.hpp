@@ -19,12 +19,14 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <source_location>
-#include <thread>
+#include <stdexcept>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -592,6 +594,58 @@ template <class T, class Mask>
 inline constexpr int atomic_width =
     std::is_floating_point_v<T> ? access_width<T, Mask, no_mask> : 1;
 
+/// How long a program may fail one try again and again (wait_streak) before the launch says it
+/// waits for ever, in seconds; 0: never (set_wait_limit).
+inline std::atomic<double> wait_limit{10.0};
+
+// A program that spins on one element (a lock, or a flag another program sets) tries an
+// atomic_cas or atomic_xchg on it again and again. A wait for another program that has not
+// started (one queued behind the waiter on its thread, or in a later wave of a checked launch)
+// never ends: such a streak of failed tries at one place is timed (every 4096 tries), and past
+// the limit the waiting program throws instead of hanging the launch.
+struct wait_streak {
+  void const* at = nullptr; // the tensor's data
+  std::source_location loc; // the try
+  std::uint64_t tries = 0;  // failed in a row
+  std::chrono::steady_clock::time_point since;
+};
+inline thread_local wait_streak streak;
+
+/// After a try of one element, at offset e of t: `failed` says it found what it waits on gone.
+template <class T>
+void note_try(tensor<T> const& t, std::int64_t e, bool failed, char const* what,
+              std::source_location const& loc) {
+  wait_streak& w = streak;
+  bool const same = w.at == t.data() && w.loc.line() == loc.line() &&
+                    w.loc.column() == loc.column() && w.loc.file_name() == loc.file_name();
+  if (!failed) {
+    if (same)
+      w.at = nullptr;
+    return;
+  }
+  if (!same) {
+    w.at = t.data();
+    w.loc = loc;
+    w.tries = 0;
+  }
+  if (++w.tries % 4096 != 0)
+    return;
+  auto const now = std::chrono::steady_clock::now();
+  if (w.tries == 4096) {
+    w.since = now;
+    return;
+  }
+  double const limit = wait_limit.load(std::memory_order_relaxed);
+  double const waited = std::chrono::duration<double>(now - w.since).count();
+  if (limit > 0 && waited >= limit) {
+    std::uint64_t const tries = w.tries;
+    w.at = nullptr;
+    waited_too_long(tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(),
+                                            t.shape(), t.strides(), t.name()),
+                    sizeof(T), e, what, tries, waited, loc);
+  }
+}
+
 // The body of an atomic of shape S: old[lane] = f(element, value) for every lane on, one
 // element at a time (floats and doubles: under their stripe's lock, atomic_add by vectors).
 // Checks bounds when chk (a contiguous run of W lanes at once); `lane(pos, offset, n)` sees the
@@ -651,10 +705,12 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
 // tensor, atomic_xchg and atomic_cas synchronise programs (locks, flags) rather than race, and
 // on one element they take and give back the program's locks (`cmps`: atomic_cas's compare
 // values, null for the others); an atomic_add of a positive value to one element draws a ticket.
+// Returns the offset of the last lane updated (-1: none).
 template <class S, class T, class Off, class Val, class Mask, class F>
-TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, Off> const& p,
-                                     Val const& val, Mask const& mask, F& f, char const* what,
-                                     std::source_location const& loc, T const* cmps) {
+TILEGRAD_NOINLINE std::int64_t atomic_hooked(access_hooks const& h, T* old,
+                                             ptr_tile<T, Off> const& p, Val const& val,
+                                             Mask const& mask, F& f, char const* what,
+                                             std::source_location const& loc, T const* cmps) {
   if (h.before_write)
     h.before_write(what, loc);
   access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
@@ -687,10 +743,17 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
       }
     return f(a, v);
   };
-  atomic_into<W, S>(old, p, val, mask, tried, what, loc, true, rec, [&](T const& v) {
-    if constexpr (std::is_floating_point_v<T>)
-      rec.value(static_cast<double>(v));
-  });
+  std::int64_t last = -1;
+  atomic_into<W, S>(
+      old, p, val, mask, tried, what, loc, true,
+      [&](int pos, std::int64_t e, int n) {
+        rec(pos, e, n);
+        last = e + n - 1;
+      },
+      [&](T const& v) {
+        if constexpr (std::is_floating_point_v<T>)
+          rec.value(static_cast<double>(v));
+      });
   std::string_view const w(what);
   bool const exchange = w == "atomic_xchg" || w == "atomic_cas";
   // (vjp: logged for tg::loop's replay check, not as a race.)
@@ -711,6 +774,7 @@ TILEGRAD_NOINLINE void atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, 
         h.log->tickets.push_back({rec.tensor(), rec.last_element(), was, v,
                                   static_cast<std::uint32_t>(h.log->accesses.size() - 1), loc});
     }
+  return last;
 }
 
 template <class T, class Off, class Val, class Mask, class F>
@@ -735,12 +799,23 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     }();
     auto val = bcast<S>(convert_as<T>(val_in));
     tile_t<T, S> old;
+    std::int64_t last = -1;
     if (access_hooks const* h = current_hooks()) [[unlikely]]
-      atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc, cmps);
+      last = atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc, cmps);
     else
       atomic_into<atomic_width<T, Mask>, S>(
-          old.data(), p, val, mask, f, what, loc, checked(), [](int, std::int64_t, int) {},
-          [](T const&) {});
+          old.data(), p, val, mask, f, what, loc, checked(),
+          [&](int, std::int64_t e, int n) { last = e + n - 1; }, [](T const&) {});
+    // A try at one element of an integer tensor: failed where an atomic_cas found another value
+    // than its compare value, or an atomic_xchg found the value it writes (a test-and-set lock
+    // found set).
+    if constexpr (std::is_integral_v<T> && S::size == 1)
+      if (last >= 0) {
+        if (cmps)
+          note_try(p.base, last, old.data()[0] != cmps[0], what, loc);
+        else if (std::string_view(what) == "atomic_xchg")
+          note_try(p.base, last, old.data()[0] == val.template load<1>(0, 0), what, loc);
+      }
     return old;
   }
 }
@@ -782,6 +857,18 @@ TILEGRAD_ATOMIC(atomic_min, detail::atomic_update(a, v, false))
 /// atomic_xchg(p, v[, mask]): *p = v atomically; returns the old values.
 TILEGRAD_ATOMIC(atomic_xchg, a.exchange(v, std::memory_order_acq_rel))
 #undef TILEGRAD_ATOMIC
+
+/// How long a program of a launch may fail one atomic_cas or atomic_xchg of one element of an
+/// integer tensor again and again (a spin on a lock or a flag) before it throws access_error
+/// naming itself, the tensor, the element and the line, in seconds (10 by default; 0: never).
+/// A wait for a program that has not started never ends: the programs of a launch run in any
+/// order, each thread's one after another.
+/// @throws std::invalid_argument when `seconds` is negative or not a number.
+inline void set_wait_limit(double seconds) {
+  if (!(seconds >= 0))
+    throw std::invalid_argument("tilegrad::set_wait_limit: the limit must be 0 or more seconds");
+  detail::wait_limit.store(seconds, std::memory_order_relaxed);
+}
 
 /// atomic_cas(p, cmp, v): where *p == cmp, *p = v, atomically; returns the old values.
 template <class T, class Off, class C, class V>

@@ -132,6 +132,8 @@ struct program_log {
   // the lock since (npos: none pending).
   std::vector<std::pair<std::uint64_t, int>> tried;
   std::size_t waiting_since = static_cast<std::size_t>(-1);
+  // Accesses not logged because they repeat one of the last two logged (a spin: access_recorder).
+  std::size_t repeats = 0;
   lock_probe failed;         // the first try made to fail
   lock_probe pending;        // the last, while waiting_since is set
   std::uint32_t program = 0; // the program's linear id + 1
@@ -144,8 +146,11 @@ struct program_log {
     tickets.clear();
     tried.clear();
     waiting_since = static_cast<std::size_t>(-1);
+    repeats = 0;
     failed = {};
   }
+  /// The accesses the program made so far, repeats included.
+  std::size_t made() const { return accesses.size() + repeats; }
   /// Whether the probe makes this try at the lock of `key` fail: the first `fails` tries of each
   /// taking of it do.
   bool fail_try(std::uint64_t key, int fails) {
@@ -156,7 +161,7 @@ struct program_log {
     if (it->second >= fails)
       return false;
     ++it->second;
-    waiting_since = accesses.size();
+    waiting_since = made();
     return true;
   }
   /// The program took the lock of `key`: its next taking is probed anew.
@@ -508,7 +513,7 @@ public:
     if (probe_stopped())
       throw lock_probe_stopped("tilegrad: the probe of locks stopped");
     if (log.waiting_since != static_cast<std::size_t>(-1) &&
-        log.accesses.size() - log.waiting_since > probe_patience)
+        log.made() - log.waiting_since > probe_patience)
       stop_probe(describe(log.program) + " made " + std::to_string(probe_patience) +
                  " accesses after its try at the lock at " + probe_site(log.pending) +
                  " was made to find it held, without trying it again: a wait for something the "
@@ -1355,6 +1360,23 @@ private:
       return; // every lane masked off
     if (op == op_load && hooks_->on_load && !hooks_->on_load(*hooks_, tensor_, log_->scratch, loc))
       return;
+    // A program spinning on a flag or a lock makes the same access again and again (a load, or
+    // a try at one element, or the two in turn): it is logged once, since a repeat changes no
+    // verdict, and a long wait must not fill memory.
+    if ((op == op_load || (op & op_unraced)) && log_->scratch.size() == 1 &&
+        log_->scratch[0].count == 1)
+      for (std::size_t back = 1; back <= 2 && back <= log_->accesses.size(); ++back) {
+        logged_access const& a = log_->accesses[log_->accesses.size() - back];
+        run const& r = log_->runs[a.first];
+        if (a.op == op && a.tensor == tensor_ && a.count == 1 && r.count == 1 &&
+            r.offset == log_->scratch[0].offset && a.lock == log_->holding() &&
+            a.locks_held == std::min<std::size_t>(log_->open.size(), 255) &&
+            a.loc.line() == loc.line() && a.loc.column() == loc.column() &&
+            a.loc.file_name() == loc.file_name()) {
+          ++log_->repeats;
+          return;
+        }
+      }
     auto const first = static_cast<std::uint32_t>(log_->runs.size());
     log_->runs.insert(log_->runs.end(), log_->scratch.begin(), log_->scratch.end());
     log_->accesses.push_back(
