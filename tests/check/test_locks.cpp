@@ -240,7 +240,9 @@ enum class taking {
 
 // y = x * w by rows; the backward adds each row's dw into the partial row of its group (row %
 // groups) under the group's lock, and the host adds the partial rows up. `locks` holds `groups`
-// locks, then a turn number per lock.
+// locks, then a turn number per lock. `how` is a `taking`, plus release_by_cas where the lock is
+// given back with atomic_cas(lock, 1, 0) rather than atomic_xchg(lock, 0).
+constexpr int release_by_cas = 16;
 constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
                                tg::tensor<float const> w, tg::tensor<float const> dy,
                                tg::tensor<float> dx, tg::tensor<float> part, tg::tensor<int> locks,
@@ -277,9 +279,12 @@ constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
   };
   auto const give_back = [&] {
     (void)tg::atomic_xchg(turn, tg::atomic_cas(turn, -1, -1).item() + 1);
-    (void)tg::atomic_xchg(lock, 0);
+    if (how & release_by_cas)
+      (void)tg::atomic_cas(lock, 1, 0);
+    else
+      (void)tg::atomic_xchg(lock, 0);
   };
-  auto const t = static_cast<taking>(how);
+  auto const t = static_cast<taking>(how & ~release_by_cas);
   take(t == taking::twice ? taking::spin : t);
   tg::store(row, tg::load(row, mask, 0.0f) + d * 0.5f, mask);
   give_back();
@@ -288,7 +293,8 @@ constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
   give_back();
 };
 
-tg::check_report check_grouped(taking how, std::int64_t m, int groups, tg::launch_options lo) {
+tg::check_report check_grouped(taking how, std::int64_t m, int groups, tg::launch_options lo,
+                               bool cas_release = false) {
   std::int64_t const n = 29;
   tg::owned_tensor<float> x({m, n}), w({n}), y({m, n});
   auto const fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> w,
@@ -304,7 +310,8 @@ tg::check_report check_grouped(taking how, std::int64_t m, int groups, tg::launc
     tg::owned_tensor<float> dx({m, n}), part({groups, n}, "partial_dw"), dw({n});
     tg::owned_tensor<int> locks({2 * groups}, "locks");
     tg::launch(ctx.options(), m, grouped_dw, ctx.input("x"), ctx.input("w"), ctx.cotangent("y"),
-               dx.view(), part.view(), locks.view(), static_cast<int>(how), groups);
+               dx.view(), part.view(), locks.view(),
+               static_cast<int>(how) | (cas_release ? release_by_cas : 0), groups);
     for (int k = 0; k < groups; ++k)
       for (std::int64_t j = 0; j < n; ++j)
         dw.data()[j] += part.data()[k * n + j];
@@ -321,25 +328,28 @@ TEST(Locks, TheProbeMakesEveryTakingOfALockWaitAWhile) {
   // ignores the try (its first one spins): in the check neither ever finds its lock held, and
   // both pass unless the probe makes the first tries of every taking fail. They race on the
   // partial rows (named as the probe's finding on one thread); the spin lock passes, on every
-  // executor, in several waves and in one.
+  // executor, in several waves and in one. Locks given back by atomic_cas(lock, 1, 0) too: the
+  // probe made those releases fail (a try at a known lock), the lock stayed held, the next taking
+  // waited until the probe stopped, and the first run's pass stood.
   for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
     if (!tg::executor_available(e))
       continue;
-    for (auto [m, groups] : {std::pair<std::int64_t, int>{600, 256}, {40, 16}}) {
-      tg::launch_options const lo{e, 2};
-      auto const fine = check_grouped(taking::spin, m, groups, lo);
-      EXPECT_BACKWARD_OK(fine);
-      EXPECT_FALSE(fine.mentions("probe of locks stopped")) << fine;
-      for (taking how : {taking::bounded, taking::twice}) {
-        auto const r = check_grouped(how, m, groups, lo);
-        EXPECT_FALSE(r) << static_cast<int>(how);
-        EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
-        // (Two threads may meet at a lock in the first run, which then fails by itself.)
-        if (e == tg::executor::sequential) {
-          EXPECT_TRUE(r.mentions("was made to find it held")) << r;
+    for (auto [m, groups] : {std::pair<std::int64_t, int>{600, 256}, {40, 16}})
+      for (bool cas_release : {false, true}) {
+        tg::launch_options const lo{e, 2};
+        auto const fine = check_grouped(taking::spin, m, groups, lo, cas_release);
+        EXPECT_BACKWARD_OK(fine);
+        EXPECT_FALSE(fine.mentions("probe of locks stopped")) << fine;
+        for (taking how : {taking::bounded, taking::twice}) {
+          auto const r = check_grouped(how, m, groups, lo, cas_release);
+          EXPECT_FALSE(r) << static_cast<int>(how) << " " << cas_release;
+          EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
+          // (Two threads may meet at a lock in the first run, which then fails by itself.)
+          if (e == tg::executor::sequential) {
+            EXPECT_TRUE(r.mentions("was made to find it held")) << r;
+          }
         }
       }
-    }
   }
 }
 

@@ -996,10 +996,14 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       // logsumexp) across a float, one way and not the other: a step, not a flip of a comparison,
       // when it moves the element by a small part of its value (at most 2^-10 of it), which is
       // allowed even when the two ways do not move it opposite ways.
+      // The first two patterns allow all three kinds of move; any after them only steps (they
+      // look for roundings across a float that the first two missed, and must not widen what
+      // larger moves allow: with eight patterns in full, bf16 gradients 3 % off passed).
       auto moves_of = [&](std::vector<detail::saved_values>& set, std::uint64_t stream,
                           double step_part, int patterns) {
         auto rng = detail::rng_for(seed, stream);
         for (int r = 0; r < patterns; ++r) {
+          bool const steps_only = r >= 2;
           std::uint64_t const pattern = rng();
           std::optional<backward_run> runs[2];
           for (int way = 0; way < 2; ++way) {
@@ -1021,11 +1025,14 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             moved[q].resize(e->values.size(), 0.0);
             // The whole gradient's fit along the reference moves with such roundings too (a
             // saved value all elements read, rounded to bf16): by as much, the fit may be off.
-            double const s0 = detail::scale_error_of(e->values, pd.ref64[q]);
-            for (auto const* run : {up, down})
+            double const s0 = steps_only ? 0.0 : detail::scale_error_of(e->values, pd.ref64[q]);
+            for (auto const* run : {up, down}) {
+              if (steps_only)
+                break;
               if (double const s = detail::scale_error_of(run->values, pd.ref64[q]);
                   std::isfinite(s) && std::isfinite(s0))
                 scale_moved[q] = std::max(scale_moved[q], std::abs(s - s0));
+            }
             for (std::size_t i = 0; i < e->values.size(); ++i) {
               double const d1 = up->values[i] - e->values[i], d2 = down->values[i] - e->values[i];
               // A NaN after the move allows nothing, nor does an element the rerun did not keep.
@@ -1039,10 +1046,11 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
               // (A step is allowed whichever way the other run moved it: a recomputed
               // logsumexp that rounds across a float one way moves the element by the step, the
               // other way by next to nothing, of either sign.)
-              double const allowed = hi <= 4 * first_bound[q][i] ? hi
-                                     : hi <= step                ? hi
-                                     : opposite                  ? std::min(hi, 2 * lo)
-                                                                 : 0.0;
+              double const allowed = steps_only                    ? (hi <= step ? hi : 0.0)
+                                     : hi <= 4 * first_bound[q][i] ? hi
+                                     : hi <= step                  ? hi
+                                     : opposite                    ? std::min(hi, 2 * lo)
+                                                                   : 0.0;
               moved[q][i] = std::max(moved[q][i], allowed);
             }
           }

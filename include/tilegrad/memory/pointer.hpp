@@ -726,7 +726,7 @@ TILEGRAD_NOINLINE std::int64_t atomic_hooked(access_hooks const& h, T* old,
     if constexpr (std::is_integral_v<T> && S::size == 1)
       if (cmps && v != cmps[0] && rec.active() && h.tracker->probing()) {
         std::uint64_t const key = launch_tracker::lock_key(rec.tensor(), rec.last_element());
-        if (auto const held = h.tracker->held_value(key, h.log->program, v)) {
+        if (auto const held = h.tracker->held_value(key, h.log->program, cmps[0], v)) {
           if (static_cast<T>(*held) != cmps[0] &&
               h.log->fail_try(key, launch_tracker::probe_failures)) {
             lock_probe const here{rec.tensor(), rec.last_element(), loc};

@@ -83,13 +83,15 @@ struct held_lock {
 /// A lock programs of a launch took and gave back (launch_tracker, "Locks found held"): its
 /// key (launch_tracker::lock_key), and the value that the first program to take it wrote
 /// (`program`: its linear id + 1), and `other`, one that another program wrote (a lock whose
-/// value names its holder).
+/// value names its holder); `unlocked`, what the element holds while nobody holds the lock (the
+/// compare value of a taking).
 struct known_lock_site {
   std::uint64_t key;
   std::int64_t held;
   std::uint32_t program;
   std::int64_t other;
   bool has_other;
+  std::int64_t unlocked;
 };
 
 /// A ticket a program drew: an atomic_add of a positive value `add` to one element of an integer
@@ -543,12 +545,15 @@ public:
 
   /// Where programs took the element of `key` by atomic_cas and gave it back (in the waves
   /// checked so far, or in an earlier run: know_locks), what program `me` (linear id + 1) finds
-  /// it holding: what another program wrote to take it, or else `v`, what `me` would write; null
-  /// where they did not. (Read by the programs of a wave; written between waves only.)
-  std::optional<std::int64_t> held_value(std::uint64_t key, std::uint32_t me,
+  /// it holding when it tries atomic_cas(cmp, v) on it: what another program wrote to take it, or
+  /// else `v`, what `me` would write; null where they did not, or where the try is no taking (its
+  /// compare value is not the lock's free value: a release by atomic_cas(held, free) must go
+  /// through, or the lock stays held for ever). (Read by the programs of a wave; written between
+  /// waves only.)
+  std::optional<std::int64_t> held_value(std::uint64_t key, std::uint32_t me, std::int64_t cmp,
                                          std::int64_t v) const {
     auto const it = locks_.find(key);
-    if (it == locks_.end())
+    if (it == locks_.end() || cmp != it->second.site.unlocked)
       return std::nullopt;
     known_lock_site const& s = it->second.site;
     return s.program != me ? s.held : s.has_other ? s.other : v;
@@ -661,7 +666,7 @@ private:
     auto const key = lock_key(l.tensor, l.element);
     auto const [it, added] =
         locks_.try_emplace(key, known_lock{static_cast<std::uint32_t>(locks_.size() + 1),
-                                           known_lock_site{key, l.held, me, 0, false}});
+                                           known_lock_site{key, l.held, me, 0, false, l.unlocked}});
     if (added && locks_.size() > max_locks) {
       locks_.erase(it);
       return 0;
