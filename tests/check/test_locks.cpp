@@ -113,7 +113,10 @@ struct tutorial_backward {
         pdb({groups, n}, "partial_db");
     tg::owned_tensor<float> dw({n}), db({n});
     tg::owned_tensor<int> locks({2 * groups}, "locks");
-    int const order = alternate ? (*calls)++ % 2 : 0;
+    // (The determinism check's second run takes the programs in reverse order by itself: walking
+    // the rows backwards on that call too would give the first call's order back.)
+    int const order = 0;
+    bool const second = alternate && (*calls)++ % 2 == 1;
     if (direct) { // one group: its partial rows are the gradients
       tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
                  dw.view(), db.view(), locks.view(), static_cast<int>(b), order, 0.0f, 1);
@@ -121,7 +124,7 @@ struct tutorial_backward {
     }
     tg::launch(ctx.options(), m, tutorial_bwd, x, w, mean, rstd, ctx.cotangent("y"), dx.view(),
                pdw.view(), pdb.view(), locks.view(), static_cast<int>(b), order,
-               order ? extra_on_second : 0.0f, groups);
+               second ? extra_on_second : 0.0f, groups);
     tg::launch(ctx.options(), tg::cdiv(n, BlockN), tg::kernels::layer_norm_reduce_dwdb<BG, BlockN>,
                pdw.cview(), pdb.cview(), dw.view(), db.view());
     return {{"x", dx}, {"w", dw}, {"b", db}};
@@ -541,8 +544,9 @@ TEST(Locks, ALockThatNamesItsHolderIsFoundHeldByAnother) {
 }
 
 TEST(Locks, SumsMadeUnderALockInAnotherOrderAreANote) {
-  // The second run of the backward takes the rows in reverse order: the partial sums differ in
-  // their last bits, and so does what the reduction launch makes of them. Both are the order the
+  // The second run of the backward (the determinism check's, which takes the programs in
+  // reverse order) takes the rows in reverse order: the partial sums differ in their last bits,
+  // and so does what the reduction launch makes of them. Both are the order the
   // programs took the lock in, within the first look's bound: a note naming both, and a pass.
   int calls = 0;
   auto const r = check({bug::none, {}, {}, true, &calls}, 203, 100, {.seeds = 1});
@@ -584,6 +588,71 @@ TEST(Locks, ARaceOnAnUnnamedTensorNamesItsArgument) {
     EXPECT_NE(std::string(e.what()).find("(unnamed: the kernel's argument 3 after the program)"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// dw summed under one lock into a partial row, which the program that runs last copies into dw,
+// still holding the lock: `by_count` takes the program that counts the partial row full, as it
+// should; otherwise the program with the last id, which assumes it runs last. A lock excludes,
+// it does not order: the last id's copy misses the rows of programs that run after it, which the
+// threads make happen now and then (5-12 runs in 300 on two threads), and the check passed it
+// whenever they did not. The determinism check's second run takes the programs in reverse order.
+constexpr auto last_copies = [](tg::program const& p, tg::tensor<float const> x,
+                                tg::tensor<float const> w, tg::tensor<float const> dy,
+                                tg::tensor<float> dx, tg::tensor<float> part, tg::tensor<float> dw,
+                                tg::tensor<int> locks, int by_count) {
+  constexpr int C = 32;
+  std::int64_t const r = p.program_id(0), programs = p.num_programs(0);
+  auto const cols = tg::arange<0, C>();
+  auto const mask = cols < x.size(1);
+  tg::tile<float, C> const g = tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f);
+  tg::store(dx + r * dx.stride(0) + cols, g * tg::load(w + cols, mask, 0.0f), mask);
+  tg::tile<float, C> const d = g * tg::load(x + r * x.stride(0) + cols, mask, 0.0f);
+  while (tg::atomic_cas(locks + 0, 0, 1).item() == 1) {
+  }
+  tg::tile<float, C> const sum = tg::load(part + cols, mask, 0.0f) + d;
+  tg::store(part + cols, sum, mask);
+  int const count = tg::load(locks + 1).item() + 1;
+  tg::store(locks + 1, tg::full<int>(count));
+  if (by_count ? count == programs : r == programs - 1)
+    tg::store(dw + cols, sum, mask);
+  (void)tg::atomic_xchg(locks + 0, 0);
+};
+
+tg::check_report check_last_copies(int by_count, tg::launch_options lo) {
+  std::int64_t const m = 300, n = 29;
+  tg::owned_tensor<float> x({m, n}), w({n}), y({m, n});
+  auto const fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> w,
+                               tg::tensor<T> y) {
+    auto const cols = tg::arange<0, 32>();
+    auto const mask = cols < x.size(1);
+    std::int64_t const r = p.program_id(0);
+    tg::store(y + r * y.stride(0) + cols,
+              tg::load(x + r * x.stride(0) + cols, mask, 0.0f) * tg::load(w + cols, mask, 0.0f),
+              mask);
+  };
+  auto const bwd = [=](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    tg::owned_tensor<float> dx({m, n}), part({n}, "partial_dw"), dw({n}, "dw");
+    tg::owned_tensor<int> locks({2}, "locks");
+    tg::launch(ctx.options(), m, last_copies, ctx.input("x"), ctx.input("w"), ctx.cotangent("y"),
+               dx.view(), part.view(), dw.view(), locks.view(), by_count);
+    return {{"x", dx}, {"w", dw}};
+  };
+  return tg::check_backward(tg::forward(m, fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
+                            bwd, {.seeds = 1, .launch = lo});
+}
+
+TEST(Locks, AReductionByTheLastIdUnderALockIsNotDeterministic) {
+  for (auto e : {tg::executor::sequential, tg::executor::tbb, tg::executor::openmp}) {
+    if (!tg::executor_available(e))
+      continue;
+    tg::launch_options const lo{e, 2};
+    auto const fine = check_last_copies(1, lo);
+    EXPECT_BACKWARD_OK(fine);
+    auto const r = check_last_copies(0, lo);
+    EXPECT_FALSE(r) << r;
+    EXPECT_TRUE(r.mentions("not deterministic")) << r;
+    EXPECT_TRUE(r.mentions("in reverse order, wave by wave")) << r;
   }
 }
 

@@ -878,7 +878,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     // input, an output of the forward or a cotangent fails (the references are computed from them
     // afterwards, and the backward runs again on them), and what it wrote is put back.
     // (`jitter`: bf16 values stored into kept_sums moved by a unit in the last place, that seed.)
-    auto run_backward = [&](std::vector<owned_tensor<T>> const& c, std::uint64_t jitter = 0) {
+    auto run_backward = [&](std::vector<owned_tensor<T>> const& c, std::uint64_t jitter = 0,
+                            bool reverse = false) {
       std::vector<detail::kept_contents> kept = f.keep_all();
       for (std::size_t j = 0; j < c.size(); ++j)
         kept.push_back(
@@ -893,6 +894,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         r.launches.jitter_targets = kept_sums;
       r.launches.known_locks = known_locks;
       r.launches.probe_locks = probing_locks;
+      r.launches.reverse_order = reverse;
       {
         detail::observer_scope const tracked(&r.launches);
         try {
@@ -1272,10 +1274,15 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     };
     if (o.check_determinism) {
       // Elements that differ are traced to the launches that wrote them: atomic_add alone, by
-      // no more than reordering its additions explains, is a note; anything else fails.
-      backward_run again = run_backward(cots);
+      // no more than reordering its additions explains, is a note; anything else fails. The
+      // second run takes the programs of each wave in reverse order: a backward that reduces in
+      // the program it takes to run last (the last id, under a lock that orders nothing) passed
+      // whenever the threads happened to run that program last.
+      backward_run again = run_backward(cots, 0, true);
       if (again.error) {
-        sr.problems.push_back("the backward threw when run a second time: " + *again.error);
+        sr.problems.push_back("the backward threw when run a second time (the programs of each "
+                              "launch in reverse order, wave by wave): " +
+                              *again.error);
       } else {
         for (auto const& e : got->entries())
           if (auto const* e2 = again.got.find(e.name)) {
@@ -1289,7 +1296,11 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             auto const v =
                 detail::compare_runs(e, *e2, first.launches, again.launches, &bounds);
             if (!v.problem.empty())
-              sr.problems.push_back(v.problem);
+              sr.problems.push_back(
+                  v.problem +
+                  " (the second run took the programs of each launch in reverse order, wave by "
+                  "wave: a result that depends on which program runs first or last, a reduction "
+                  "by the program with the last id, changes with it)");
             if (!v.note.empty())
               rep.notes.push_back("seed " + std::to_string(seed) + ": " + v.note);
           }

@@ -578,9 +578,11 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
                                                     std::pair<std::size_t, int>(
                                                         observer->launches.size(), v.arg)) !=
                                               observer->jitter_targets.end());
+  bool const reverse = observer && observer->reverse_order;
   for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
     std::int64_t const n = std::min(wave, total - w0);
-    auto run = [&](std::int64_t i) {
+    auto run = [&](std::int64_t at) {
+      std::int64_t const i = reverse ? n - 1 - at : at; // (the logs stay in program order)
       program const p = program_at(g, w0 + i);
       program_log& log = logs[static_cast<std::size_t>(i)];
       log.clear();
