@@ -876,8 +876,9 @@ TEST(CheckerEdges, ASoftmaxBackwardThatRecomputesItsLogsumexpPasses) {
   for (auto [lo, hi] : {std::pair{100.0, 200.0}, {-1.0, 1.0}}) {
     auto const r = check_softmax_lse(lo, hi, 1.0001f);
     EXPECT_FALSE(r) << r;
-    if (auto const* g = r.gradient("x"))
-      EXPECT_EQ(g->bad_row_lo, 5) << r;
+    auto const* g = r.gradient("x");
+    ASSERT_NE(g, nullptr) << r;
+    EXPECT_EQ(g->bad_row_lo, 5) << r;
   }
 }
 

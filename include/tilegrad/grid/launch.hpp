@@ -537,6 +537,7 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
         "the converted values into a buffer of their own.");
   launch_observer* const observer = current_observer();
   bool const confined = confine_accesses(); // (read here: the programs run on other threads)
+  tracker.check_exchanges(true);
   if (observer && observer->launches.size() < observer->known_locks.size())
     tracker.know_locks(observer->known_locks[observer->launches.size()]);
   if (observer && observer->probe_locks)

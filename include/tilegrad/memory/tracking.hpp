@@ -32,6 +32,7 @@
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -506,6 +507,9 @@ public:
   /// Turns the probe of locks on for this launch (check_backward's probe run): `stopped` receives
   /// why it stopped, if it does.
   void probe_locks(std::string* stopped) { probe_ = stopped; }
+  /// Checks plain loads and stores of integer elements against atomic_xchg and atomic_cas of
+  /// them by other programs (a launch that checks races; vjp leaves its integer atomics alone).
+  void check_exchanges(bool on) { exchanges_ = on; }
   bool probing() const { return probe_ != nullptr; }
   /// Whether the probe stopped (every access of the launch then throws lock_probe_stopped).
   bool probe_stopped() const { return stopped_.load(std::memory_order_relaxed); }
@@ -678,7 +682,13 @@ private:
   }
 
   static int weight(std::uint8_t ops) {
-    return ops & op_store ? 3 : ops & op_atomics ? 2 : ops & op_load ? 1 : 0;
+    return ops & op_store ? 3 : ops & (op_atomics | op_unraced) ? 2 : ops & op_load ? 1 : 0;
+  }
+  /// What a race message adds where a plain load or store meets an atomic exchange.
+  static char const* exchange_note() {
+    return " A plain load or store of an integer element that programs exchange atomically (a "
+           "flag, a count) is a race unless both accesses hold one lock: read it with an "
+           "atomic, or under the lock.";
   }
 
   std::string describe(std::uint32_t id) const {
@@ -722,6 +732,8 @@ private:
   /// matters wherever a store meets anything, loads meet atomics, or atomics of two kinds (or an
   /// exchange) meet; atomics of one kind commute.
   static char const* conflict(std::uint8_t ops, std::uint8_t op) {
+    if ((ops & op_unraced) && (op == op_load || op == op_store))
+      return "exchanges it atomically (atomic_xchg or atomic_cas)";
     if (ops & op_store)
       return op == op_store ? "stores it too" : "stores it";
     if (ops & op_atomics) {
@@ -796,6 +808,8 @@ private:
                                                     : "atomically updates";
           report(t, el, me, a.loc, mine, other, other_site, theirs,
                  (o ? ticket_note(tag, *unordered, op, me, other) : disorder_note()) +
+                     ((s.ops & op_unraced) && (op == op_load || op == op_store) ? exchange_note()
+                                                                                : "") +
                      (a.locks_held > 1
                           ? " " + describe(me) + " held " + std::to_string(a.locks_held) +
                                 " locks at its access: a lock taken while another is held is "
@@ -829,6 +843,45 @@ private:
     return true;
   }
 
+  /// An atomic_xchg or atomic_cas by program me of element `el` of an integer tensor (the
+  /// access a, holding `lock`): a race with another program's plain load or store of it, unless
+  /// both hold one lock or the element is a lock's word (read by plain loads while spinning).
+  void exchange(std::uint32_t me, logged_access const& a, std::int64_t el, std::uint32_t lock) {
+    tracked_tensor& t = tensors_[static_cast<std::size_t>(a.tensor)];
+    if (el < 0 || el >= t.span || lock_words_.count(lock_key(a.tensor, el)))
+      return;
+    if (!t.state)
+      t.state = zeroed_array<element_state>(static_cast<std::size_t>(t.span));
+    t.state.touch(el, el + 1);
+    element_state& s = t.state.get()[el];
+    std::uint16_t const at = site(a.loc);
+    std::uint32_t other = 0;
+    std::uint16_t other_site = 0;
+    if (s.first && s.first != me)
+      other = s.first, other_site = s.first_site;
+    else if (s.second && s.second != me)
+      other = s.second, other_site = s.second_site;
+    if (other && (s.ops & (op_load | op_store)) && !(lock && s.lock() == lock)) {
+      report(t, el, me, a.loc, "atomically exchanges", other, other_site,
+             s.ops & op_store ? "stores it" : "loads it", exchange_note());
+      return;
+    }
+    if (s.first == 0 || s.first == me) {
+      if (s.first == 0 || weight(op_unraced) > weight(s.ops))
+        s.first_site = at;
+      s.first = me;
+    } else if (s.second == 0) {
+      s.second = me;
+      s.second_site = at;
+    }
+    if (s.ops == 0)
+      s.set_lock(lock);
+    else if (s.lock() != lock)
+      s.set_lock(0);
+    s.ops |= op_unraced;
+  }
+
+  /// What a race message says of a try at a lock by program `id` made to fail (empty: none).  ///
   /// What a race message says of a try at a lock by program `id` made to fail (empty: none).
   TILEGRAD_MACHINERY_MEMBER std::string failed_try(std::uint32_t id) const
 #if TILEGRAD_MACHINERY_BODIES
@@ -852,6 +905,8 @@ private:
   {
     if (log.failed.tensor >= 0)
       failed_.emplace(me, log.failed);
+    for (held_lock const& l : log.locks) // (taken, given back or not)
+      lock_words_.insert(lock_key(l.tensor, l.element));
     // The program's tickets from counters that order programs, in program order.
     bool const ordering = ordering_;
     mine_.clear();
@@ -861,8 +916,18 @@ private:
     std::size_t next = 0; // the first of them not before the access
     for (std::uint32_t j = 0; j < log.accesses.size(); ++j) {
       logged_access const& a = log.accesses[j];
-      if (a.op & op_unraced)
+      if (a.op & op_unraced) {
+        // An atomic_xchg or atomic_cas of integer elements: not a race with another (locks and
+        // flags), but with another program's plain load or store of the element (a flag read
+        // outside the lock its exchanges hold), unless the element is a lock's word.
+        if (exchanges_ && (a.op & ~op_unraced) == op_atomic)
+          for (std::uint32_t ri = a.first; ri < a.first + a.count && !race_; ++ri)
+            for (int k = 0; k < log.runs[ri].count && !race_; ++k)
+              exchange(me, a, log.runs[ri].element(k), lock_id(log, a.lock, me));
+        if (race_)
+          return;
         continue;
+      }
       std::uint16_t const at = site(a.loc);
       ticket_order tag{0, 0, me, at, 0};
       if (ordering) {
@@ -1250,6 +1315,8 @@ private:
   std::vector<bool> counts_; // per tensor: whether it holds a counter
   std::vector<ordinal> mine_;
   bool ordering_ = false; // whether a counter orders programs
+  bool exchanges_ = false;                       // check_exchanges
+  std::unordered_set<std::uint64_t> lock_words_; // elements a program took as a lock
   bool counters_capped_ = false; // tickets were drawn from more than 32767 counters
 };
 
@@ -1486,7 +1553,7 @@ public:
       bool any = false;
       for (std::int64_t i = 0; i < t.span; ++i) {
         element_state const& e = t.state.get()[i];
-        w.ops[static_cast<std::size_t>(i)] = e.ops;
+        w.ops[static_cast<std::size_t>(i)] = e.ops & ~op_unraced;
         any |= (e.ops & op_write) != 0;
         if (e.lock() && (e.ops & op_store)) {
           w.locked.resize(static_cast<std::size_t>(t.span), 0);
