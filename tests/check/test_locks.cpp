@@ -238,6 +238,17 @@ TEST(Locks, ASpinLockThatDoesNotWaitRaces) {
 
 namespace {
 
+// The forward of the lock tests below: y = x * w, a row per program, rows of at most 32.
+constexpr auto rows_times_w = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                          tg::tensor<T const> w, tg::tensor<T> y) {
+  auto const cols = tg::arange<0, 32>();
+  auto const mask = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  tg::store(y + r * y.stride(0) + cols,
+            tg::load(x + r * x.stride(0) + cols, mask, 0.0f) * tg::load(w + cols, mask, 0.0f),
+            mask);
+};
+
 enum class taking {
   spin,          // while (atomic_cas(lock, 0, 1) == 1) {}
   wait_for_turn, // a failed try waits until the holder moves the lock's turn number on
@@ -304,15 +315,6 @@ tg::check_report check_grouped(taking how, std::int64_t m, int groups, tg::launc
                                bool cas_release = false) {
   std::int64_t const n = 29;
   tg::owned_tensor<float> x({m, n}), w({n}), y({m, n});
-  auto const fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> w,
-                               tg::tensor<T> y) {
-    auto const cols = tg::arange<0, 32>();
-    auto const mask = cols < x.size(1);
-    std::int64_t const r = p.program_id(0);
-    tg::store(y + r * y.stride(0) + cols,
-              tg::load(x + r * x.stride(0) + cols, mask, 0.0f) * tg::load(w + cols, mask, 0.0f),
-              mask);
-  };
   auto const bwd = [=](tg::backward_context<float>& ctx) -> tg::gradient_set {
     tg::owned_tensor<float> dx({m, n}), part({groups, n}, "partial_dw"), dw({n});
     tg::owned_tensor<int> locks({2 * groups}, "locks");
@@ -324,8 +326,9 @@ tg::check_report check_grouped(taking how, std::int64_t m, int groups, tg::launc
         dw.data()[j] += part.data()[k * n + j];
     return {{"x", dx}, {"w", dw}};
   };
-  return tg::check_backward(tg::forward(m, fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
-                            bwd, {.seeds = 1, .check_determinism = false, .launch = lo});
+  return tg::check_backward(
+      tg::forward(m, rows_times_w, tg::in("x", x), tg::in("w", w), tg::out("y", y)), bwd,
+      {.seeds = 1, .check_determinism = false, .launch = lo});
 }
 
 } // namespace
@@ -626,15 +629,6 @@ constexpr auto last_copies = [](tg::program const& p, tg::tensor<float const> x,
 tg::check_report check_last_copies(int by_count, tg::launch_options lo) {
   std::int64_t const m = 300, n = 29;
   tg::owned_tensor<float> x({m, n}), w({n}), y({m, n});
-  auto const fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> w,
-                               tg::tensor<T> y) {
-    auto const cols = tg::arange<0, 32>();
-    auto const mask = cols < x.size(1);
-    std::int64_t const r = p.program_id(0);
-    tg::store(y + r * y.stride(0) + cols,
-              tg::load(x + r * x.stride(0) + cols, mask, 0.0f) * tg::load(w + cols, mask, 0.0f),
-              mask);
-  };
   auto const bwd = [=](tg::backward_context<float>& ctx) -> tg::gradient_set {
     tg::owned_tensor<float> dx({m, n}), part({n}, "partial_dw"), dw({n}, "dw");
     tg::owned_tensor<int> locks({2}, "locks");
@@ -642,8 +636,9 @@ tg::check_report check_last_copies(int by_count, tg::launch_options lo) {
                dx.view(), part.view(), dw.view(), locks.view(), by_count);
     return {{"x", dx}, {"w", dw}};
   };
-  return tg::check_backward(tg::forward(m, fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
-                            bwd, {.seeds = 1, .launch = lo});
+  return tg::check_backward(
+      tg::forward(m, rows_times_w, tg::in("x", x), tg::in("w", w), tg::out("y", y)), bwd,
+      {.seeds = 1, .launch = lo});
 }
 
 TEST(Locks, AReductionByTheLastIdUnderALockIsNotDeterministic) {
@@ -695,15 +690,6 @@ TEST(Locks, ACountReadOutsideItsLockRaces) {
   std::int64_t const m = 200, n = 29;
   int const groups = 8;
   tg::owned_tensor<float> x({m, n}), w({n}), y({m, n});
-  auto const fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T const> w,
-                               tg::tensor<T> y) {
-    auto const cols = tg::arange<0, 32>();
-    auto const mask = cols < x.size(1);
-    std::int64_t const r = p.program_id(0);
-    tg::store(y + r * y.stride(0) + cols,
-              tg::load(x + r * x.stride(0) + cols, mask, 0.0f) * tg::load(w + cols, mask, 0.0f),
-              mask);
-  };
   for (auto e : {tg::executor::sequential, tg::executor::tbb, tg::executor::openmp}) {
     if (!tg::executor_available(e))
       continue;
@@ -718,9 +704,9 @@ TEST(Locks, ACountReadOutsideItsLockRaces) {
             dw.data()[j] += part.data()[k * n + j];
         return {{"x", dx}, {"w", dw}};
       };
-      auto const r =
-          tg::check_backward(tg::forward(m, fwd, tg::in("x", x), tg::in("w", w), tg::out("y", y)),
-                             bwd, {.seeds = 1, .check_determinism = false, .launch = {e, 2}});
+      auto const r = tg::check_backward(
+          tg::forward(m, rows_times_w, tg::in("x", x), tg::in("w", w), tg::out("y", y)), bwd,
+          {.seeds = 1, .check_determinism = false, .launch = {e, 2}});
       if (!early) {
         EXPECT_BACKWARD_OK(r);
         continue;

@@ -786,12 +786,7 @@ private:
              std::uint8_t op, std::uint16_t at, tracked_tensor const& t, std::int64_t el,
              logged_access const& a, std::uint32_t lock) {
     // The other program in the state, if any (the first two always hold one).
-    std::uint32_t other = 0;
-    std::uint16_t other_site = 0;
-    if (s.first && s.first != me)
-      other = s.first, other_site = s.first_site;
-    else if (s.second && s.second != me)
-      other = s.second, other_site = s.second_site;
+    auto [other, other_site] = other_than(s, me);
     // Accesses every program made holding one lock are ordered by it (lockset, as in Eraser), and
     // accesses on either side of two tickets by those tickets.
     if (other && !(lock && s.lock() == lock))
@@ -826,7 +821,23 @@ private:
       else
         k = tag;
     }
-    // Record me: first or second program, and the site of my weightiest access.
+    enter(s, me, op, at, lock);
+    return true;
+  }
+
+  /// The program other than me that the state names (first or second), and its site (0: none).
+  static std::pair<std::uint32_t, std::uint16_t> other_than(element_state const& s,
+                                                            std::uint32_t me) {
+    if (s.first && s.first != me)
+      return {s.first, s.first_site};
+    if (s.second && s.second != me)
+      return {s.second, s.second_site};
+    return {0, 0};
+  }
+  /// Records access `op` by me at site `at`, holding `lock`, in the state: me as its first or
+  /// second program with the site of my weightiest access, the lock common to every access, op.
+  static void enter(element_state& s, std::uint32_t me, std::uint8_t op, std::uint16_t at,
+                    std::uint32_t lock) {
     if (s.first == 0 || s.first == me) {
       if (s.first == 0 || weight(op) > weight(s.ops))
         s.first_site = at;
@@ -840,7 +851,6 @@ private:
     else if (s.lock() != lock)
       s.set_lock(0);
     s.ops |= op;
-    return true;
   }
 
   /// An atomic_xchg or atomic_cas by program me of element `el` of an integer tensor (the
@@ -854,34 +864,15 @@ private:
       t.state = zeroed_array<element_state>(static_cast<std::size_t>(t.span));
     t.state.touch(el, el + 1);
     element_state& s = t.state.get()[el];
-    std::uint16_t const at = site(a.loc);
-    std::uint32_t other = 0;
-    std::uint16_t other_site = 0;
-    if (s.first && s.first != me)
-      other = s.first, other_site = s.first_site;
-    else if (s.second && s.second != me)
-      other = s.second, other_site = s.second_site;
+    auto const [other, other_site] = other_than(s, me);
     if (other && (s.ops & (op_load | op_store)) && !(lock && s.lock() == lock)) {
       report(t, el, me, a.loc, "atomically exchanges", other, other_site,
              s.ops & op_store ? "stores it" : "loads it", exchange_note());
       return;
     }
-    if (s.first == 0 || s.first == me) {
-      if (s.first == 0 || weight(op_unraced) > weight(s.ops))
-        s.first_site = at;
-      s.first = me;
-    } else if (s.second == 0) {
-      s.second = me;
-      s.second_site = at;
-    }
-    if (s.ops == 0)
-      s.set_lock(lock);
-    else if (s.lock() != lock)
-      s.set_lock(0);
-    s.ops |= op_unraced;
+    enter(s, me, op_unraced, site(a.loc), lock);
   }
 
-  /// What a race message says of a try at a lock by program `id` made to fail (empty: none).  ///
   /// What a race message says of a try at a lock by program `id` made to fail (empty: none).
   TILEGRAD_MACHINERY_MEMBER std::string failed_try(std::uint32_t id) const
 #if TILEGRAD_MACHINERY_BODIES
