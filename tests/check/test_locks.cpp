@@ -249,6 +249,18 @@ constexpr auto rows_times_w = []<class T>(tg::program const& p, tg::tensor<T con
             mask);
 };
 
+// The backward of rows_times_w for row r: stores the row's dx and returns its share of dw.
+constexpr int row_width = 32;
+inline tg::tile<float, row_width> dx_and_row_dw(std::int64_t r, tg::tensor<float const> x,
+                                                tg::tensor<float const> w,
+                                                tg::tensor<float const> dy, tg::tensor<float> dx) {
+  auto const cols = tg::arange<0, row_width>();
+  auto const mask = cols < x.size(1);
+  tg::tile<float, row_width> const g = tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f);
+  tg::store(dx + r * dx.stride(0) + cols, g * tg::load(w + cols, mask, 0.0f), mask);
+  return g * tg::load(x + r * x.stride(0) + cols, mask, 0.0f);
+}
+
 enum class taking {
   spin,          // while (atomic_cas(lock, 0, 1) == 1) {}
   wait_for_turn, // a failed try waits until the holder moves the lock's turn number on
@@ -265,13 +277,10 @@ constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
                                tg::tensor<float const> w, tg::tensor<float const> dy,
                                tg::tensor<float> dx, tg::tensor<float> part, tg::tensor<int> locks,
                                int how, int groups) {
-  constexpr int C = 32;
   std::int64_t const r = p.program_id(0);
-  auto const cols = tg::arange<0, C>();
+  auto const cols = tg::arange<0, row_width>();
   auto const mask = cols < x.size(1);
-  tg::tile<float, C> const g = tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f);
-  tg::store(dx + r * dx.stride(0) + cols, g * tg::load(w + cols, mask, 0.0f), mask);
-  tg::tile<float, C> const d = g * tg::load(x + r * x.stride(0) + cols, mask, 0.0f);
+  tg::tile<float, row_width> const d = dx_and_row_dw(r, x, w, dy, dx);
   int const k = static_cast<int>(r % groups);
   auto const lock = locks + k, turn = locks + (groups + k);
   auto const row = part + k * part.stride(0) + cols;
@@ -608,16 +617,13 @@ constexpr auto last_copies = [](tg::program const& p, tg::tensor<float const> x,
                                 tg::tensor<float const> w, tg::tensor<float const> dy,
                                 tg::tensor<float> dx, tg::tensor<float> part, tg::tensor<float> dw,
                                 tg::tensor<int> locks, int by_count) {
-  constexpr int C = 32;
   std::int64_t const r = p.program_id(0), programs = p.num_programs(0);
-  auto const cols = tg::arange<0, C>();
+  auto const cols = tg::arange<0, row_width>();
   auto const mask = cols < x.size(1);
-  tg::tile<float, C> const g = tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f);
-  tg::store(dx + r * dx.stride(0) + cols, g * tg::load(w + cols, mask, 0.0f), mask);
-  tg::tile<float, C> const d = g * tg::load(x + r * x.stride(0) + cols, mask, 0.0f);
+  tg::tile<float, row_width> const d = dx_and_row_dw(r, x, w, dy, dx);
   while (tg::atomic_cas(locks + 0, 0, 1).item() == 1) {
   }
-  tg::tile<float, C> const sum = tg::load(part + cols, mask, 0.0f) + d;
+  tg::tile<float, row_width> const sum = tg::load(part + cols, mask, 0.0f) + d;
   tg::store(part + cols, sum, mask);
   int const count = tg::load(locks + 1).item() + 1;
   tg::store(locks + 1, tg::full<int>(count));
@@ -664,13 +670,10 @@ constexpr auto counted_rows = [](tg::program const& p, tg::tensor<float const> x
                                  tg::tensor<float const> w, tg::tensor<float const> dy,
                                  tg::tensor<float> dx, tg::tensor<float> part,
                                  tg::tensor<int> locks, int early, int groups) {
-  constexpr int C = 32;
   std::int64_t const r = p.program_id(0);
-  auto const cols = tg::arange<0, C>();
+  auto const cols = tg::arange<0, row_width>();
   auto const mask = cols < x.size(1);
-  tg::tile<float, C> const g = tg::load(dy + r * dy.stride(0) + cols, mask, 0.0f);
-  tg::store(dx + r * dx.stride(0) + cols, g * tg::load(w + cols, mask, 0.0f), mask);
-  tg::tile<float, C> d = g * tg::load(x + r * x.stride(0) + cols, mask, 0.0f);
+  tg::tile<float, row_width> d = dx_and_row_dw(r, x, w, dy, dx);
   int const k = static_cast<int>(r % groups);
   auto const lock = locks + k, count = locks + (groups + k);
   auto const row = part + k * part.stride(0) + cols;
