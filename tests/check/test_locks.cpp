@@ -266,6 +266,11 @@ enum class taking {
   wait_for_turn, // a failed try waits until the holder moves the lock's turn number on
   bounded,       // gives up after two tries, and goes on without the lock
   twice,         // takes the lock twice: with a spin, then with a try whose result is ignored
+  // Test-and-set locks: atomic_xchg(lock, 1) takes the lock where it returns 0.
+  test_and_set,      // while (atomic_xchg(lock, 1) == 1) {}
+  test_test_and_set, // spins on plain loads of the lock while it is held, then tries
+  bounded_xchg,      // gives up after two tries, and goes on without the lock
+  twice_xchg,        // takes the lock twice: with a spin, then with a try whose result is ignored
 };
 
 // y = x * w by rows; the backward adds each row's dw into the partial row of its group (row %
@@ -300,6 +305,20 @@ constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
       for (int tries = 0; tries < 2; ++tries)
         if (tg::atomic_cas(lock, 0, 1).item() == 0)
           break;
+    } else if (t == taking::test_and_set) {
+      while (tg::atomic_xchg(lock, 1).item() == 1) {
+      }
+    } else if (t == taking::test_test_and_set) {
+      do {
+        while (tg::load(lock).item() == 1) {
+        }
+      } while (tg::atomic_xchg(lock, 1).item() == 1);
+    } else if (t == taking::bounded_xchg) {
+      for (int tries = 0; tries < 2; ++tries)
+        if (tg::atomic_xchg(lock, 1).item() == 0)
+          break;
+    } else if (t == taking::twice_xchg) {
+      (void)tg::atomic_xchg(lock, 1);
     } else {
       (void)tg::atomic_cas(lock, 0, 1);
     }
@@ -312,7 +331,7 @@ constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
       (void)tg::atomic_xchg(lock, 0);
   };
   auto const t = static_cast<taking>(how & ~release_by_cas);
-  take(t == taking::twice ? taking::spin : t);
+  take(t == taking::twice ? taking::spin : t == taking::twice_xchg ? taking::test_and_set : t);
   tg::store(row, tg::load(row, mask, 0.0f) + d * 0.5f, mask);
   give_back();
   take(t);
@@ -365,6 +384,37 @@ TEST(Locks, TheProbeMakesEveryTakingOfALockWaitAWhile) {
           EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
           // (Two threads may meet at a lock in the first run, which then fails by itself.)
           if (e == tg::executor::sequential) {
+            EXPECT_TRUE(r.mentions("was made to find it held")) << r;
+          }
+        }
+      }
+  }
+}
+
+TEST(Locks, TestAndSetLocksAreLocks) {
+  // A lock taken by atomic_xchg(lock, 1) where it returns 0 (spinning on the exchange, or on plain
+  // loads of the lock first) and given back by the same program is a lock: its accesses do not
+  // race, on every executor, in several waves and in one. Both failed with a race on the partial
+  // rows. The probe of locks makes the first exchanges of each taking find it held: a lock that
+  // gives up after two tries, or whose second taking ignores the exchange, races.
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
+    if (!tg::executor_available(e))
+      continue;
+    for (auto [m, groups] : {std::pair<std::int64_t, int>{600, 256}, {40, 16}})
+      for (bool cas_release : {false, true}) {
+        tg::launch_options const lo{e, 2};
+        for (taking how : {taking::test_and_set, taking::test_test_and_set}) {
+          auto const fine = check_grouped(how, m, groups, lo, cas_release);
+          EXPECT_BACKWARD_OK(fine) << static_cast<int>(how) << " " << cas_release;
+          EXPECT_FALSE(fine.mentions("race")) << fine;
+          EXPECT_FALSE(fine.mentions("probe of locks stopped")) << fine;
+        }
+        for (taking how : {taking::bounded_xchg, taking::twice_xchg}) {
+          auto const r = check_grouped(how, m, groups, lo, cas_release);
+          EXPECT_FALSE(r) << static_cast<int>(how) << " " << cas_release;
+          EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
+          if (e == tg::executor::sequential) {
+            EXPECT_TRUE(r.mentions("'s atomic_xchg on the lock at 'locks', element (")) << r;
             EXPECT_TRUE(r.mentions("was made to find it held")) << r;
           }
         }

@@ -720,23 +720,26 @@ TILEGRAD_NOINLINE std::int64_t atomic_hooked(access_hooks const& h, T* old,
   // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
   constexpr int W = access_width<T, Mask, no_mask>;
   // The probe of locks (launch_tracker, "Locks found held"): the first tries of each taking of
-  // a known lock find it held. Such a try returns what another program wrote to take it (else
-  // what it would write itself; never cmp), and writes nothing.
+  // a known lock (an atomic_cas from its free value, an atomic_xchg of another value) find it
+  // held. Such a try returns what another program wrote to take it (else what it would write
+  // itself; never the free value), and writes nothing.
+  bool const xchg = std::string_view(what) == "atomic_xchg";
   auto tried = [&](auto a, T v) -> T {
     if constexpr (std::is_integral_v<T> && S::size == 1)
-      if (cmps && v != cmps[0] && rec.active() && h.tracker->probing()) {
+      if ((cmps ? v != cmps[0] : xchg) && rec.active() && h.tracker->probing()) {
         std::uint64_t const key = launch_tracker::lock_key(rec.tensor(), rec.last_element());
-        if (auto const held = h.tracker->held_value(key, h.log->program, cmps[0], v)) {
-          if (static_cast<T>(*held) != cmps[0] &&
-              h.log->fail_try(key, launch_tracker::probe_failures)) {
-            lock_probe const here{rec.tensor(), rec.last_element(), loc};
+        std::int64_t const cmp = cmps ? static_cast<std::int64_t>(cmps[0]) : 0;
+        if (auto const held = h.tracker->held_value(key, h.log->program, cmps ? &cmp : nullptr,
+                                                    static_cast<std::int64_t>(v))) {
+          if (h.log->fail_try(key, launch_tracker::probe_failures)) {
+            lock_probe const here{rec.tensor(), rec.last_element(), loc, xchg};
             if (h.log->failed.tensor < 0)
               h.log->failed = here;
             h.log->pending = here;
             return static_cast<T>(*held);
           }
           T const was = f(a, v);
-          if (was == cmps[0])
+          if (cmps ? was == cmps[0] : was != v)
             h.log->took(key);
           return was;
         }

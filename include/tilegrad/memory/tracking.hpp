@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -69,16 +70,19 @@ struct logged_access {
 };
 
 /// A lock a program took: a successful atomic_cas on one element of an integer tensor that
-/// changed it from `unlocked`; released when the same program writes `unlocked` back with
-/// atomic_xchg or atomic_cas. Only a lock released by the program that took it guards what
-/// the program did while holding it (a claim flag or a ticket taken by atomic_cas and never
-/// given back guards nothing).
+/// changed it from `unlocked`, or an atomic_xchg that changed it (a test-and-set lock); released
+/// when the same program writes `unlocked` back with atomic_xchg or atomic_cas. Only a lock
+/// released by the program that took it guards what the program did while holding it (a claim
+/// flag, a ticket, or a flag set by atomic_xchg and never given back guards nothing).
 struct held_lock {
   int tensor;
   std::int64_t element;
   std::int64_t unlocked;
   bool released;
   std::int64_t held; ///< the value the program wrote to take it
+  bool by_xchg = false; ///< taken by atomic_xchg: a lock only if given back
+  /// The program's accesses [taken_at, free_at) were made holding it (indices into its log).
+  std::uint32_t taken_at = 0, free_at = std::numeric_limits<std::uint32_t>::max();
 };
 
 /// A lock programs of a launch took and gave back (launch_tracker, "Locks found held"): its
@@ -108,12 +112,13 @@ struct drawn_ticket {
 };
 
 /// A try at a lock that check_backward's probe of locks made fail (launch_tracker, "Locks found
-/// held"): an atomic_cas on one element of an integer tensor that an earlier run of the same
-/// backward saw used as a lock.
+/// held"): an atomic_cas or atomic_xchg on one element of an integer tensor that an earlier run
+/// of the same backward saw used as a lock.
 struct lock_probe {
   int tensor = -1; ///< -1: none made to fail
   std::int64_t element = 0;
   std::source_location loc;
+  bool xchg = false; ///< the try was an atomic_xchg (else an atomic_cas)
 };
 
 /// Thrown by every access of a launch whose probe of locks stopped (a program went on too long
@@ -174,6 +179,38 @@ struct program_log {
   }
   /// The lock the next access is made under (-1: none).
   int holding() const { return open.empty() ? -1 : open.front(); }
+  /// Whether an atomic_xchg took one of the program's locks: what it held at each access is then
+  /// known only at its end (settled_locks).
+  bool xchg_locks() const {
+    return std::any_of(locks.begin(), locks.end(), [](held_lock const& l) { return l.by_xchg; });
+  }
+  /// The lock each access was made under, and how many it held, once the program has ended: an
+  /// exchange that took an element by atomic_xchg is a lock only if the program gave it back (a
+  /// flag set to 1 before a lock is taken looks like a taking, and must not hide the lock). Of
+  /// the locks held at an access, the outermost taken by atomic_cas, else the outermost taken by
+  /// atomic_xchg and given back.
+  void settled_locks(std::vector<std::pair<int, std::uint8_t>>& out) const {
+    out.assign(accesses.size(), {-1, 0});
+    std::vector<int> active; // in taking order
+    std::size_t next = 0;
+    for (std::size_t j = 0; j < accesses.size(); ++j) {
+      for (; next < locks.size() && locks[next].taken_at <= j; ++next)
+        if (!locks[next].by_xchg || locks[next].released)
+          active.push_back(static_cast<int>(next));
+      std::erase_if(active, [&](int i) { return locks[static_cast<std::size_t>(i)].free_at <= j; });
+      auto const cas = std::find_if(active.begin(), active.end(), [&](int i) {
+        return !locks[static_cast<std::size_t>(i)].by_xchg;
+      });
+      auto const n = cas != active.end()
+                         ? std::count_if(active.begin(), active.end(),
+                                         [&](int i) { return !locks[std::size_t(i)].by_xchg; })
+                         : static_cast<std::ptrdiff_t>(active.size());
+      out[j] = {cas != active.end() ? *cas
+                : active.empty()    ? -1
+                                    : active.front(),
+                static_cast<std::uint8_t>(std::min<std::ptrdiff_t>(n, 255))};
+    }
+  }
   /// An atomic_xchg (cmp_on false) or atomic_cas of one element of an integer tensor, which
   /// held `old` and was given `v` (by atomic_cas only where old == cmp): takes or releases a
   /// lock.
@@ -186,13 +223,15 @@ struct program_log {
         continue;
       if (wrote && v == l.unlocked) {
         l.released = true;
+        l.free_at = static_cast<std::uint32_t>(accesses.size());
         open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
       }
       return;
     }
-    if (is_cas && old == cmp && v != cmp) {
+    if (is_cas ? old == cmp && v != cmp : old != v) {
       open.push_back(static_cast<int>(locks.size()));
-      locks.push_back({tensor, el, cmp, false, v});
+      locks.push_back(
+          {tensor, el, old, false, v, !is_cas, static_cast<std::uint32_t>(accesses.size())});
     }
   }
 };
@@ -489,7 +528,7 @@ public:
   // the bug, which a check cannot wait for: programs that share a lock may never run at once.
   // So in check_backward's probe run (launch_observer::probe_locks), the first probe_failures
   // tries of each taking of an element that an earlier run of the same backward
-  // (launch_observer::known_locks) took by atomic_cas and gave back find it held: the try
+  // (launch_observer::known_locks) took and gave back find it held: the try
   // returns what another program wrote to take it, and writes nothing, as while another program
   // holds the lock. A spin lock tries until it gets it; one that does not wait goes on without
   // the lock, and its accesses race. A program that goes on probe_patience accesses after such a
@@ -547,17 +586,18 @@ public:
     throw lock_probe_stopped("tilegrad: the probe of locks stopped: " + why);
   }
 
-  /// Where programs took the element of `key` by atomic_cas and gave it back (in the waves
-  /// checked so far, or in an earlier run: know_locks), what program `me` (linear id + 1) finds
-  /// it holding when it tries atomic_cas(cmp, v) on it: what another program wrote to take it, or
-  /// else `v`, what `me` would write; null where they did not, or where the try is no taking (its
-  /// compare value is not the lock's free value: a release by atomic_cas(held, free) must go
-  /// through, or the lock stays held for ever). (Read by the programs of a wave; written between
-  /// waves only.)
-  std::optional<std::int64_t> held_value(std::uint64_t key, std::uint32_t me, std::int64_t cmp,
-                                         std::int64_t v) const {
+  /// Where programs took the element of `key` and gave it back (in the waves checked so far, or
+  /// in an earlier run: know_locks), what program `me` (linear id + 1) finds it holding when it
+  /// tries atomic_cas(*cmp, v) on it (atomic_xchg(v) where cmp is null): what another program
+  /// wrote to take it, or else `v`, what `me` would write; null where they did not, or where the
+  /// try is no taking (its compare value is not the lock's free value, or the exchange writes the
+  /// free value: a release must go through, or the lock stays held for ever). (Read by the
+  /// programs of a wave; written between waves only.)
+  std::optional<std::int64_t> held_value(std::uint64_t key, std::uint32_t me,
+                                         std::int64_t const* cmp, std::int64_t v) const {
     auto const it = locks_.find(key);
-    if (it == locks_.end() || cmp != it->second.site.unlocked)
+    if (it == locks_.end() ||
+        (cmp ? *cmp != it->second.site.unlocked : v == it->second.site.unlocked))
       return std::nullopt;
     known_lock_site const& s = it->second.site;
     return s.program != me ? s.held : s.has_other ? s.other : v;
@@ -719,8 +759,8 @@ private:
                 (site_other ? " at " + where_string(sites_[site_other - 1u]) : std::string()) +
                 ". Within one launch each element is written by one program (or only "
                 "accumulated with atomics), and no program reads what another writes, unless "
-                "both hold one lock (taken by atomic_cas on an integer tensor and given back by "
-                "the same program with atomic_xchg or atomic_cas)." +
+                "both hold one lock (taken by atomic_cas or atomic_xchg on an integer tensor and "
+                "given back by the same program with atomic_xchg or atomic_cas)." +
                 note + failed_try(me) + (other != me ? failed_try(other) : std::string());
     race_ = std::move(r);
   }
@@ -880,7 +920,8 @@ private:
     auto const it = failed_.find(id);
     if (it == failed_.end())
       return {};
-    return " " + describe(id) + "'s atomic_cas on the lock at " + probe_site(it->second) +
+    return " " + describe(id) + "'s " + (it->second.xchg ? "atomic_xchg" : "atomic_cas") +
+           " on the lock at " + probe_site(it->second) +
            " was made to find it held, as it finds it while another program holds it (the "
            "probe of locks makes the first " +
            std::to_string(probe_failures) +
@@ -896,8 +937,9 @@ private:
   {
     if (log.failed.tensor >= 0)
       failed_.emplace(me, log.failed);
-    for (held_lock const& l : log.locks) // (taken, given back or not)
-      lock_words_.insert(lock_key(l.tensor, l.element));
+    for (held_lock const& l : log.locks) // (by atomic_cas: given back or not)
+      if (!l.by_xchg || l.released)
+        lock_words_.insert(lock_key(l.tensor, l.element));
     // The program's tickets from counters that order programs, in program order.
     bool const ordering = ordering_;
     mine_.clear();
@@ -905,8 +947,13 @@ private:
       if (std::uint16_t const c = counter_of(k.tensor, k.element); c && counters_[c - 1u].valid)
         mine_.push_back({k.access, static_cast<std::uint32_t>(k.old), c});
     std::size_t next = 0; // the first of them not before the access
+    bool const settle = log.xchg_locks();
+    if (settle)
+      log.settled_locks(settled_);
     for (std::uint32_t j = 0; j < log.accesses.size(); ++j) {
-      logged_access const& a = log.accesses[j];
+      logged_access a = log.accesses[j];
+      if (settle)
+        std::tie(a.lock, a.locks_held) = settled_[j];
       if (a.op & op_unraced) {
         // An atomic_xchg or atomic_cas of integer elements: not a race with another (locks and
         // flags), but with another program's plain load or store of the element (a flag read
@@ -1305,6 +1352,7 @@ private:
   std::unordered_map<std::uint64_t, std::uint16_t> counter_ids_;
   std::vector<bool> counts_; // per tensor: whether it holds a counter
   std::vector<ordinal> mine_;
+  std::vector<std::pair<int, std::uint8_t>> settled_; // program_log::settled_locks
   bool ordering_ = false; // whether a counter orders programs
   bool exchanges_ = false;                       // check_exchanges
   std::unordered_set<std::uint64_t> lock_words_; // elements a program took as a lock
