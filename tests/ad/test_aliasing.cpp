@@ -268,6 +268,64 @@ TEST(Aliasing, AViewMadeInTheKernelThatReachesPastItsTensorIsRefused) {
   });
   EXPECT_NE(beyond.find("(it is outside every tensor of the launch)"), std::string::npos)
       << beyond;
+  // The same views made from the data of a tensor passed without a gradient: its loads recorded
+  // nothing, and the marked tensors' elements read through them got no gradient (k and v of the
+  // packed rows, b of the halves: all zero), with no error.
+  std::string const passive_packed = message([&] {
+    tg::vjp(1, packed_rows, part(0, "q"), tg::in("k", part(1, "k")), tg::in("v", part(2, "v")),
+            tg::out("y", y, dy));
+  });
+  EXPECT_NE(passive_packed.find("loads an address through a view made from the data of tensor "
+                                "'q' (at "),
+            std::string::npos)
+      << passive_packed;
+  EXPECT_NE(passive_packed.find("which is not an element of 'q' (it is one of 'k')"),
+            std::string::npos)
+      << passive_packed;
+  std::string const passive_read = message([&] {
+    tg::vjp(1, read_halves, chalf(ab, 0, "a"), tg::in("b", chalf(ab, 1, "b")), tg::out("y", y, dy));
+  });
+  EXPECT_NE(passive_read.find("which is not an element of 'a' (it is one of 'b')"),
+            std::string::npos)
+      << passive_read;
+  // An inout tensor's elements (initial values, or what another program stored) read so.
+  auto const read_then_write = []<class T>(tg::program const& p, tg::tensor<T const> a,
+                                           tg::tensor<T> b, tg::tensor<T> y) {
+    using F = tg::fp32<T>;
+    std::int64_t const m = a.size(0);
+    tg::tensor<T const> const whole(a.data(), {2 * m}, "whole");
+    auto const o = tg::arange<0, 8>();
+    tg::tile<F, 8> const bv = tg::load(whole + m + o, o < m, 0.0);
+    if (p.program_id(0) == 0)
+      tg::store(y + o, bv * bv, o < m);
+    else
+      tg::store(b + o, bv * 3.0, o < m);
+  };
+  std::string const passive_inout = message([&] {
+    tg::vjp(2, read_then_write, chalf(ab, 0, "a"),
+            tg::inout("b", half(ab, 1, "b"), chalf(yz, 1, "db")), tg::out("y", y, dy));
+  });
+  EXPECT_NE(passive_inout.find("which is not an element of 'a' (it is one of 'b')"),
+            std::string::npos)
+      << passive_inout;
+  // Reading a neighbour without a gradient through such a view, or memory of no tensor, is
+  // allowed: no gradient goes astray.
+  owned<double> w({n}, "w");
+  fill(w, 9);
+  auto const halves_and_w = []<class T>(tg::program const&, tg::tensor<T const> a,
+                                        tg::tensor<T const>, tg::tensor<T const> w,
+                                        tg::tensor<T> y) {
+    using F = tg::fp32<T>;
+    std::int64_t const m = a.size(0);
+    tg::tensor<T const> const whole(a.data(), {2 * m}, "whole");
+    auto const o = tg::arange<0, 8>();
+    tg::tile<F, 8> const bv = tg::load(whole + m + o, o < m, 0.0);
+    tg::store(y + o, bv * tg::load(w + o, o < m, 0.0), o < m);
+  };
+  auto const gw = tg::vjp(1, halves_and_w, chalf(ab, 0, "a"), chalf(ab, 1, "b"), tg::in("w", w),
+                          tg::out("y", y, dy));
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(gw["w"].data()[i], ab.data()[n + i] * dy.data()[i]) << i;
 
   // jvp runs the kernel on a copy of each tensor: the same views read past a copy (the values
   // came back as inf and 6e72 where 1.26 was right). Refused before the access.

@@ -346,6 +346,42 @@ TEST_P(Launch, RunOrderedPassesAProgramsExceptionToTheCaller) {
   EXPECT_LE(dones.load(), 37); // nothing after the failed program is done
 }
 
+TEST_P(Launch, RunOrderedPassesTheFirstFailingProgramInProgramOrder) {
+  // Program 7 throws after program 9 has (where another thread runs it within a second): vjp,
+  // which runs its programs so, named program (1, 0, 0) on some runs where every program threw,
+  // where the launch promises the first in program order. Nothing from program 7 on is done.
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<int> late{0}, dones{0};
+    std::atomic<std::int64_t> last_done{-1};
+    auto run = [&](std::int64_t i) {
+      if (i == 7) {
+        auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (late.load() == 0 && GetParam().exec != tg::executor::sequential &&
+               GetParam().threads != 1 && std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+        throw std::runtime_error("program 7");
+      }
+      if (i >= 9) {
+        late.fetch_add(1);
+        throw std::runtime_error("program " + std::to_string(i));
+      }
+    };
+    auto done = [&](std::int64_t i) {
+      dones.fetch_add(1);
+      last_done.store(i);
+    };
+    try {
+      tg::detail::run_ordered(options(), 100, 16, tg::detail::program_runner(run),
+                              tg::detail::program_runner(done));
+      ADD_FAILURE() << "no exception";
+    } catch (std::runtime_error const& e) {
+      EXPECT_STREQ(e.what(), "program 7") << "round " << round;
+    }
+    EXPECT_LE(dones.load(), 7) << "round " << round; // (in order: the last is dones - 1)
+    EXPECT_EQ(last_done.load(), dones.load() - 1) << "round " << round;
+  }
+}
+
 // ----- nested launches ----------------------------------------------------------------------
 
 TEST_P(Launch, NestedLaunchFinishes) {

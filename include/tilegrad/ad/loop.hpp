@@ -220,9 +220,12 @@ void check_captures(Body const& body, std::source_location const& where) {
     throw std::invalid_argument(
         "tilegrad::vjp: the body of tg::loop at " + tilegrad::detail::where_string(where) +
         ", run by " + (p ? p->describe() : std::string("host code")) +
-        ", captures a local variable by reference: in reverse mode the body runs again in the "
-        "sweep, after the kernel returned. Capture by value ([=]): tiles, tensors and block "
-        "pointers are small values.");
+        ", holds the address of a local variable of the kernel: in reverse mode the body runs "
+        "again in the sweep, after the kernel returned. Either it captures a local by reference "
+        "(capture by value, [=]: tiles, tensors and block pointers are small values), or it "
+        "captures by value an unevaluated expression that refers to a local tile (auto mask = "
+        "offs < n; keeps a reference to offs): give such an expression a tile type "
+        "(tg::tile<bool, N> const mask = offs < n;) or write it inside the body.");
 }
 
 /// While it lives, the running program is inside a loop body (stores are refused); replaying,

@@ -81,9 +81,26 @@ X const* copy_to_tape(tape& tp, std::vector<X> const& v) {
   return p;
 }
 
-/// The entry of the tensor a load reads, when the load must be recorded (the tensor is one of
-/// the launch's and wants a gradient or may be written); marks the tensor as read.
-inline tensor_entry const* tracked_load(program_state* st, void const* base) {
+/// Whether a view of `bytes` bytes of memory at `base`, made from the data of e, reaches an
+/// element of another tensor of the launch that has a gradient or that the kernel may write.
+inline bool reaches_active(program_state const& st, tensor_entry const& e, void const* base,
+                           std::int64_t bytes) {
+  auto const* lo = static_cast<std::byte const*>(base);
+  auto const* hi = lo + bytes;
+  if (!e.shared_range && lo >= e.lo && hi <= e.hi)
+    return false;
+  for (tensor_entry const& o : *st.tensors)
+    if (&o != &e && (o.writable || o.wants_grad()) && o.lo < hi && lo < o.hi)
+      return true;
+  return false;
+}
+
+/// The entry of the tensor a load reads through a view of `bytes` bytes at `base`, when the load
+/// must be recorded (the tensor is one of the launch's and wants a gradient or may be written),
+/// or its lanes checked (a read-only tensor without a gradient, whose view reaches another
+/// tensor's memory: record_load refuses lanes that read an element of one with a gradient or
+/// written, whose gradient or race check would miss them); marks the tensor as read.
+inline tensor_entry const* tracked_load(program_state* st, void const* base, std::int64_t bytes) {
   if (!st)
     return nullptr;
   tensor_entry const* e = st->find(base);
@@ -91,7 +108,9 @@ inline tensor_entry const* tracked_load(program_state* st, void const* base) {
     return nullptr;
   st->out->reads |= std::uint64_t{1} << e->index;
   // Not recording (a checkpointed loop's forward run), a read-only tensor needs nothing.
-  return e->writable || (e->wants_grad() && st->t.recording()) ? e : nullptr;
+  if (e->writable || (e->wants_grad() && st->t.recording()))
+    return e;
+  return !e->wants_grad() && reaches_active(*st, *e, base, bytes) ? e : nullptr;
 }
 
 /// Whether a block load from base may leave its values in the tensor instead of copying them to
@@ -289,6 +308,20 @@ TILEGRAD_MACHINERY bool plain_load_hook(tilegrad::detail::access_hooks const& h,
 template <class T>
 T* record_load(program_state& st, tensor_entry const& e, void const* base, int size,
                std::source_location const& loc) {
+  if (!e.writable && !e.wants_grad()) { // (tracked_load: only its lanes are checked)
+    std::int64_t const d = e.shift<T>(base);
+    for (run r : st.scratch) {
+      r.offset += d;
+      if (!run_inside(e, r)) [[unlikely]]
+        for (int k = 0; k < r.count; ++k) {
+          std::int64_t const el = r.element(k);
+          tensor_entry const* o = st.find(e.lo + el * static_cast<std::int64_t>(e.bytes));
+          if (o && o != &e && (o->writable || o->wants_grad()))
+            lane_outside(st, e, el, "loads", loc);
+        }
+    }
+    return nullptr;
+  }
   shift_runs<T>(st, st.scratch, e, base, "loads", loc);
   tape& tp = st.t;
   std::vector<run> const& lanes = st.scratch;
@@ -526,7 +559,8 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
   using S = detail::access_shape_t<Off, Mask>;
   ptr_tile<T const, Off> fp(primal_view(p.base), p.offsets, p.shift);
   program_state* st = current_state();
-  tensor_entry const* e = tracked_load(st, p.base.data());
+  tensor_entry const* e =
+      tracked_load(st, p.base.data(), p.extent * static_cast<std::int64_t>(sizeof(T)));
   // The values go straight to the tape; the lanes read are gathered as runs on the way.
   T* v = current_tape().alloc<T>(S::size);
   std::optional<run_builder> lanes;
@@ -665,7 +699,8 @@ auto load_block(block_ptr<A, Bs...> const& bp, boundary_check<Axes...>, padding 
   constexpr int L = S::inner;
   auto const fbp = primal_block(bp);
   program_state* st = current_state();
-  tensor_entry const* e = tracked_load(st, bp.data());
+  tensor_entry const* e =
+      tracked_load(st, bp.data(), bp.extent() * static_cast<std::int64_t>(sizeof(T)));
   // A block of a read-only tensor that shares its memory with no other, inside it and laid out
   // as the tile is: the tile's values are the tensor's own (nothing writes them while the vjp
   // lasts), one run of lanes.

@@ -454,13 +454,17 @@ TILEGRAD_MACHINERY void run_ordered(launch_options const& opts, std::int64_t n, 
 #if TILEGRAD_USE_TBB
   if (opts.exec == executor::tbb) {
     // (done's own launches run in the same arena, so they keep to num_threads too.)
+    // The error of the first program in program order that threw, as run_programs reports it
+    // (the pipeline would rethrow whichever came first in time); done(i) only while no program
+    // up to i threw (done runs in order, after run(i), so every earlier failure is known).
+    first_failure failure(n);
     in_tbb_arena(opts.num_threads, [&](tbb::task_group_context& ctx) {
       std::int64_t next = 0;
       tbb::parallel_pipeline(
           static_cast<std::size_t>(window),
           tbb::make_filter<void, std::int64_t>(tbb::filter_mode::serial_in_order,
                                                [&](tbb::flow_control& fc) -> std::int64_t {
-                                                 if (next == n) {
+                                                 if (next == n || !failure.wanted(next)) {
                                                    fc.stop();
                                                    return 0;
                                                  }
@@ -468,13 +472,18 @@ TILEGRAD_MACHINERY void run_ordered(launch_options const& opts, std::int64_t n, 
                                                }) &
               tbb::make_filter<std::int64_t, std::int64_t>(tbb::filter_mode::parallel,
                                                            [&](std::int64_t i) {
-                                                             run(i);
+                                                             if (failure.wanted(i))
+                                                               failure.run(run, i);
                                                              return i;
                                                            }) &
               tbb::make_filter<std::int64_t, void>(tbb::filter_mode::serial_in_order,
-                                                   [&](std::int64_t i) { done(i); }),
+                                                   [&](std::int64_t i) {
+                                                     if (failure.wanted(i))
+                                                       failure.run(done, i);
+                                                   }),
           ctx);
     });
+    failure.rethrow();
     return;
   }
 #endif
