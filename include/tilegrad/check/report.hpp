@@ -175,8 +175,11 @@ private:
       // reference, which its blocks agree on.
       if (g.scale_z > scale_agreement)
         os << "      along the reference: kernel = (1 + " << g.scale_error
-           << ") * reference, fitted over its elements (least squares; its blocks agree to "
-           << g.scale_z << " standard errors), " << g.scale_units
+           << ") * reference, fitted over its elements (least squares"
+           << (g.scale_by_bounds ? ", each weighted by its bound: the reference's largest "
+                                   "elements sit in a few blocks"
+                                 : "")
+           << "; its blocks agree to " << g.scale_z << " standard errors), " << g.scale_units
            << " of its bounds (sum bound |ref| / sum ref^2)\n";
     }
     os.flags(flags);
