@@ -802,6 +802,107 @@ TEST(Aliasing, CheckBackwardTakesStridedViewsAndRefusesSharedElements) {
   EXPECT_TRUE(bad.mentions("'q'") && bad.mentions("'y'")) << bad;
 }
 
+// y = sigmoid(s x) x by rows of 8, x and y indexed with strides passed as numbers, as Triton
+// kernels take them (stride_xm, stride_xn, stride_ym, stride_yn).
+constexpr auto strided_by_numbers = []<class T, class S>(tg::program const& p,
+                                                         tg::tensor<T const> x, tg::tensor<T> y,
+                                                         std::int64_t sxm, std::int64_t sxn,
+                                                         std::int64_t sym, std::int64_t syn, S s) {
+  using F = tg::fp32<T>;
+  auto const r = p.program_id(0) * 8 + tg::arange<0, 8>();
+  auto const c = tg::arange<0, 16>();
+  auto const m = tg::col(r < x.size(0)) & tg::row(c < x.size(1));
+  tg::tile<F, 8, 16> const v =
+      tg::to<F>(tg::load(x + tg::col(r) * sxm + tg::row(c) * sxn, m, 0.0f));
+  tg::store(y + tg::col(r) * sym + tg::row(c) * syn, tg::sigmoid(v * s) * v, m);
+};
+
+TEST(Aliasing, CopiesInAnotherPrecisionAreLaidOutAsTheCallersTensors) {
+  // vjp_as<double>, vjp of bf16 tensors and check_backward's references run on copies. They were
+  // contiguous: a kernel given the caller's strides as numbers read a transposed view's copy in
+  // another order, inside its bounds, and the gradients came out wrong with no error (2.9 off
+  // where they are about 1), and check_backward failed a correct backward on every element off
+  // the diagonal. The copies now keep the caller's offsets and strides.
+  int const m = 13, n = 11;
+  auto transposed = []<class E>(std::vector<E>& storage, char const* name) {
+    return tg::tensor<E>(storage.data(), {13, 11}, {1, 13}, name); // storage (n, m)
+  };
+  std::vector<float> xs(m * n);
+  for (int i = 0; i < m * n; ++i)
+    xs[static_cast<std::size_t>(i)] = std::sin(0.7f * static_cast<float>(i) + 0.3f);
+  owned<float> dy({m, n}, "dy");
+  fill(dy, 3);
+  // x transposed, y row-major: layouts that differ, so that an element read from the wrong
+  // place is stored to the right one (inside the bounds: no error).
+  owned<float> y({m, n}, "y"), y2({m, n}, "y");
+  auto const x = transposed(xs, "x");
+  int const grid = tg::cdiv(m, 8);
+  // The float vjp runs on the caller's tensors: no copy.
+  auto const gf = tg::vjp(grid, strided_by_numbers, tg::in("x", tg::tensor<float const>(x)),
+                          tg::out("y", y.view(), dy.cview()), x.stride(0), x.stride(1),
+                          y.view().stride(0), y.view().stride(1), 0.75f);
+  auto const gd =
+      tg::vjp_as<double>(grid, strided_by_numbers, tg::in("x", tg::tensor<float const>(x)),
+                         tg::out("y", y2.view(), dy.cview()), x.stride(0), x.stride(1),
+                         y.view().stride(0), y.view().stride(1), 0.75f);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      EXPECT_NEAR(gd["x"](i, j), gf["x"](i, j), 1e-5) << i << "," << j;
+      EXPECT_NEAR(y2(i, j), y(i, j), 1e-6) << i << "," << j;
+    }
+  // bf16: vjp runs on float copies; against the float vjp of the same values laid out so.
+  std::vector<tg::bf16> xb(xs.size()), yb(xs.size()), yl(xs.size());
+  std::vector<float> xbf(xs.size()), ybf(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    xb[i] = tg::bf16(xs[i]);
+    xbf[i] = static_cast<float>(xb[i]);
+  }
+  owned<tg::bf16> dyb({m, n}, "dy");
+  for (std::int64_t i = 0; i < dyb.numel(); ++i)
+    dyb.data()[i] = tg::bf16(dy.data()[i]);
+  auto const xbv = transposed(xb, "x");
+  tg::tensor<tg::bf16> const ybv(yb.data(), {13, 11}, {11, 1}, "y");
+  auto const gb = tg::vjp(grid, strided_by_numbers, tg::in("x", tg::tensor<tg::bf16 const>(xbv)),
+                          tg::out("y", ybv, dyb.cview()), x.stride(0), x.stride(1),
+                          std::int64_t{11}, std::int64_t{1}, 0.75f);
+  owned<float> dyf({m, n}, "dy");
+  for (std::int64_t i = 0; i < dyf.numel(); ++i)
+    dyf.data()[i] = static_cast<float>(dyb.data()[i]);
+  auto const xfv = transposed(xbf, "x");
+  tg::tensor<float> const yfv(ybf.data(), {13, 11}, {11, 1}, "y");
+  auto const gbf = tg::vjp(grid, strided_by_numbers, tg::in("x", tg::tensor<float const>(xfv)),
+                           tg::out("y", yfv, dyf.cview()), x.stride(0), x.stride(1),
+                           std::int64_t{11}, std::int64_t{1}, 0.75f);
+  tg::tensor<tg::bf16> const ylv(yl.data(), {13, 11}, {11, 1}, "y");
+  tg::launch(grid, strided_by_numbers, tg::tensor<tg::bf16 const>(xbv), ylv, x.stride(0),
+             x.stride(1), std::int64_t{11}, std::int64_t{1}, 0.75f);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      EXPECT_EQ(gb["x"](i, j), gbf["x"](i, j)) << i << "," << j;
+      EXPECT_EQ(static_cast<float>(ybv(i, j)), static_cast<float>(ylv(i, j))) << i << "," << j;
+    }
+  // check_backward: a correct backward that reads the inputs through their views passes.
+  auto const backward = [](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto const xv = ctx.input("x");
+    auto const g = ctx.cotangent("y");
+    owned<float> dx({xv.size(0), xv.size(1)});
+    for (std::int64_t a = 0; a < xv.size(0); ++a)
+      for (std::int64_t b = 0; b < xv.size(1); ++b) {
+        double const v = xv(a, b), sg = 1 / (1 + std::exp(-0.75 * v));
+        dx(a, b) = static_cast<float>(g(a, b) * (sg + 0.75 * v * sg * (1 - sg)));
+      }
+    return {{"x", dx}};
+  };
+  // (Its output every other element of a wider buffer: the reference's buffer is laid out so.)
+  std::vector<float> wide(2 * m * n);
+  tg::tensor<float> const yw(wide.data(), {13, 11}, {22, 2}, "y");
+  auto const rep = tg::check_backward(
+      tg::forward(grid, strided_by_numbers, tg::in("x", tg::tensor<float const>(x)),
+                  tg::out("y", yw), x.stride(0), x.stride(1), yw.stride(0), yw.stride(1), 0.75f),
+      backward);
+  EXPECT_TRUE(rep) << rep;
+}
+
 } // namespace
 
 } // namespace test_aliasing

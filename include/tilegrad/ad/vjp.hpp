@@ -652,24 +652,26 @@ struct rebound_args {
 };
 
 /// An argument of a vjp re-made in precision U: float tensors (marked or not, any float
-/// storage type) become contiguous copies of element type U, `float` numbers become U (so a
-/// scale or eps follows the reference's precision); integer tensors and other numbers pass
-/// through. A tensor the kernel may write gets its result back, converted, after the launch.
+/// storage type) become copies of element type U laid out as they are (the same offsets and
+/// strides, in a buffer of their span: a kernel that takes its strides as numbers, as Triton
+/// kernels do, reads the same elements; contiguous copies gave a transposed view's elements
+/// another order, and wrong gradients with no error), `float` numbers become U (so a scale or
+/// eps follows the reference's precision); integer tensors and other numbers pass through. A
+/// tensor the kernel may write gets its result back, converted, after the launch.
 template <class U, class X>
 auto rebind_arg(X const& x, rebound_args<U>& r) {
-  auto copy = [&](auto const& t, char const* name) -> owned_tensor<U>& {
-    auto& c = r.keep.emplace_back(t.shape().data(), static_cast<std::size_t>(t.rank()), name);
-    for (std::int64_t i = 0; i < t.numel(); ++i)
-      c.data()[i] = static_cast<U>(static_cast<double>(t.data()[t.row_major_offset(i)]));
-    return c;
+  auto copy = [&](auto const& t, char const* name) -> tensor<U> {
+    return tilegrad::detail::laid_out_copy<U>(t, r.keep, name);
   };
-  auto give_back = [&]<class E>(tensor<E> const& t, owned_tensor<U> const& c) {
-    r.write_back.emplace_back([t, &c] {
-      for (std::int64_t i = 0; i < t.numel(); ++i)
+  auto give_back = [&]<class E>(tensor<E> const& t, tensor<U> const& c) {
+    r.write_back.emplace_back([t, c] {
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        std::int64_t const off = t.row_major_offset(i);
         if constexpr (std::is_same_v<E, bf16>)
-          t.data()[t.row_major_offset(i)] = bf16(static_cast<float>(c.data()[i]));
+          t.data()[off] = bf16(static_cast<float>(c.data()[off]));
         else
-          t.data()[t.row_major_offset(i)] = static_cast<E>(c.data()[i]);
+          t.data()[off] = static_cast<E>(c.data()[off]);
+      }
     });
   };
   using F = typename float_of<X>::type;
@@ -678,22 +680,22 @@ auto rebind_arg(X const& x, rebound_args<U>& r) {
   } else if constexpr (std::is_void_v<F>) {
     return x; // integer tensors, other numbers
   } else if constexpr (requires { x.cotangent; }) {
-    auto& c = copy(x.t, x.name);
+    tensor<U> const c = copy(x.t, x.name);
     if constexpr (X::r == role::in) {
-      return marked_tensor<U, X::r>{x.name, c.view(), {}};
+      return marked_tensor<U, X::r>{x.name, c, {}};
     } else {
       give_back(x.t, c);
-      return marked_tensor<U, X::r>{x.name, c.view(), copy(x.cotangent, x.name).cview()};
+      return marked_tensor<U, X::r>{x.name, c, copy(x.cotangent, x.name)};
     }
   } else if constexpr (requires { x.view(); }) {
     return rebind_arg<U>(x.view(), r); // an owning tensor: as its view
   } else {
-    auto& c = copy(x, x.name());
+    tensor<U> const c = copy(x, x.name());
     if constexpr (std::is_const_v<typename X::element_type>) {
-      return c.cview();
+      return tensor<U const>(c);
     } else {
       give_back(x, c);
-      return c.view();
+      return c;
     }
   }
 }

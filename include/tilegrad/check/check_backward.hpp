@@ -390,10 +390,12 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
     detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
       using K = detail::arg_kind<X>;
       if constexpr (K::out)
-        saved.push_back(detail::make_saved_values(x.name, x.t, keep[k].data()));
+        saved.push_back(detail::make_saved_values(
+            x.name, x.t, detail::row_major_values(x.t, keep[k].data()).data()));
       else if constexpr (K::float_tensor) {
         if constexpr (!std::is_const_v<typename X::element_type>)
-          saved.push_back(detail::make_saved_values(x.name(), x, keep[k].data()));
+          saved.push_back(detail::make_saved_values(
+              x.name(), x, detail::row_major_values(x, keep[k].data()).data()));
       }
       if constexpr (K::in || K::out || K::passive || K::float_tensor)
         ++k;

@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 namespace tilegrad {
 
@@ -160,26 +161,40 @@ owned_tensor<U> copy_as(tensor<E> const& t) {
 /// The argument re-made on copies of element type U, for a reference: outputs get fresh
 /// buffers and the cotangent `cot(name)` returns (an owned_tensor<U>); inputs, passive inputs
 /// and unmarked float tensors are copied (so a reference never writes the caller's tensors);
-/// integer tensors and numbers pass through.
+/// integer tensors and numbers pass through. Copies and fresh buffers are laid out as the
+/// caller's tensors (laid_out_copy: a forward that takes its strides as numbers reads the same
+/// elements), each in one buffer of `keep`, in the order of the arguments.
 template <class U, class X, class Cot>
 auto rebind(X const& x, std::deque<owned_tensor<U>>& keep, Cot&& cot) {
   using K = arg_kind<X>;
   if constexpr (K::in) {
-    return tilegrad::in(x.name, keep.emplace_back(copy_as<U>(x.t)).cview());
+    return tilegrad::in(x.name, tensor<U const>(laid_out_copy<U>(x.t, keep, x.t.name())));
   } else if constexpr (K::out) {
-    auto& y = keep.emplace_back(x.t.shape().data(), static_cast<std::size_t>(x.t.rank()), x.name);
-    return tilegrad::out(x.name, y.view(), cot(std::string(x.name)).cview());
+    std::int64_t const span = x.t.numel() == 0 ? 1 : x.t.span();
+    auto& y = keep.emplace_back(&span, std::size_t{1}, x.name);
+    return tilegrad::out(x.name,
+                         tensor<U>(y.data(), x.t.rank(), x.t.shape(), x.t.strides(), x.name),
+                         cot(std::string(x.name)).cview());
   } else if constexpr (K::passive) {
-    return keep.emplace_back(copy_as<U>(x.t)).cview().named(x.name);
+    return tensor<U const>(laid_out_copy<U>(x.t, keep, x.t.name())).named(x.name);
   } else if constexpr (K::float_tensor) {
-    auto& c = keep.emplace_back(copy_as<U>(x));
+    tensor<U> const c = laid_out_copy<U>(x, keep, x.name());
     if constexpr (std::is_const_v<typename X::element_type>)
-      return c.cview();
+      return tensor<U const>(c);
     else
-      return c.view();
+      return c;
   } else {
     return x;
   }
+}
+
+/// The values of a tensor laid out as t in `data` (a copy rebind made), in row-major order.
+template <class E>
+std::vector<double> row_major_values(tensor<E> const& t, double const* data) {
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    v[static_cast<std::size_t>(i)] = data[t.row_major_offset(i)];
+  return v;
 }
 
 } // namespace detail

@@ -91,27 +91,33 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
   };
   auto args64 = std::apply([&](auto const&... a) { return std::tuple{rebind(a)...}; }, fwd.args);
 
-  // The inputs (contiguous copies) and the outputs with their cotangents.
+  // The inputs (copies laid out as the caller's tensors: offsets in row-major order) and the
+  // outputs (laid out so too) with their cotangents (contiguous).
   struct input {
     double* x;
+    std::vector<std::int64_t> at;
     std::vector<double> x0, u;
   };
   std::vector<input> ins;
-  std::vector<std::pair<double const*, double const*>> outs; // (y, w)
-  std::vector<std::int64_t> out_sizes;
+  struct output {
+    tensor<double const> y;
+    double const* w;
+  };
+  std::vector<output> outs;
   std::apply(
       [&](auto const&... a) {
         auto collect = [&]<class X>(X const& x) {
           using K = detail::arg_kind<X>;
           if constexpr (K::in) {
             auto& in = ins.emplace_back();
-            in.x = x.t.data();
-            in.x0.assign(x.t.data(), x.t.data() + x.t.numel());
-            for (std::int64_t i = 0; i < x.t.numel(); ++i)
+            in.x = const_cast<double*>(x.t.data());
+            for (std::int64_t i = 0; i < x.t.numel(); ++i) {
+              in.at.push_back(x.t.row_major_offset(i));
+              in.x0.push_back(in.x[in.at.back()]);
               in.u.push_back(d(gen));
+            }
           } else if constexpr (K::out) {
-            outs.emplace_back(x.t.data(), x.cotangent.data());
-            out_sizes.push_back(x.t.numel());
+            outs.push_back({x.t, x.cotangent.data()});
           }
         };
         (collect(a), ...);
@@ -140,14 +146,15 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
   auto objective = [&](double t, double* scale) {
     for (auto& in : ins)
       for (std::size_t i = 0; i < in.x0.size(); ++i)
-        in.x[i] = in.x0[i] + t * in.u[i];
+        in.x[in.at[i]] = in.x0[i] + t * in.u[i];
     std::apply([&](auto const&... a) { launch(o.launch, g, kernel, detail::launch_arg(a)...); },
                args64);
     double j = 0, s = 0;
-    for (std::size_t q = 0; q < outs.size(); ++q)
-      for (std::int64_t i = 0; i < out_sizes[q]; ++i) {
-        j += outs[q].first[i] * outs[q].second[i];
-        s += std::abs(outs[q].first[i] * outs[q].second[i]);
+    for (output const& q : outs)
+      for (std::int64_t i = 0; i < q.y.numel(); ++i) {
+        double const yw = q.y.data()[q.y.row_major_offset(i)] * q.w[i];
+        j += yw;
+        s += std::abs(yw);
       }
     if (scale)
       *scale = s;

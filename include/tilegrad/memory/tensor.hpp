@@ -434,6 +434,23 @@ void expect_shape(owned_tensor<T> const& t, std::initializer_list<std::int64_t> 
   expect_shape(t.cview(), shape, where);
 }
 
+namespace detail {
+/// A copy of t converted to U and laid out as t: the same offsets from its first element and the
+/// same strides, in a buffer of t's span that `keep` (a container of owned_tensor<U>, such as a
+/// deque) owns, the addresses between t's elements zero. A kernel that indexes with t's strides
+/// taken as numbers reads the same elements in the copy as in t.
+template <class U, class E, class Keep>
+tensor<U> laid_out_copy(tensor<E> const& t, Keep& keep, char const* name) {
+  std::int64_t const span = t.numel() == 0 ? 1 : t.span();
+  owned_tensor<U>& buf = keep.emplace_back(&span, std::size_t{1}, name);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    std::int64_t const off = t.row_major_offset(i);
+    buf.data()[off] = static_cast<U>(static_cast<double>(t.data()[off]));
+  }
+  return tensor<U>(buf.data(), t.rank(), t.shape(), t.strides(), name);
+}
+} // namespace detail
+
 } // namespace tilegrad
 
 #if TILEGRAD_SEPARATE_COMPILATION // compiled in tilegrad/separate.hpp
