@@ -21,6 +21,19 @@ template <class T>
 inline constexpr bool is_floating_v = std::is_floating_point_v<T> || !is_builtin_v<T>;
 
 namespace detail {
+/// Whether storing values of type V into a tensor of element type T drops forward-mode tangents:
+/// V is a dual number and T a float type that is not (an unmarked bf16 or double tensor in a jvp
+/// of a float launch), where what is loaded back would count as a constant. (An integer takes a
+/// dual's value, as it takes any float's.)
+template <class T, class V>
+inline constexpr bool drops_tangents_v = requires {
+  typename V::dual_tag;
+}
+&&!requires {
+  typename std::remove_cv_t<T>::dual_tag;
+}
+&&!std::is_integral_v<std::remove_cv_t<T>>;
+
 /// A custom scalar that names its number type (`primal_type`) and itself at another float
 /// width (`rebind<U>`: adjoint<float>::rebind<double> is adjoint<double>).
 template <class T>

@@ -551,6 +551,12 @@ template <class T, int... Bs, tile_expression E, int... Axes>
 void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {},
            cache_hints hints = {}, std::source_location loc = std::source_location::current()) {
   static_assert(!std::is_const_v<T>, "tilegrad: store through a block pointer of a const tensor");
+  static_assert(
+      !detail::drops_tangents_v<T, value_of_t<std::remove_cvref_t<E>>>,
+      "tilegrad::jvp: the kernel stores a value with tangents into a tensor of another float type "
+      "(an unmarked bf16 or double tensor in a launch whose float type is float): the tangents "
+      "would be dropped, and what is loaded back would count as a constant. Pass such a scratch "
+      "tensor in the launch's float type, so that it carries tangents");
   using S = shape<Bs...>;
   static_assert(detail::require_same_shape<S, shape_of_t<E>>);
   if constexpr (adjoint_scalar<T>) {

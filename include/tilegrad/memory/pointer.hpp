@@ -384,6 +384,12 @@ template <class T, class Off, class Mask, class Val>
 void store_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in,
                 std::source_location const& loc) {
   static_assert(!std::is_const_v<T>, "tilegrad: store through a pointer tile of a const tensor");
+  static_assert(
+      !drops_tangents_v<T, value_of_t<Val>>,
+      "tilegrad::jvp: the kernel stores a value with tangents into a tensor of another float type "
+      "(an unmarked bf16 or double tensor in a launch whose float type is float): the tangents "
+      "would be dropped, and what is loaded back would count as a constant. Pass such a scratch "
+      "tensor in the launch's float type, so that it carries tangents");
   using S = access_shape_t<Off, Mask>;
   if constexpr (!value_fits_pointers_v<shape_of_t<Val>, S>) {
     return; // the assertion above has said why (no cascade of errors in every mode)
