@@ -271,6 +271,7 @@ enum class taking {
   test_test_and_set, // spins on plain loads of the lock while it is held, then tries
   bounded_xchg,      // gives up after two tries, and goes on without the lock
   twice_xchg,        // takes the lock twice: with a spin, then with a try whose result is ignored
+  test_and_set_id,   // while (atomic_xchg(lock, row + 1) != 0) {}: the word names its holder
 };
 
 // y = x * w by rows; the backward adds each row's dw into the partial row of its group (row %
@@ -319,6 +320,9 @@ constexpr auto grouped_dw = [](tg::program const& p, tg::tensor<float const> x,
           break;
     } else if (t == taking::twice_xchg) {
       (void)tg::atomic_xchg(lock, 1);
+    } else if (t == taking::test_and_set_id) {
+      while (tg::atomic_xchg(lock, static_cast<int>(r) + 1).item() != 0) {
+      }
     } else {
       (void)tg::atomic_cas(lock, 0, 1);
     }
@@ -395,7 +399,9 @@ TEST(Locks, TestAndSetLocksAreLocks) {
   // A lock taken by atomic_xchg(lock, 1) where it returns 0 (spinning on the exchange, or on plain
   // loads of the lock first) and given back by the same program is a lock: its accesses do not
   // race, on every executor, in several waves and in one. Both failed with a race on the partial
-  // rows. The probe of locks makes the first exchanges of each taking find it held: a lock that
+  // rows. A lock whose word holds its holder's id (the exchanges of a spin find other programs'
+  // ids, and only the last finds it free) failed in the probe of locks, the first exchange taken
+  // for the taking. The probe makes the first exchanges of each taking find it held: a lock that
   // gives up after two tries, or whose second taking ignores the exchange, races.
   for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
     if (!tg::executor_available(e))
@@ -403,7 +409,10 @@ TEST(Locks, TestAndSetLocksAreLocks) {
     for (auto [m, groups] : {std::pair<std::int64_t, int>{600, 256}, {40, 16}})
       for (bool cas_release : {false, true}) {
         tg::launch_options const lo{e, 2};
-        for (taking how : {taking::test_and_set, taking::test_test_and_set}) {
+        for (taking how :
+             {taking::test_and_set, taking::test_test_and_set, taking::test_and_set_id}) {
+          if (how == taking::test_and_set_id && cas_release)
+            continue; // (atomic_cas(lock, 1, 0) gives back only a lock that holds 1)
           auto const fine = check_grouped(how, m, groups, lo, cas_release);
           EXPECT_BACKWARD_OK(fine) << static_cast<int>(how) << " " << cas_release;
           EXPECT_FALSE(fine.mentions("race")) << fine;

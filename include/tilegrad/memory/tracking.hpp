@@ -25,6 +25,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <numeric>
 #include <optional>
 #include <source_location>
 #include <stdexcept>
@@ -191,12 +192,21 @@ struct program_log {
   /// atomic_xchg and given back.
   void settled_locks(std::vector<std::pair<int, std::uint8_t>>& out) const {
     out.assign(accesses.size(), {-1, 0});
+    // (A taking by atomic_xchg moves to the spin's last exchange: by taken_at, not by index.)
+    std::vector<int> order(locks.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return locks[static_cast<std::size_t>(a)].taken_at <
+             locks[static_cast<std::size_t>(b)].taken_at;
+    });
     std::vector<int> active; // in taking order
     std::size_t next = 0;
     for (std::size_t j = 0; j < accesses.size(); ++j) {
-      for (; next < locks.size() && locks[next].taken_at <= j; ++next)
-        if (!locks[next].by_xchg || locks[next].released)
-          active.push_back(static_cast<int>(next));
+      for (; next < order.size() && locks[static_cast<std::size_t>(order[next])].taken_at <= j;
+           ++next)
+        if (held_lock const& l = locks[static_cast<std::size_t>(order[next])];
+            !l.by_xchg || l.released)
+          active.push_back(order[next]);
       std::erase_if(active, [&](int i) { return locks[static_cast<std::size_t>(i)].free_at <= j; });
       auto const cas = std::find_if(active.begin(), active.end(), [&](int i) {
         return !locks[static_cast<std::size_t>(i)].by_xchg;
@@ -225,6 +235,12 @@ struct program_log {
         l.released = true;
         l.free_at = static_cast<std::uint32_t>(accesses.size());
         open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (l.by_xchg && !is_cas && old != v) {
+        // A spin on atomic_xchg(lock, id) that found another holder's id took nothing: the last
+        // exchange before the element is given back is the taking (it found the free value).
+        l.unlocked = old;
+        l.held = v;
+        l.taken_at = static_cast<std::uint32_t>(accesses.size());
       }
       return;
     }
