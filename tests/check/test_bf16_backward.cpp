@@ -834,7 +834,7 @@ namespace {
 // An embedding lookup y[r, :] = table[idx[r], :], 16 rows per program, and its backward: each
 // program adds its rows of dy into dtable's rows with float atomics into a float buffer, which is
 // rounded to bf16 once. `factor` multiplies the whole gradient (a loss scale applied twice, or
-// 1 / (N - 1) for 1 / N).
+// 1 / (N - 1) for 1 / N), or its first `rows` rows where rows >= 0.
 constexpr int emb_d = 64, emb_rows = 16;
 constexpr auto emb_fwd = []<class T>(tg::program const& p, tg::tensor<int const> idx,
                                      tg::tensor<T const> table, tg::tensor<T> y) {
@@ -857,7 +857,7 @@ constexpr auto emb_bwd = [](tg::program const& p, tg::tensor<int const> idx,
   (void)tg::atomic_add(dt + (tg::col(i) * dt.stride(0) + tg::row(cols)), g * factor, tg::col(in));
 };
 
-tg::check_report check_embedding(float factor) {
+tg::check_report check_embedding(float factor, std::int64_t rows = -1) {
   // 9 lookups in 10 hit table rows 0-2; the rest are spread over the table's other rows.
   std::int64_t const m = 8195, v = 4099;
   tg::owned_tensor<int> idx({m}, "idx");
@@ -873,7 +873,9 @@ tg::check_report check_embedding(float factor) {
     tg::owned_tensor<float> acc({v, emb_d}, "dtable_acc");
     tg::owned_tensor<tg::bf16> dt({v, emb_d}, "dtable");
     tg::launch(ctx.options(), static_cast<int>(tg::cdiv(m, std::int64_t{emb_rows})), emb_bwd,
-               idx.cview(), ctx.cotangent("y"), acc.view(), factor);
+               idx.cview(), ctx.cotangent("y"), acc.view(), rows < 0 ? factor : 1.0f);
+    for (std::int64_t e = 0; e < std::max<std::int64_t>(rows, 0) * emb_d; ++e)
+      acc.data()[e] *= factor; // (table rows 0 to rows - 1)
     tg::copy(acc.cview(), dt.view());
     return {{"table", dt}};
   };
@@ -900,10 +902,23 @@ TEST(CheckBf16, AnEmbeddingWhoseLookupsHitAFewRowsIsJudgedAlongItsReference) {
       ASSERT_NE(g, nullptr);
       EXPECT_EQ(g->mismatches, 0) << r; // no element over its own bound
       EXPECT_TRUE(g->scale_failed) << r;
-      EXPECT_TRUE(g->scale_by_bounds) << r;
+      EXPECT_NE(g->scale_fit, tg::scale_fit_kind::squares) << r;
       EXPECT_NEAR(g->scale_error, factor - 1, 0.002) << r;
     }
-    EXPECT_TRUE(contains(r.str(), "each weighted by its bound")) << r;
+    EXPECT_TRUE(contains(r.str(), "the reference's largest elements sit in a few")) << r;
+  }
+  // Off on the three hot rows alone: their elements' bounds allow 1.5 %, the fit weighed by the
+  // bounds gives them almost no weight, and the runs of elements put them in one block. Blocks
+  // of equal weight split them.
+  for (float factor : {1.01f, 1.015f}) {
+    auto const r = check_embedding(factor, 3);
+    EXPECT_FALSE(r) << factor;
+    for (std::size_t s = 0; s < r.seeds.size(); ++s) {
+      auto const* g = r.gradient("table", s);
+      ASSERT_NE(g, nullptr);
+      EXPECT_TRUE(g->scale_failed) << r;
+      EXPECT_EQ(g->scale_fit, tg::scale_fit_kind::equal_weight) << r;
+    }
   }
 }
 

@@ -750,7 +750,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       gradient_report fit;
       detail::fit_scale(
           e->values, pd.ref64[q],
-          [&](std::int64_t i) { return bounds[static_cast<std::size_t>(i)]; }, fit);
+          [&](std::int64_t i) { return bounds[static_cast<std::size_t>(i)]; }, fit,
+          e->dtype == "bfloat16" ? scale_limit : 0);
       if (fit.scale_units > scale_limit && fit.scale_z > scale_agreement)
         return true;
     }

@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -279,6 +280,11 @@ struct tolerance {
 #endif
 };
 
+/// How a gradient's fit along its reference was taken (gradient_report::scale_error): each
+/// element weighed by its reference's square, the blocks runs of elements in order; the same in
+/// blocks of equal weight; each element weighed by (reference / bound)^2, in runs.
+enum class scale_fit_kind { squares, equal_weight, by_bounds };
+
 /// What the check found for one gradient tensor on one seed.
 struct gradient_report {
   std::string name, dtype, shape;
@@ -307,12 +313,16 @@ struct gradient_report {
   /// elements measure it (0: not measured).
   double scale_error = 0, scale_units = 0, scale_z = 0;
   bool scale_failed = false; ///< failed by check_options::scale_units
-  /// The fit weighed each element by (g_ref64 / bound)^2, not g_ref64^2 (detail::fit_scale).
-  bool scale_by_bounds = false;
+  /// How the fit was taken (detail::fit_scale).
+  scale_fit_kind scale_fit = scale_fit_kind::squares;
   /// The |scale_error| roundings allow besides (compare_gradient; the rounded reference's part
   /// only where the size and the agreement of the fit say it fails).
   double scale_allowed = 0;
 };
+
+/// The standard errors by which the blocks of a gradient's elements must agree on its fitted scale
+/// error for check_options::scale_units to fail it.
+inline constexpr double scale_agreement = 16;
 
 namespace detail {
 /// The least-squares s of got = (1 + s) ref over the elements where both are finite (NaN where
@@ -359,35 +369,53 @@ double rounding_scale_error(std::vector<double> const& ref, std::string const& d
 
 /// The fit of gradient_report::scale_error over elements where the gradient, the reference and
 /// the bound are finite and the bound positive: `bound(i)` the bound of element i. Least squares
-/// weighs element i by g_i^2; where that weight sits in fewer than 8 blocks' worth (a few
-/// elements dwarf the rest: an embedding whose lookups mostly hit a few rows), the fit weighs
-/// each element by (g_i / bound_i)^2 instead, as much as its own bound lets it count
-/// (gradient_report::scale_by_bounds): a factor that moves every element of the rest one way is
-/// then seen (a bf16 embedding gradient 1.5 % off all over passed, its fit not measured).
+/// weighs element i by g_i^2, and the blocks are 64 runs of elements in order. Where that weight
+/// sits in fewer than 8 blocks' worth (a few elements dwarf the rest: an embedding whose lookups
+/// mostly hit a few rows) and `limit` is positive (check_options::scale_units, given for bf16
+/// gradients only), two more fits are taken (gradient_report::scale_fit):
+/// - the same weights in 64 blocks of equal weight, which split the few heavy elements (a factor
+///   off on the hot rows alone);
+/// - each element weighed by (g_i / bound_i)^2, as much as its own bound lets it count, in runs
+///   (a factor off on every element, which the many light ones show).
+/// The first of them that fails (units past `limit`, blocks agreeing past scale_agreement) is
+/// kept, else the first measured. (A bf16 embedding gradient 1.5 % off all over, or on its hot
+/// rows alone, passed with its fit not measured. Float32 keeps the first fit only: its sums'
+/// one-sided roundings, small terms absorbed by a large one, are within its bounds and would
+/// fail a correct backward.)
 template <class Bound>
 void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, Bound&& bound,
-               gradient_report& r) {
+               gradient_report& r, double limit = 0) {
   std::size_t const n = std::min(got.size(), ref.size());
   int const blocks = static_cast<int>(std::min<std::size_t>(64, std::max<std::size_t>(n / 16, 1)));
   std::vector<double> bg(static_cast<std::size_t>(blocks)), be(bg.size());
-  // One weighted fit: weight(g, b) of each element; whether its blocks measure it (enough).
-  auto fit = [&](auto&& weight) {
+  // One weighted fit: weight(b) of each element, blocks of equal weight or runs; whether its
+  // blocks measure it (enough).
+  auto fit = [&](auto&& weight, bool equal_weight) {
     std::fill(bg.begin(), bg.end(), 0.0);
     std::fill(be.begin(), be.end(), 0.0);
+    auto each = [&](auto&& f) {
+      for (std::size_t i = 0; i < n; ++i) {
+        double const g = ref[i], e = got[i] - ref[i];
+        double const b = bound(static_cast<std::int64_t>(i));
+        if (std::isfinite(e) && std::isfinite(b) && b > 0 && g != 0)
+          f(i, g, e, b, weight(b));
+      }
+    };
+    double total = 0;
+    if (equal_weight)
+      each([&](std::size_t, double g, double, double, double w) { total += w * g * g; });
     double gg = 0, eg = 0, b_abs = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      double const g = ref[i], e = got[i] - ref[i];
-      double const b = bound(static_cast<std::int64_t>(i));
-      if (!std::isfinite(e) || !std::isfinite(b) || !(b > 0) || g == 0)
-        continue;
-      double const w = weight(b);
+    each([&](std::size_t i, double g, double e, double b, double w) {
+      auto const k = equal_weight
+                         ? std::min(static_cast<std::size_t>(gg / total * blocks),
+                                    static_cast<std::size_t>(blocks - 1))
+                         : static_cast<std::size_t>(i * static_cast<std::size_t>(blocks) / n);
       gg += w * g * g;
       eg += w * e * g;
       b_abs += w * b * std::abs(g);
-      auto const k = static_cast<std::size_t>(i * static_cast<std::size_t>(blocks) / n);
       bg[k] += w * g * g;
       be[k] += w * e * g;
-    }
+    });
     if (!(gg > 0) || !std::isfinite(gg))
       return false;
     r.scale_error = eg / gg;
@@ -411,14 +439,30 @@ void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, B
                                     : 0;
     return enough;
   };
-  r.scale_by_bounds = false;
-  if (fit([](double) { return 1.0; }))
+  auto const squares = [](double) { return 1.0; };
+  auto const by_bounds = [](double b) { return 1 / (b * b); };
+  r.scale_fit = scale_fit_kind::squares;
+  if (fit(squares, false) || !(limit > 0))
     return;
-  double const s = r.scale_error, units = r.scale_units, z = r.scale_z;
-  if (fit([](double b) { return 1 / (b * b); }))
-    r.scale_by_bounds = true;
-  else
-    r.scale_error = s, r.scale_units = units, r.scale_z = z;
+  struct measured {
+    double s, units, z;
+    scale_fit_kind kind;
+  };
+  measured const first{r.scale_error, r.scale_units, r.scale_z, scale_fit_kind::squares};
+  std::optional<measured> kept;
+  for (scale_fit_kind kind : {scale_fit_kind::equal_weight, scale_fit_kind::by_bounds}) {
+    if (!(kind == scale_fit_kind::equal_weight ? fit(squares, true) : fit(by_bounds, false)))
+      continue;
+    measured const m{r.scale_error, r.scale_units, r.scale_z, kind};
+    if (m.units > limit && m.z > scale_agreement) {
+      kept = m;
+      break;
+    }
+    if (!kept)
+      kept = m;
+  }
+  measured const& k = kept ? *kept : first;
+  r.scale_error = k.s, r.scale_units = k.units, r.scale_z = k.z, r.scale_fit = k.kind;
 }
 } // namespace detail
 
@@ -520,10 +564,6 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
 }
 
 /// Compares `got` with `ref64` under `tol`. `got` must have ref64's number of elements.
-/// The standard errors by which the blocks of a gradient's elements must agree on its fitted scale
-/// error for check_options::scale_units to fail it.
-inline constexpr double scale_agreement = 16;
-
 /// @param scale_units check_options::scale_units as it applies (0: off)
 /// @param scale_allowed how far the fitted scale error may be off all the same (what the second
 ///   look's moves of the forward's roundings shifted it by, k_saved times)
@@ -627,7 +667,7 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     auto const bound = [&](std::int64_t i) {
       return tol.bound(ref64[static_cast<std::size_t>(i)], i);
     };
-    detail::fit_scale(got.values, ref64, bound, r);
+    detail::fit_scale(got.values, ref64, bound, r, got.dtype == "bfloat16" ? scale_units : 0);
     // Allowed besides: the fit of the reference rounded to the gradient's dtype, and two unit
     // roundoffs of the working dtype (two roundings of factors every element shares: 1/N of a
     // mean rounded to bf16 before use, as autograd's MeanBackward does, is up to one).
@@ -635,9 +675,9 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     // and its blocks' agreement already say it may fail.
     r.scale_allowed = scale_allowed + 2 * tol.unit;
     if (scale_units > 0 && r.scale_units > scale_units && r.scale_z > scale_agreement) {
-      r.scale_allowed +=
-          std::abs(r.scale_by_bounds ? detail::rounding_scale_error(ref64, got.dtype, bound)
-                                     : detail::rounding_scale_error(ref64, got.dtype));
+      r.scale_allowed += std::abs(r.scale_fit == scale_fit_kind::by_bounds
+                                      ? detail::rounding_scale_error(ref64, got.dtype, bound)
+                                      : detail::rounding_scale_error(ref64, got.dtype));
       if (std::abs(r.scale_error) > r.scale_allowed) {
         r.ok = false;
         r.scale_failed = true;

@@ -176,9 +176,13 @@ private:
       if (g.scale_z > scale_agreement)
         os << "      along the reference: kernel = (1 + " << g.scale_error
            << ") * reference, fitted over its elements (least squares"
-           << (g.scale_by_bounds ? ", each weighted by its bound: the reference's largest "
-                                   "elements sit in a few blocks"
-                                 : "")
+           << (g.scale_fit == scale_fit_kind::by_bounds
+                   ? ", each weighted by its bound: the reference's largest elements sit in a "
+                     "few blocks"
+               : g.scale_fit == scale_fit_kind::equal_weight
+                   ? ", in blocks of equal weight: the reference's largest elements sit in a "
+                     "few places"
+                   : "")
            << "; its blocks agree to " << g.scale_z << " standard errors), " << g.scale_units
            << " of its bounds (sum bound |ref| / sum ref^2)\n";
     }
