@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
@@ -365,6 +366,44 @@ tg::check_report check_grouped(taking how, std::int64_t m, int groups, tg::launc
 
 } // namespace
 
+namespace {
+
+// check_grouped with each taking in `fine` (which passes, with no race and the probe not
+// stopped) and in `broken` (which races on the partial rows; on one thread, where the first run
+// never meets contention, the report names the try the probe made fail, an `op`), on every
+// executor, in several waves and in one, with locks given back by atomic_xchg and atomic_cas.
+void expect_takings(std::initializer_list<taking> fine, std::initializer_list<taking> broken,
+                    std::string const& op) {
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
+    if (!tg::executor_available(e))
+      continue;
+    for (auto [m, groups] : {std::pair<std::int64_t, int>{600, 256}, {40, 16}})
+      for (bool cas_release : {false, true}) {
+        tg::launch_options const lo{e, 2};
+        for (taking how : fine) {
+          if (how == taking::test_and_set_id && cas_release)
+            continue; // (atomic_cas(lock, 1, 0) gives back only a lock that holds 1)
+          auto const r = check_grouped(how, m, groups, lo, cas_release);
+          EXPECT_BACKWARD_OK(r) << static_cast<int>(how) << " " << cas_release;
+          EXPECT_FALSE(r.mentions("race")) << r;
+          EXPECT_FALSE(r.mentions("probe of locks stopped")) << r;
+        }
+        for (taking how : broken) {
+          auto const r = check_grouped(how, m, groups, lo, cas_release);
+          EXPECT_FALSE(r) << static_cast<int>(how) << " " << cas_release;
+          EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
+          // (Two threads may meet at a lock in the first run, which then fails by itself.)
+          if (e == tg::executor::sequential) {
+            EXPECT_TRUE(r.mentions("'s " + op + " on the lock at 'locks', element (")) << r;
+            EXPECT_TRUE(r.mentions("was made to find it held")) << r;
+          }
+        }
+      }
+  }
+}
+
+} // namespace
+
 TEST(Locks, TheProbeMakesEveryTakingOfALockWaitAWhile) {
   // A spin lock that gives up after two tries, and a program whose second taking of its lock
   // ignores the try (its first one spins): in the check neither ever finds its lock held, and
@@ -373,26 +412,7 @@ TEST(Locks, TheProbeMakesEveryTakingOfALockWaitAWhile) {
   // executor, in several waves and in one. Locks given back by atomic_cas(lock, 1, 0) too: the
   // probe made those releases fail (a try at a known lock), the lock stayed held, the next taking
   // waited until the probe stopped, and the first run's pass stood.
-  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
-    if (!tg::executor_available(e))
-      continue;
-    for (auto [m, groups] : {std::pair<std::int64_t, int>{600, 256}, {40, 16}})
-      for (bool cas_release : {false, true}) {
-        tg::launch_options const lo{e, 2};
-        auto const fine = check_grouped(taking::spin, m, groups, lo, cas_release);
-        EXPECT_BACKWARD_OK(fine);
-        EXPECT_FALSE(fine.mentions("probe of locks stopped")) << fine;
-        for (taking how : {taking::bounded, taking::twice}) {
-          auto const r = check_grouped(how, m, groups, lo, cas_release);
-          EXPECT_FALSE(r) << static_cast<int>(how) << " " << cas_release;
-          EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
-          // (Two threads may meet at a lock in the first run, which then fails by itself.)
-          if (e == tg::executor::sequential) {
-            EXPECT_TRUE(r.mentions("was made to find it held")) << r;
-          }
-        }
-      }
-  }
+  expect_takings({taking::spin}, {taking::bounded, taking::twice}, "atomic_cas");
 }
 
 TEST(Locks, TestAndSetLocksAreLocks) {
@@ -403,32 +423,8 @@ TEST(Locks, TestAndSetLocksAreLocks) {
   // ids, and only the last finds it free) failed in the probe of locks, the first exchange taken
   // for the taking. The probe makes the first exchanges of each taking find it held: a lock that
   // gives up after two tries, or whose second taking ignores the exchange, races.
-  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
-    if (!tg::executor_available(e))
-      continue;
-    for (auto [m, groups] : {std::pair<std::int64_t, int>{600, 256}, {40, 16}})
-      for (bool cas_release : {false, true}) {
-        tg::launch_options const lo{e, 2};
-        for (taking how :
-             {taking::test_and_set, taking::test_test_and_set, taking::test_and_set_id}) {
-          if (how == taking::test_and_set_id && cas_release)
-            continue; // (atomic_cas(lock, 1, 0) gives back only a lock that holds 1)
-          auto const fine = check_grouped(how, m, groups, lo, cas_release);
-          EXPECT_BACKWARD_OK(fine) << static_cast<int>(how) << " " << cas_release;
-          EXPECT_FALSE(fine.mentions("race")) << fine;
-          EXPECT_FALSE(fine.mentions("probe of locks stopped")) << fine;
-        }
-        for (taking how : {taking::bounded_xchg, taking::twice_xchg}) {
-          auto const r = check_grouped(how, m, groups, lo, cas_release);
-          EXPECT_FALSE(r) << static_cast<int>(how) << " " << cas_release;
-          EXPECT_TRUE(r.mentions("race on tensor 'partial_dw', element (")) << r;
-          if (e == tg::executor::sequential) {
-            EXPECT_TRUE(r.mentions("'s atomic_xchg on the lock at 'locks', element (")) << r;
-            EXPECT_TRUE(r.mentions("was made to find it held")) << r;
-          }
-        }
-      }
-  }
+  expect_takings({taking::test_and_set, taking::test_test_and_set, taking::test_and_set_id},
+                 {taking::bounded_xchg, taking::twice_xchg}, "atomic_xchg");
 }
 
 TEST(Locks, ALockThatWaitsForItsTurnStopsTheProbeAndPasses) {

@@ -90,6 +90,15 @@ std::string case_name(testing::TestParamInfo<launch_case> const& info) {
 class Launch : public testing::TestWithParam<launch_case> {
 protected:
   tg::launch_options options() const { return {GetParam().exec, GetParam().threads}; }
+  /// Program 7's failure: thrown once `late` says a later program threw (waiting up to a second,
+  /// where another thread may run that program), so that it comes last in time.
+  [[noreturn]] void throw_seven_late(std::atomic<int> const& late) const {
+    auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (late.load() == 0 && GetParam().exec != tg::executor::sequential &&
+           GetParam().threads != 1 && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    throw std::runtime_error("program 7");
+  }
 };
 
 INSTANTIATE_TEST_SUITE_P(Executors, Launch, testing::ValuesIn(all_cases()), case_name);
@@ -204,13 +213,8 @@ TEST_P(Launch, TheFirstFailingProgramInProgramOrderIsReported) {
     std::atomic<int> late{0};
     auto kernel = [&](tg::program const& p) {
       int const i = p.program_id(0);
-      if (i == 7) {
-        auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-        while (late.load() == 0 && GetParam().exec != tg::executor::sequential &&
-               GetParam().threads != 1 && std::chrono::steady_clock::now() < until)
-          std::this_thread::yield();
-        throw std::runtime_error("program 7");
-      }
+      if (i == 7)
+        throw_seven_late(late);
       if (i >= 101 && i % 4 == 1) {
         late.fetch_add(1);
         throw std::runtime_error("program " + std::to_string(i));
@@ -354,13 +358,8 @@ TEST_P(Launch, RunOrderedPassesTheFirstFailingProgramInProgramOrder) {
     std::atomic<int> late{0}, dones{0};
     std::atomic<std::int64_t> last_done{-1};
     auto run = [&](std::int64_t i) {
-      if (i == 7) {
-        auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-        while (late.load() == 0 && GetParam().exec != tg::executor::sequential &&
-               GetParam().threads != 1 && std::chrono::steady_clock::now() < until)
-          std::this_thread::yield();
-        throw std::runtime_error("program 7");
-      }
+      if (i == 7)
+        throw_seven_late(late);
       if (i >= 9) {
         late.fetch_add(1);
         throw std::runtime_error("program " + std::to_string(i));
