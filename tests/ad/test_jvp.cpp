@@ -589,6 +589,61 @@ TEST(JvpErrors, ABroadcastViewWithATangentIsRefused) {
       ASSERT_EQ(r["y"](i, j), 2 * u(i, j)) << i << ", " << j;
 }
 
+// A float mask (Triton's `x * (x > 0)` form) times a function infinitely steep at 0: at x = 0
+// the tangent of sqrt is inf, and the mask's 0 times it was NaN in forward mode where reverse
+// mode passes the mask's zero adjoint on and gives 0. Both modes now give 0 there, and the
+// derivative elsewhere.
+TEST(JvpEdges, AZeroPartialTimesAnInfiniteTangentIsZeroAsInReverseMode) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 8>();
+    auto const m = i < x.size(0);
+    tg::tile<T, 8> const v = tg::load(x + i, m, 1.0);
+    tg::tile<T, 8> const g = tg::to<float>(v > 0) * tg::sqrt(tg::maximum(v, 0.0));
+    tg::tile<T, 8> const h = g / (v + 2.0) + tg::exp(g * 0.0); // a zero partial of exp too
+    tg::store(y + i, h, m);
+  };
+  owned<double> x({5}, "x"), u({5}, "u"), y({5}, "y"), dy({5}, "dy");
+  double const xs[5] = {0.0, 0.25, -0.5, 0.0, 4.0};
+  for (int i = 0; i < 5; ++i)
+    x(i) = xs[i], u(i) = 1, dy(i) = 1;
+  auto const t = tg::jvp(1, k, tg::tangent_in("x", x, u), tg::tangent_out("y", y));
+  auto const g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy));
+  for (int i = 0; i < 5; ++i) {
+    double const v = xs[i], s = v > 0 ? std::sqrt(v) : 0.0;
+    double const want = v > 0 ? 1 / (2 * s) / (v + 2) - s / ((v + 2) * (v + 2)) : 0.0;
+    EXPECT_NEAR(t["y"](i), want, 1e-12) << "x = " << v;
+    EXPECT_NEAR(g["x"](i), want, 1e-12) << "x = " << v;
+  }
+}
+
+// Triton's `acc = tl.dot(acc * s, w, acc)` on dual tiles (which live on the heap): the operand
+// that reads acc is evaluated before acc is reused for the result (it crashed).
+constexpr int acc_side = 16;
+TEST(JvpEdges, AnAccumulatorReadByAnOperandExpression) {
+  constexpr int S = acc_side;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T const> w,
+                       tg::tensor<T> y) {
+    constexpr int S = acc_side;
+    auto const r = tg::arange<0, S>();
+    auto const off = tg::col(r) * S + tg::row(r);
+    tg::tile<T, S, S> acc = tg::load(x + off);
+    tg::tile<T, S, S> const wt = tg::load(w + off);
+    acc = tg::dot(acc * 0.5, wt, std::move(acc));
+    tg::store(y + off, acc);
+  };
+  owned<double> x({S, S}, "x"), w({S, S}, "w"), y({S, S}, "y"), u({S, S}, "u");
+  fill(x, 31), fill(u, 32);
+  for (int i = 0; i < S; ++i)
+    for (int j = 0; j < S; ++j)
+      w(i, j) = i == j ? 1.0 : 0.0;
+  auto const t = tg::jvp(1, k, tg::tangent_in("x", x, u), w.cview(), tg::tangent_out("y", y));
+  for (int i = 0; i < S; ++i)
+    for (int j = 0; j < S; ++j) {
+      ASSERT_NEAR(y(i, j), 1.5 * x(i, j), 1e-12) << i << ", " << j;
+      ASSERT_NEAR(t["y"](i, j), 1.5 * u(i, j), 1e-12) << i << ", " << j;
+    }
+}
+
 } // namespace
 
 } // namespace test_jvp

@@ -838,6 +838,29 @@ TEST(Loop, ABoundPastTheIntRangeIsRefused) {
   EXPECT_EQ(last, std::numeric_limits<int>::max() - 2);
 }
 
+// A step of 0 never ends: refused naming the loop's line, on the fast path and in reverse mode.
+TEST(Loop, AStepOfZeroIsRefusedNamingTheLoop) {
+  int const line = __LINE__ + 5;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y, int step) {
+    auto const i = tg::arange<0, 4>();
+    tg::tile<tg::fp32<T>, 4> const v = tg::load(x + i);
+    tg::tile<tg::fp32<T>, 4> acc = v;
+    tg::loop(0, 3, step, acc, [=](int, auto& a) { a = a * v; });
+    tg::store(y + i, acc);
+  };
+  owned<double> x({4}, "x"), y({4}, "y"), dy({4}, "dy");
+  test_support::fill(x, 1);
+  test_support::fill(dy, 2);
+  std::string const where = "test_loop.cpp:" + std::to_string(line) + ": the step is 0";
+  std::string const fast = message_of([&] { tg::launch(1, k, x.cview(), y.view(), 0); });
+  EXPECT_NE(fast.find(where), std::string::npos) << fast;
+  std::string const rev =
+      message_of([&] { tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), 0); });
+  EXPECT_NE(rev.find(where), std::string::npos) << rev;
+  tg::launch(1, k, x.cview(), y.view(), 1); // the same kernel with a step runs
+  EXPECT_NEAR(y(0), x(0) * x(0) * x(0) * x(0), 1e-12);
+}
+
 // A plain tile of more than 512 bytes (its values on the heap) carried through the loop in
 // reverse mode, beside an adjoint one: the same gradients as the plain loop.
 TEST(Loop, ALargePlainTileIsCarriedInReverseMode) {

@@ -20,8 +20,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -245,6 +247,24 @@ TEST(Int64Offsets, MasksAgainstSizesPast2To31AreExact) {
   }
   // Below every int32 the comparison has no int32 form: an error, not a wrong mask.
   EXPECT_THROW(((void)tg::tile<bool, 8>(r > -big)), std::out_of_range);
+  // At the type's smallest value, <= and > have their form; < and >= (x <= n - 1, x > n - 1)
+  // have none, and the message says why (it said "below every value it holds").
+  std::int64_t const lowest = std::numeric_limits<std::int32_t>::min();
+  tg::tile<bool, 8> const le_min = r <= lowest, gt_min = r > lowest;
+  for (int i = 0; i < 8; ++i)
+    EXPECT_TRUE(!le_min(i) && gt_min(i));
+  auto expect_refused = [](auto&& compare, std::string const& op) {
+    try {
+      (void)tg::tile<bool, 8>(compare());
+      ADD_FAILURE() << op << " did not throw";
+    } catch (std::out_of_range const& e) {
+      std::string const what = e.what();
+      EXPECT_NE(what.find("by " + op + ", its type's smallest value"), std::string::npos) << what;
+      EXPECT_EQ(what.find("below every value it holds:"), std::string::npos) << what;
+    }
+  };
+  expect_refused([&] { return r < lowest; }, "<");
+  expect_refused([&] { return r >= lowest; }, ">=");
   // A 16-bit tile against a number past its range.
   tg::tile<bool, 8> const s16 = tg::to<std::int16_t>(r) < std::int64_t{70'000};
   for (int i = 0; i < 8; ++i)

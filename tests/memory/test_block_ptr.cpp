@@ -443,6 +443,18 @@ TEST(BlockPtrErrors, RankMismatchThrows) {
   }
   EXPECT_THROW(((void)make_block_ptr<4, 4>(tensor<float>(v), {0, 0})), std::invalid_argument);
   EXPECT_THROW(((void)make_block_ptr<2, 4, 4>(tensor<float const>(x), {0, 0, 0})), std::invalid_argument);
+  // Inside a program the message names it and the line of the make_block_ptr.
+  as_program(3, 5, [&](program const&) {
+    int const line = __LINE__ + 2;
+    try {
+      (void)make_block_ptr<16>(tensor<float>(x), {0});
+      ADD_FAILURE() << "a 1-D block on a 2-D tensor did not throw";
+    } catch (std::invalid_argument const& e) {
+      std::string const what = e.what();
+      EXPECT_NE(what.find("by program (3, 0, 0)"), std::string::npos) << what;
+      EXPECT_NE(what.find("test_block_ptr.cpp:" + std::to_string(line)), std::string::npos) << what;
+    }
+  });
 }
 
 TEST(BlockPtrCast, StoreConvertsToTheTensorType) {

@@ -528,6 +528,22 @@ TEST(Tensor, IndexingTheFirstAxisGivesTheSubViewOneRankLower) {
   EXPECT_THROW((void)t[2], std::out_of_range);
   EXPECT_THROW((void)t[-1], std::out_of_range);
   EXPECT_THROW((void)t[0][0][0][0], std::invalid_argument); // rank 1 has no sub-view
+  // Inside a program an index out of range is an access_error naming the program, the tensor,
+  // the index and the line.
+  tg_mem::as_program(2, 4, [&](tilegrad::program const&) {
+    int const line = __LINE__ + 2;
+    try {
+      (void)t[7];
+      ADD_FAILURE() << "t[7] did not throw";
+    } catch (tilegrad::access_error const& e) {
+      std::string const what = e.what();
+      EXPECT_NE(what.find("index 7 out of range for axis 0 of size 2"), std::string::npos) << what;
+      EXPECT_NE(what.find("by program (2, 0, 0)"), std::string::npos) << what;
+      EXPECT_NE(what.find("test_tensor.cpp:" + std::to_string(line)), std::string::npos) << what;
+      EXPECT_EQ(e.program(), "program (2, 0, 0)");
+      EXPECT_EQ(e.element(), "(7)");
+    }
+  });
 }
 
 TEST(Tensor, ExpectShapeNamesTheTensorBothShapesAndTheLine) {

@@ -364,7 +364,9 @@ TEST(Dot, AProductNeverReadsTheTileItIsWrittenTo) {
 
 // Triton's `acc = tl.dot(acc, w, acc)`, written `acc = dot(acc, w, std::move(acc))`: the
 // accumulator was moved into the result before the product read it as its left operand (a
-// tile over 512 bytes: a crash in gemm). It is copied where an operand reads it.
+// tile over 512 bytes: a crash in gemm). It is copied where an operand reads it. An operand that
+// is an expression of acc (Triton's `acc = tl.dot(acc * s, w, acc)`) read it through its storage
+// after the move emptied it (a crash too): the operands are evaluated before acc is taken.
 template <class E>
 void check_accumulator_read_as_operand() {
   constexpr int N = 16;
@@ -375,19 +377,31 @@ void check_accumulator_read_as_operand() {
   tg_test::fill_uniform(acc, rng, -1, 1);
   tg_test::fill_uniform(w, rng, -1, 1);
   tile<C, N, N> const start = acc;
-  for (int form = 0; form < 2; ++form) {
+  tile<C, N, N> wc = w; // (the right operand of the forms that read acc there)
+  for (int form = 0; form < 5; ++form) {
     acc = start;
     if (form == 0)
       acc = dot(acc, w, std::move(acc)); // acc @ w + acc
-    else
+    else if (form == 1)
       acc = dot(trans(acc), w, std::move(acc)); // acc^T @ w + acc
+    else if (form == 2)
+      acc = dot(acc * C(0.5), w, std::move(acc)); // (acc / 2) @ w + acc
+    else if (form == 3)
+      acc = dot(wc, acc + C(1), std::move(acc)); // w @ (acc + 1) + acc
+    else
+      acc = dot(trans(acc * C(2)), w, std::move(acc)); // (2 acc)^T @ w + acc
     for (int i = 0; i < N; ++i)
       for (int j = 0; j < N; ++j) {
         double s = start(i, j), mag = std::abs(s);
         for (int k = 0; k < N; ++k) {
-          double const x = form == 0 ? start(i, k) : start(k, i);
-          s += x * double(C(w(k, j)));
-          mag += std::abs(x * double(C(w(k, j))));
+          double const x = form == 0   ? start(i, k)
+                           : form == 1 ? start(k, i)
+                           : form == 2 ? 0.5 * start(i, k)
+                           : form == 3 ? double(C(w(i, k)))
+                                       : 2 * start(k, i);
+          double const y = form == 3 ? start(k, j) + 1 : double(C(w(k, j)));
+          s += x * y;
+          mag += std::abs(x * y);
         }
         ASSERT_LE(std::abs(double(acc(i, j)) - s), 2 * N * 0x1p-24 * mag)
             << "form " << form << " at (" << i << ", " << j << ")";

@@ -11,6 +11,16 @@
 
 namespace tilegrad {
 
+namespace detail {
+/// One term of a tangent, `tangent * partial`: exactly zero where either is zero (a constant's
+/// tangent times an infinite partial, or an infinite tangent times a partial of zero), as reverse
+/// mode passes a zero adjoint on.
+template <class T>
+constexpr T term(T tangent, T partial) {
+  return tangent == T(0) || partial == T(0) ? T(0) : tangent * partial;
+}
+} // namespace detail
+
 /// A value `v` with N tangents `d[0..N)`. Trivially copyable and, like a float, uninitialised
 /// when default-constructed as `dual x;` (`dual{}` is zero). Plain numbers convert implicitly
 /// (with zero tangents); converting back to a number, or from dual<double> to dual<float>, is
@@ -69,21 +79,21 @@ struct dual {
   }
   // A zero tangent contributes exactly zero, as a zero adjoint does in reverse mode: a masked
   // lane's -inf `other` (tangent 0) times a weight that has a tangent is a constant, whose
-  // tangent is 0, not (-inf) * 0.
+  // tangent is 0, not (-inf) * 0. So does a tangent times a partial derivative of exactly zero,
+  // as reverse mode passes a zero adjoint on: a float mask's 0 times sqrt(x) at x = 0 (tangent
+  // inf) has tangent 0, not 0 * inf.
   friend constexpr dual operator*(dual const& a, dual const& b) {
     dual r;
     r.v = a.v * b.v;
     for (int k = 0; k < N; ++k)
-      r.d[k] = (a.d[k] == T(0) ? T(0) : a.d[k] * b.v) + (b.d[k] == T(0) ? T(0) : a.v * b.d[k]);
+      r.d[k] = detail::term(a.d[k], b.v) + detail::term(b.d[k], a.v);
     return r;
   }
   friend constexpr dual operator/(dual const& a, dual const& b) {
     dual r;
     r.v = a.v / b.v;
     for (int k = 0; k < N; ++k)
-      r.d[k] = a.d[k] == T(0) && b.d[k] == T(0)
-                   ? T(0)
-                   : (a.d[k] - (b.d[k] == T(0) ? T(0) : r.v * b.d[k])) / b.v;
+      r.d[k] = a.d[k] == T(0) && b.d[k] == T(0) ? T(0) : (a.d[k] - detail::term(b.d[k], r.v)) / b.v;
     return r;
   }
   friend constexpr dual& operator+=(dual& a, dual const& b) { return a = a + b; }
@@ -114,7 +124,7 @@ constexpr dual<T, N> chain(dual<T, N> const& x, T y, T dydx) {
   dual<T, N> r;
   r.v = y;
   for (int k = 0; k < N; ++k)
-    r.d[k] = x.d[k] == T(0) ? T(0) : dydx * x.d[k];
+    r.d[k] = term(x.d[k], dydx);
   return r;
 }
 } // namespace detail
@@ -193,7 +203,7 @@ dual<T, N> fmod(dual<T, N> const& a, dual<T, N> const& b) {
   r.v = std::fmod(a.v, b.v);
   T const q = std::trunc(a.v / b.v);
   for (int k = 0; k < N; ++k)
-    r.d[k] = a.d[k] - q * b.d[k];
+    r.d[k] = a.d[k] - detail::term(b.d[k], q);
   return r;
 }
 /// a * b + c, the value fused.
@@ -202,8 +212,7 @@ dual<T, N> fma(dual<T, N> const& a, dual<T, N> const& b, dual<T, N> const& c) {
   dual<T, N> r;
   r.v = std::fma(a.v, b.v, c.v);
   for (int k = 0; k < N; ++k)
-    r.d[k] = (a.d[k] == T(0) ? T(0) : a.d[k] * b.v) + (b.d[k] == T(0) ? T(0) : a.v * b.d[k]) +
-             c.d[k];
+    r.d[k] = detail::term(a.d[k], b.v) + detail::term(b.d[k], a.v) + c.d[k];
   return r;
 }
 /// On ties the first operand (and its tangent) wins, as the tile ops have it.

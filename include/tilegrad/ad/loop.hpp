@@ -461,7 +461,7 @@ void checkpointed_loop(int begin, int end, int step, Body const& body,
                        std::source_location const& where, C&... carried) {
   if constexpr (sizeof...(C) > 1)
     loop_detail::check_distinct(where, carried...);
-  int const n = tilegrad::detail::trip_count(begin, end, step);
+  int const n = tilegrad::detail::trip_count(begin, end, step, where);
   program_state* st = current_state();
   if (!st) { // adjoint tiles outside vjp: recorded, never swept
     for (int t = 0; t < n; ++t)

@@ -53,10 +53,16 @@ int to_index(I v, char const* what, std::source_location const& where) {
   return static_cast<int>(v);
 }
 
+/// A loop of step 0 never ends: refused, naming the loop.
+[[noreturn]] TILEGRAD_NOINLINE inline void zero_step(std::source_location const& where) {
+  throw std::invalid_argument(std::string("tilegrad::loop at ") + where.file_name() + ":" +
+                              std::to_string(where.line()) + ": the step is 0");
+}
+
 /// The number of iterations of `for (i = begin; i < end (i > end for step < 0); i += step)`.
-inline int trip_count(int begin, int end, int step) {
+inline int trip_count(int begin, int end, int step, std::source_location const& where) {
   if (step == 0)
-    throw std::invalid_argument("tilegrad::loop: the step is 0");
+    zero_step(where);
   std::int64_t const span = step > 0 ? std::int64_t{end} - begin : std::int64_t{begin} - end;
   std::int64_t const s = step > 0 ? step : -std::int64_t{step};
   return span <= 0 ? 0 : static_cast<int>((span + s - 1) / s);
@@ -115,8 +121,8 @@ TILEGRAD_INLINE void run_loop(int first, std::source_location const& where, int 
   if constexpr ((is_adjoint_tile_v<C> || ...)) {
     ad::checkpointed_loop(first, end, step, body, where, carried...);
   } else {
-    if (step == 0)
-      throw std::invalid_argument("tilegrad::loop: the step is 0");
+    if (step == 0) [[unlikely]]
+      zero_step(where);
     // One call site, so that the body is inlined as a loop body written out would be. (The
     // index in 64 bits: i + step past the int range ends the loop, as the trip count says.)
     for (std::int64_t i = first; step > 0 ? i < end : i > end; i += step)

@@ -129,23 +129,26 @@ block_ptr<T, Bs...> make_block_ptr(tensor<T> base,
 }
 
 namespace detail {
-[[noreturn]] TILEGRAD_NOINLINE inline void block_rank_mismatch(char const* name, int block_rank,
-                                                               int rank) {
-  throw std::invalid_argument("tilegrad::make_block_ptr: a block of rank " +
-                              std::to_string(block_rank) + " on tensor " + tensor_label(name) +
-                              " of rank " + std::to_string(rank));
+[[noreturn]] TILEGRAD_NOINLINE inline void
+block_rank_mismatch(char const* name, int block_rank, int rank, std::source_location const& loc) {
+  program const* p = current_program();
+  throw std::invalid_argument(
+      "tilegrad::make_block_ptr: a block of rank " + std::to_string(block_rank) + " on tensor " +
+      tensor_label(name) + " of rank " + std::to_string(rank) +
+      (p ? " by " + p->describe() : std::string()) + ", at " + where_string(loc));
 }
 } // namespace detail
 
 /// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
 template <int... Bs, class T>
 TILEGRAD_INLINE block_ptr<T, Bs...>
-make_block_ptr(tensor<T> const& t, std::array<std::int64_t, sizeof...(Bs)> offsets) {
+make_block_ptr(tensor<T> const& t, std::array<std::int64_t, sizeof...(Bs)> offsets,
+               std::source_location const& loc = std::source_location::current()) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
   constexpr int R = sizeof...(Bs);
   if (t.rank() != R) [[unlikely]]
-    detail::block_rank_mismatch(t.name(), R, t.rank());
+    detail::block_rank_mismatch(t.name(), R, t.rank(), loc);
   std::array<std::int64_t, R> shape{}, strides{};
   std::int64_t extent = 1;
   for (int a = 0; a < R; ++a) {

@@ -31,17 +31,6 @@ namespace detail {
   throw std::out_of_range("tilegrad::tensor: axis " + std::to_string(axis) +
                           " out of range for rank " + std::to_string(rank));
 }
-// The message of a t[i] that has no row i, built out of line.
-[[noreturn]] TILEGRAD_NOINLINE inline void bad_row_index(std::int64_t i, int rank,
-                                                         std::int64_t rows, char const* name) {
-  std::string const what = std::string(*name ? name : "unnamed");
-  if (rank < 2)
-    throw std::invalid_argument("tilegrad::tensor: t[i] needs rank 2 or more (tensor " + what +
-                                ")");
-  throw std::out_of_range("tilegrad::tensor: index " + std::to_string(i) +
-                          " out of range for axis 0 of size " + std::to_string(rows) +
-                          " (tensor " + what + ")");
-}
 
 /// The first index of an element access t(i, ...), with the source line of the access: what
 /// the error an access inside a checked launch throws names.
@@ -54,6 +43,25 @@ struct element_index {
                 std::source_location l = std::source_location::current()) noexcept
       : value(static_cast<std::int64_t>(i)), loc(l) {}
 };
+
+// The message of a t[i] that has no row i, built out of line: the tensor, the index, and where
+// (the program, inside a kernel, and the source line).
+[[noreturn]] TILEGRAD_NOINLINE inline void bad_row_index(std::int64_t i, int rank,
+                                                         std::int64_t rows, char const* name,
+                                                         std::source_location const& loc) {
+  std::string const what = std::string(*name ? name : "unnamed");
+  program const* p = current_program();
+  std::string const at = std::string(p ? " by " + p->describe() : std::string()) + ", at " +
+                         loc.file_name() + ":" + std::to_string(loc.line());
+  if (rank < 2)
+    throw std::invalid_argument("tilegrad::tensor: t[i] needs rank 2 or more (tensor " + what +
+                                ")" + at);
+  std::string const elem = "(" + std::to_string(i) + ")";
+  throw access_error("tilegrad::tensor: index " + std::to_string(i) +
+                         " out of range for axis 0 of size " + std::to_string(rows) + " (tensor " +
+                         what + ")" + at,
+                     p ? p->describe() : std::string("host code"), name, elem, loc);
+}
 
 /// Element access t(i, ...) inside a program of a checked launch (vjp, jvp's and
 /// check_backward's launches, a launch that checks bounds or races): refused, since nothing
@@ -165,9 +173,10 @@ public:
 
   /// t[i]: the view of index i along the first axis, one rank lower and under the same name
   /// (PyTorch's t[i]; a kernel takes q[b][h] for the (N, D) matrix of batch b, head h).
-  tensor operator[](std::int64_t i) const {
+  tensor operator[](detail::element_index at) const {
+    std::int64_t const i = at.value;
     if (rank_ < 2 || i < 0 || i >= shape_[0]) [[unlikely]]
-      detail::bad_row_index(i, rank_, shape_[0], name_);
+      detail::bad_row_index(i, rank_, shape_[0], name_, at.loc);
     // (A fixed number of steps: a row kernel takes a view per program, and this is its cost.)
     tensor t;
     t.data_ = data_ + i * strides_[0];

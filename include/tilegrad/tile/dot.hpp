@@ -165,8 +165,12 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
   static_assert(std::is_same_v<shape_of_t<C>, shape<M, N>>,
                 "tilegrad: dot(a, b, acc): acc must have shape (M, N) of a @ b");
   using T = fp32<promote_t<value_of_t<A>, value_of_t<B>>>;
-  // An accumulator passed as a temporary (acc = dot(a, b, std::move(acc))) is reused in place.
-  tile<T, M, N> out = [&]() -> tile<T, M, N> {
+  // An accumulator passed as a temporary (acc = dot(a, b, std::move(acc))) is reused in place,
+  // taken once the operands are evaluated: an operand that is an expression of acc (Triton's
+  // acc = tl.dot(acc * s, w, acc)) reads it through its storage, which the move empties. An
+  // operand that is acc itself, or its stored transpose, is read in place by the product:
+  // then acc is copied.
+  auto take_out = [&]() -> tile<T, M, N> {
     if constexpr (Zero && M * N * sizeof(T) < 64) // (zeros cost nothing there, and GCC with
       return tile<T, M, N>();                       // sanitizers took the move for a read)
     else if constexpr (Zero) // (acc only gives the shape: nothing of it is read)
@@ -178,32 +182,38 @@ auto dot_impl(A&& a, B&& b, C&& acc) {
                  : std::move(acc);
     else
       return tile<T, M, N>(acc);
-  }();
+  };
 #if TILEGRAD_HAVE_BF16_DOT
   if constexpr (Bf16Kernel && std::is_same_v<value_of_t<A>, bf16> &&
                 std::is_same_v<value_of_t<B>, bf16>) {
     if (bf16_kernel_runs<M, N, K>()) {
       auto&& tb = materialize<bf16>(std::forward<B>(b));
       if constexpr (stored_transpose<bf16, std::remove_cvref_t<A>>::value) {
+        tile<T, M, N> out = take_out();
         gemm_bf16<M, N, K, true, Zero>(
             out.data(), stored_transpose<bf16, std::remove_cvref_t<A>>::data(a), tb.data());
+        return out;
       } else {
         auto&& ta = materialize<bf16>(std::forward<A>(a));
+        tile<T, M, N> out = take_out();
         gemm_bf16<M, N, K, false, Zero>(out.data(), ta.data(), tb.data());
+        return out;
       }
-      return out;
     }
   }
 #endif
   auto&& tb = materialize<T>(std::forward<B>(b));
   if constexpr (stored_transpose<T, std::remove_cvref_t<A>>::value) {
+    tile<T, M, N> out = take_out();
     gemm<T, M, N, K, true, Zero>(out.data(), stored_transpose<T, std::remove_cvref_t<A>>::data(a),
                                  tb.data());
+    return out;
   } else {
     auto&& ta = materialize<T>(std::forward<A>(a));
+    tile<T, M, N> out = take_out();
     gemm<T, M, N, K, false, Zero>(out.data(), ta.data(), tb.data());
+    return out;
   }
-  return out;
 }
 
 } // namespace detail

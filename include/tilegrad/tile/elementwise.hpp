@@ -140,7 +140,8 @@ concept narrowed_comparison =
 /// vector width of the floats it selects (no register holds as many int64 lanes, and masked
 /// loads would go lane by lane). x < n is x <= n - 1 and x >= n is x > n - 1, the bound clamped
 /// to x's type: a bound above every value of x gives each lane the answer of int64 arithmetic.
-/// A bound below every value of x has no such form: that throws.
+/// A bound below every value of x has no such form: that throws, and so does x < n or x >= n
+/// with n the smallest value of x's type (n - 1 is below them all).
 template <class Op, class X, class N>
 TILEGRAD_INLINE auto narrowed_order(X&& x, N n) {
   using I = elem_t<X>;
@@ -149,10 +150,15 @@ TILEGRAD_INLINE auto narrowed_order(X&& x, N n) {
   using form = std::conditional_t<std::is_same_v<Op, ops::lt_op> || std::is_same_v<Op, ops::le_op>,
                                   ops::le_op, ops::gt_op>;
   if (std::cmp_less(n, strict ? lim::min() + 1 : lim::min()))
-    throw std::out_of_range("tilegrad: an integer tile of " + std::to_string(sizeof(I) * 8) +
-                            " bits compared with " + std::to_string(n) +
-                            ", below every value it holds: widen it first "
-                            "(to<std::int64_t>(x) < n)");
+    throw std::out_of_range(
+        "tilegrad: an integer tile of " + std::to_string(sizeof(I) * 8) + " bits compared with " +
+        std::to_string(n) +
+        (std::cmp_less(n, lim::min())
+             ? ", below every value it holds"
+             : std::string(" by ") + (std::is_same_v<Op, ops::lt_op> ? "<" : ">=") +
+                   ", its type's smallest value (the comparison is x <= n - 1 or x > n - 1 at "
+                   "the tile's width, and n - 1 is below every value it holds)") +
+        ": widen it first (to<std::int64_t>(x) < n)");
   I const bound = std::cmp_greater(n, lim::max())
                       ? lim::max()
                       : static_cast<I>(static_cast<I>(n) - (strict ? 1 : 0));
