@@ -355,6 +355,33 @@ TEST(VjpRaces, ReadingAnAtomicallyUpdatedElement) {
   EXPECT_NE(std::string(e.what()).find("updates it atomically"), std::string::npos) << e.what();
 }
 
+// One program that adds into its own elements atomically and then loads them back (a grid of
+// one program, so no other program is involved): refused, and the message says the program does
+// both itself, not that it races with "the same program" (what it said) under a rule of
+// programs reading what others write, which the kernel does not break.
+TEST(VjpRaces, AProgramReadingBackItsOwnAtomicUpdateIsNamedAsSuch) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> acc,
+                       tg::tensor<T> y) {
+    auto const i = tg::arange<0, 4>();
+    tg::atomic_add(acc + i, tg::load(x + i));
+    tg::store(y + i, tg::load(acc + i) * 2.0f);
+  };
+  tg::owned_tensor<float> x({4}, "x"), acc({4}, "acc"), dacc({4}, "dacc"), y({4}, "y"),
+      dy({4}, "dy");
+  fill(x, 18);
+  auto e = expect_race(
+      [&] { (void)tg::vjp(1, k, tg::in("x", x), tg::out("acc", acc, dacc), tg::out("y", y, dy)); });
+  std::string const what = e.what();
+  EXPECT_NE(what.find("program (0, 0, 0) loads it at"), std::string::npos) << what;
+  EXPECT_NE(what.find("and updates it atomically itself"), std::string::npos) << what;
+  EXPECT_NE(what.find("vjp takes no element that one launch both updates atomically and loads "
+                      "or stores, even within one program"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(what.find("the same program"), std::string::npos) << what;
+  EXPECT_EQ(what.find("race on"), std::string::npos) << what;
+}
+
 TEST(VjpAtomics, OldValuesThatReachAnOutputAreRefusedNotDropped) {
   // y = old * z with old what atomic_add returned: d y / d acc0 = z, which reverse mode (taking
   // old values as constants) would silently drop. The sweep refuses it, naming the atomic; a

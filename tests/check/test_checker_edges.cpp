@@ -11,8 +11,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -629,6 +631,91 @@ TEST(CheckerEdges, AGradientIsTracedAsItWasHandedOver) {
         {.seeds = 1, .check_linearity = false});
     EXPECT_TRUE(r) << "reuse " << reuse << "\n" << r;
     EXPECT_TRUE(r.mentions("each written by atomic_add alone")) << r;
+  }
+}
+
+// dx and dw written into the rows of one packed (2, n) buffer and handed back as its views. With
+// the view of dw laid over dx's row (offset 0, not n: a bug in the host code), the report named
+// only x, "off along the reference" (its values were dw's), and passed w. It says that the two
+// share memory. A buffer handed over, rewritten, and handed over again is no sharing.
+TEST(CheckerEdges, GradientsHandedBackOverOneSliceOfABufferAreNamed) {
+  std::int64_t const n = 100;
+  enum class hand { packed, overlapping, reused };
+  for (hand h : {hand::packed, hand::overlapping, hand::reused}) {
+    tg::owned_tensor<float> x({n}, "x"), w({n}, "w"), y({n}, "y");
+    auto const r = tg::check_backward(
+        tg::forward(tg::cdiv<int>(n, Block), mul_fwd, tg::in("x", x), tg::in("w", w),
+                    tg::out("y", y)),
+        [h](tg::backward_context<float>& ctx) {
+          auto const xi = ctx.input("x"), wi = ctx.input("w"), dy = ctx.cotangent("y");
+          tg::owned_tensor<float> buf({2, n}, "dxw");
+          tg::tensor<float> const dx = buf.view()[0];
+          tg::tensor<float> const dw = buf.view()[h == hand::overlapping ? 0 : 1];
+          int const g = tg::cdiv<int>(n, Block);
+          if (h == hand::reused) { // dx into row 0, handed over; then dw into the same row
+            tg::owned_tensor<float> unused({n});
+            tg::launch(ctx.options(), g, mul_bwd, xi, wi, dy, dx, unused.view());
+            ctx.set_gradient("x", dx);
+            tg::launch(ctx.options(), g, mul_bwd, xi, wi, dy, unused.view(), dx);
+            ctx.set_gradient("w", dx);
+            return;
+          }
+          tg::launch(ctx.options(), g, mul_bwd, xi, wi, dy, dx, buf.view()[1]);
+          ctx.set_gradient("x", dx);
+          ctx.set_gradient("w", dw);
+        },
+        {.seeds = 1});
+    if (h == hand::overlapping) {
+      EXPECT_FALSE(r);
+      EXPECT_TRUE(r.mentions("the gradients handed back for 'x' and 'w' share 100 element(s) of "
+                             "memory: 'w' at (0) is element (0) of 'x'"))
+          << r;
+    } else {
+      EXPECT_TRUE(r) << r;
+      EXPECT_FALSE(r.mentions("share")) << r;
+    }
+  }
+}
+
+// dw added into a buffer the backward keeps from call to call and never zeroes (on one thread,
+// in program order): the determinism check's second run differs, which the report put down to
+// the order of the programs alone. A third run in the first one's order differs as well, and the
+// report says the result depends on the calls before it.
+TEST(CheckerEdges, AnAccumulatorKeptFromCallToCallIsNamedAsSuch) {
+  std::int64_t const n = 100;
+  constexpr auto add_into = []<class T>(tg::program const& p, tg::tensor<T const> d,
+                                        tg::tensor<T> acc) {
+    auto const offs = p.program_id(0) * Block + tg::arange<0, Block>();
+    auto const m = offs < acc.numel();
+    tg::store(acc + offs, tg::load(acc + offs, m) + tg::load(d + offs, m), m);
+  };
+  for (bool stale : {false, true}) {
+    auto kept = std::make_shared<tg::owned_tensor<float>>(tg::owned_tensor<float>({n}, "kept"));
+    tg::owned_tensor<float> x({n}, "x"), w({n}, "w"), y({n}, "y");
+    auto const r = tg::check_backward(
+        tg::forward(tg::cdiv<int>(n, Block), mul_fwd, tg::in("x", x), tg::in("w", w),
+                    tg::out("y", y)),
+        [stale, kept, add_into](tg::backward_context<float>& ctx) {
+          auto const xi = ctx.input("x"), wi = ctx.input("w"), dy = ctx.cotangent("y");
+          tg::owned_tensor<float> dx({n}), dw({n});
+          int const g = tg::cdiv<int>(n, Block);
+          tg::launch(ctx.options(), g, mul_bwd, xi, wi, dy, dx.view(), dw.view());
+          if (!stale)
+            std::fill(kept->begin(), kept->end(), 0.0f);
+          tg::launch(ctx.options(), g, add_into, dw.cview(), kept->view());
+          ctx.set_gradient("x", dx);
+          ctx.set_gradient("w", *kept);
+        },
+        {.seeds = 1, .launch = {tg::executor::sequential, 1}});
+    if (stale) {
+      EXPECT_FALSE(r);
+      EXPECT_TRUE(r.mentions("not deterministic")) << r;
+      EXPECT_TRUE(r.mentions("A third run, in the first run's order, differs from the first as "
+                             "well: the result depends on the calls before it"))
+          << r;
+    } else {
+      EXPECT_TRUE(r) << r;
+    }
   }
 }
 

@@ -9,7 +9,9 @@
 
 #include "../support/mismatch_region.hpp"
 
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
@@ -163,6 +165,16 @@ TEST(CheckMatmul, WrongTransposeFails) {
   EXPECT_FALSE(r.gradient("a")->ok);
   EXPECT_GT(r.gradient("a")->mismatches, 40 * 24 * 9 / 10);
   EXPECT_TRUE(r.gradient("b")->ok);
+  // da from b instead of its transpose is unrelated to the reference: its least-squares factor
+  // is about -1, which the report once read as "off along the reference all over" (a missing
+  // scale or sign). It says the two do not correlate.
+  EXPECT_LT(std::abs(r.gradient("a")->scale_correlation), tg::scale_correlation_min);
+  std::string const text = r.str();
+  EXPECT_NE(text.find("FAIL; unlike the reference all over: kernel and reference correlate at "),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("off along the reference"), std::string::npos) << text;
+  EXPECT_EQ(text.find("along the reference: kernel = (1 +"), std::string::npos) << text;
 }
 
 TEST(CheckMatmul, OffByOneStoreMaskShowsInTheLastRowOfDaOnly) {

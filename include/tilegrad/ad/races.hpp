@@ -50,14 +50,24 @@ inline std::uint32_t other_reader(tensor_entry const& e, std::int64_t el, std::u
   };
   std::string const elem = e.layout.coordinates(el);
   std::string const p = describe(me), q = describe(other);
+  // One program that both updates an element atomically and loads or stores it: no race between
+  // programs, but nothing reverse mode can order either (the old value of each update depends on
+  // the updates of other programs, which its sweep does not see).
   std::string const msg =
-      "tilegrad::vjp: race on tensor " + detail::tensor_label(e.name) + ", element " + elem + ": " +
-      p + " " + mine + " it at " + detail::where_string(loc) + ", and " +
-      (other == me ? std::string("the same program") : q) + " " + theirs +
-      ". Within one launch each element is written by one program (or only accumulated with "
-      "atomic_add), and no program reads what another writes. (vjp orders programs by neither "
-      "locks nor tickets, as check_backward's race check does for a backward: a forward reduces "
-      "what its programs wrote in a second launch.)";
+      other == me
+          ? "tilegrad::vjp: tensor " + detail::tensor_label(e.name) + ", element " + elem + ": " +
+                p + " " + mine + " it at " + detail::where_string(loc) + ", and " + theirs +
+                " itself. vjp takes no element that one launch both updates atomically and "
+                "loads or stores, even within one program (where other programs may add to it, "
+                "what a load reads depends on their order): read it, or store it, in a later "
+                "launch."
+          : "tilegrad::vjp: race on tensor " + detail::tensor_label(e.name) + ", element " + elem +
+                ": " + p + " " + mine + " it at " + detail::where_string(loc) + ", and " + q + " " +
+                theirs +
+                ". Within one launch each element is written by one program (or only accumulated "
+                "with atomic_add), and no program reads what another writes. (vjp orders programs "
+                "by neither locks nor tickets, as check_backward's race check does for a "
+                "backward: a forward reduces what its programs wrote in a second launch.)";
   throw race_error(msg, p, q, e.name, elem, loc);
 }
 #else

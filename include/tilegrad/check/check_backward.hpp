@@ -1177,6 +1177,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     gradient_set const* got = &first.got;
     for (auto const& d : got->duplicates())
       sr.problems.push_back("the backward set gradient '" + d + "' more than once");
+    if (std::string const shared = shared_gradients(got->entries()); !shared.empty())
+      sr.problems.push_back(shared);
     // A backward that threw before handing anything over is said once; one that threw after
     // handing some over gets the others named.
     for (auto const& n : ins)
@@ -1282,6 +1284,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       // the program it takes to run last (the last id, under a lock that orders nothing) passed
       // whenever the threads happened to run that program last.
       backward_run again = run_backward(cots, 0, true);
+      std::optional<backward_run> third;
       if (again.error) {
         sr.problems.push_back("the backward threw when run a second time (the programs of each "
                               "launch in reverse order, wave by wave): " +
@@ -1298,12 +1301,28 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                 bounds = first_look_bounds(pd, q);
             auto const v =
                 detail::compare_runs(e, *e2, first.launches, again.launches, &bounds);
-            if (!v.problem.empty())
+            if (!v.problem.empty()) {
+              // A third run, in the first run's order, tells a result that depends on the order
+              // from one that depends on the runs before it (a buffer kept from call to call and
+              // never zeroed, a static accumulator).
+              if (!third)
+                third.emplace(run_backward(cots));
+              erased_gradient const* e3 = third->error ? nullptr : third->got.find(e.name);
+              bool const drifts =
+                  e3 && e3->bits != e.bits &&
+                  !detail::compare_runs(e, *e3, first.launches, third->launches, &bounds)
+                       .problem.empty();
               sr.problems.push_back(
                   v.problem +
                   " (the second run took the programs of each launch in reverse order, wave by "
                   "wave: a result that depends on which program runs first or last, a reduction "
-                  "by the program with the last id, changes with it)");
+                  "by the program with the last id, changes with it)" +
+                  (drifts ? ". A third run, in the first run's order, differs from the first as "
+                            "well: the result depends on the calls before it (state the backward "
+                            "keeps from call to call: a buffer not zeroed, a static accumulator) "
+                            "or on the threads' timing"
+                          : ""));
+            }
             if (!v.note.empty())
               rep.notes.push_back("seed " + std::to_string(seed) + ": " + v.note);
           }
@@ -1430,7 +1449,13 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       tols.emplace_back(n.name, tol);
       double const scale_allowed = q < pd.scale_moved.size() ? o.k_saved * pd.scale_moved[q] : 0.0;
       auto r = compare_gradient(*e, ref64, tol, o, scale_limit, scale_allowed);
-      if (r.scale_failed)
+      if (r.scale_failed && !(std::abs(r.scale_correlation) >= scale_correlation_min))
+        r.notes.push_back(
+            "unlike the reference all over: kernel and reference correlate at " +
+            detail::number(r.scale_correlation) +
+            " over its elements, where a factor off would correlate near 1 (values transposed, "
+            "misplaced, or another gradient's?)");
+      else if (r.scale_failed)
         r.notes.push_back(
             "off along the reference all over: " + detail::number(r.scale_units) +
             " of its bounds, past check_options::scale_units " + detail::number(scale_limit) +

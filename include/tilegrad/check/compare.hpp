@@ -312,6 +312,10 @@ struct gradient_report {
   /// every element would give); and how many standard errors it lies from 0 as blocks of the
   /// elements measure it (0: not measured).
   double scale_error = 0, scale_units = 0, scale_z = 0;
+  /// The correlation of the gradient with the reference over the fit's elements (weighted as
+  /// in it): near 1 where the gradient is a multiple of the reference, near 0 where it is
+  /// unrelated (transposed, misplaced, another tensor's), 1 where the gradient is all zeros.
+  double scale_correlation = 1;
   bool scale_failed = false; ///< failed by check_options::scale_units
   /// How the fit was taken (detail::fit_scale).
   scale_fit_kind scale_fit = scale_fit_kind::squares;
@@ -323,6 +327,13 @@ struct gradient_report {
 /// The standard errors by which the blocks of a gradient's elements must agree on its fitted scale
 /// error for check_options::scale_units to fail it.
 inline constexpr double scale_agreement = 16;
+
+/// Whether a gradient's fit along the reference describes it (reports say "off along the
+/// reference", a factor): its correlation with the reference at least this in size (-1: a sign
+/// flipped, a multiple too). Below, the gradient
+/// is not a multiple of the reference (transposed, or another tensor's values), and the factor a
+/// fit finds, about -1, would point at a missing scale or a sign.
+inline constexpr double scale_correlation_min = 0.9;
 
 namespace detail {
 /// The least-squares s of got = (1 + s) ref over the elements where both are finite (NaN where
@@ -404,7 +415,7 @@ void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, B
     double total = 0;
     if (equal_weight)
       each([&](std::size_t, double g, double, double, double w) { total += w * g * g; });
-    double gg = 0, eg = 0, b_abs = 0;
+    double gg = 0, eg = 0, b_abs = 0, kk = 0;
     each([&](std::size_t i, double g, double e, double b, double w) {
       auto const k = equal_weight
                          ? std::min(static_cast<std::size_t>(gg / total * blocks),
@@ -412,6 +423,7 @@ void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, B
                          : static_cast<std::size_t>(i * static_cast<std::size_t>(blocks) / n);
       gg += w * g * g;
       eg += w * e * g;
+      kk += w * (g + e) * (g + e);
       b_abs += w * b * std::abs(g);
       bg[k] += w * g * g;
       be[k] += w * e * g;
@@ -420,6 +432,7 @@ void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, B
       return false;
     r.scale_error = eg / gg;
     r.scale_units = std::abs(eg) / b_abs;
+    r.scale_correlation = kk > 0 ? (eg + gg) / std::sqrt(kk * gg) : 1.0;
     // Spread of the blocks' own fits about the whole's, weighted as they weigh in it.
     double var = 0, w2 = 0;
     int used = 0;
@@ -445,15 +458,16 @@ void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, B
   if (fit(squares, false) || !(limit > 0))
     return;
   struct measured {
-    double s, units, z;
+    double s, units, z, correlation;
     scale_fit_kind kind;
   };
-  measured const first{r.scale_error, r.scale_units, r.scale_z, scale_fit_kind::squares};
+  measured const first{r.scale_error, r.scale_units, r.scale_z, r.scale_correlation,
+                       scale_fit_kind::squares};
   std::optional<measured> kept;
   for (scale_fit_kind kind : {scale_fit_kind::equal_weight, scale_fit_kind::by_bounds}) {
     if (!(kind == scale_fit_kind::equal_weight ? fit(squares, true) : fit(by_bounds, false)))
       continue;
-    measured const m{r.scale_error, r.scale_units, r.scale_z, kind};
+    measured const m{r.scale_error, r.scale_units, r.scale_z, r.scale_correlation, kind};
     if (m.units > limit && m.z > scale_agreement) {
       kept = m;
       break;
@@ -463,6 +477,7 @@ void fit_scale(std::vector<double> const& got, std::vector<double> const& ref, B
   }
   measured const& k = kept ? *kept : first;
   r.scale_error = k.s, r.scale_units = k.units, r.scale_z = k.z, r.scale_fit = k.kind;
+  r.scale_correlation = k.correlation;
 }
 } // namespace detail
 

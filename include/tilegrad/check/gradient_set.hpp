@@ -7,11 +7,14 @@
 #include "tilegrad/memory/tensor.hpp"
 #include "tilegrad/memory/tracking.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tilegrad {
@@ -105,6 +108,70 @@ erased_gradient erase_gradient(std::string name, tensor<U> t) {
   }
   return g;
 }
+
+/// Where two gradients handed back were copied from the same memory, in the same state (the
+/// views of two gradients laid over one slice of a packed buffer): "'k' at (0, 1) is element
+/// (0, 1) of 'q'", else empty. (One buffer handed over twice, rewritten in between, holds
+/// different values in the two copies: that is a buffer reused, not shared.)
+TILEGRAD_MACHINERY std::string shared_gradients(std::vector<erased_gradient> const& gs)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  for (std::size_t a = 0; a < gs.size(); ++a)
+    for (std::size_t b = a + 1; b < gs.size(); ++b) {
+      erased_gradient const& x = gs[a];
+      erased_gradient const& y = gs[b];
+      if (!x.source || !y.source || x.numel() == 0 || y.numel() == 0)
+        continue;
+      auto span = [](erased_gradient const& g) {
+        auto const* lo = static_cast<unsigned char const*>(g.source_of(0));
+        auto const* hi = lo;
+        for (std::int64_t i : {std::int64_t{0}, g.numel() - 1}) { // (strides may be negative)
+          auto const* p = static_cast<unsigned char const*>(g.source_of(i));
+          lo = std::min(lo, p), hi = std::max(hi, p);
+        }
+        return std::pair{lo, hi + g.elem_size};
+      };
+      auto const [xl, xh] = span(x);
+      auto const [yl, yh] = span(y);
+      if (xh <= yl || yh <= xl || x.elem_size != y.elem_size)
+        continue;
+      std::unordered_map<void const*, std::int64_t> at;
+      at.reserve(static_cast<std::size_t>(x.numel()));
+      for (std::int64_t i = 0; i < x.numel(); ++i)
+        at.emplace(x.source_of(i), i);
+      std::int64_t first_x = -1, first_y = -1, shared = 0;
+      bool same_state = true, nonzero = false;
+      for (std::int64_t j = 0; j < y.numel() && same_state; ++j)
+        if (auto const it = at.find(y.source_of(j)); it != at.end()) {
+          auto const w = x.elem_size;
+          unsigned char const* bx = x.bits.data() + static_cast<std::size_t>(it->second) * w;
+          unsigned char const* by = y.bits.data() + static_cast<std::size_t>(j) * w;
+          same_state = std::memcmp(bx, by, w) == 0;
+          nonzero |= x.values[static_cast<std::size_t>(it->second)] != 0;
+          if (shared++ == 0)
+            first_x = it->second, first_y = j;
+        }
+      if (shared == 0 || !same_state || !nonzero)
+        continue;
+      auto coords = [](erased_gradient const& g, std::int64_t i) {
+        std::int64_t c[max_tensor_rank] = {};
+        for (int ax = g.rank - 1; ax >= 0; --ax) {
+          c[ax] = i % g.shape[ax];
+          i /= g.shape[ax];
+        }
+        return tuple_string(c, g.rank);
+      };
+      return "the gradients handed back for '" + x.name + "' and '" + y.name + "' share " +
+             std::to_string(shared) + " element(s) of memory: '" + y.name + "' at " +
+             coords(y, first_y) + " is element " + coords(x, first_x) + " of '" + x.name +
+             "' (views laid over one slice of a buffer?): each is judged on values the other "
+             "wrote";
+    }
+  return {};
+}
+#else
+    ;
+#endif
 
 /// The gradients a hand-written backward produced, by name. Built from a braced list,
 /// `return {{"x", dx}, {"w", dw}};`, or filled with set().

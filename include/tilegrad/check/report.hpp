@@ -5,6 +5,7 @@
 #include "tilegrad/check/compare.hpp"
 #include "tilegrad/core/config.hpp"
 
+#include <cmath>
 #include <cstddef>
 #include <ostream>
 #include <sstream>
@@ -173,7 +174,11 @@ private:
         os << g.map;
       // What a factor missing, or applied twice, leaves: the whole gradient a multiple of the
       // reference, which its blocks agree on.
-      if (g.scale_z > scale_agreement)
+      if (g.scale_z > scale_agreement && !(std::abs(g.scale_correlation) >= scale_correlation_min))
+        os << "      unlike the reference: kernel and reference correlate at "
+           << g.scale_correlation << " over its elements (a least-squares factor would be (1 + "
+           << g.scale_error << "), but they are not multiples of each other)\n";
+      else if (g.scale_z > scale_agreement)
         os << "      along the reference: kernel = (1 + " << g.scale_error
            << ") * reference, fitted over its elements (least squares"
            << (g.scale_fit == scale_fit_kind::by_bounds
