@@ -55,6 +55,7 @@ enum class bug {
   by_id,          // no ticket: the program with the last id reduces, as if it ran last
   second_to_last, // the program that draws the second-to-last ticket reduces
   no_reset,       // the counter is never reset: the next backward finds it where this one left it
+  ticket_by_id,   // every program draws a ticket, but the program with the last id reduces
 };
 
 int const bwd_first_line = __LINE__;
@@ -87,9 +88,9 @@ constexpr auto ticket_bwd = [](tg::program const& p, tg::tensor<float const> x,
   }
   if (b != bug::ticket_first && b != bug::by_id)
     ticket = tg::atomic_add(counter + 0, 1).item();
-  bool const last = b == bug::by_id           ? g == programs - 1
-                    : b == bug::second_to_last ? ticket == programs - 2
-                                               : ticket == programs - 1;
+  bool const last = b == bug::by_id || b == bug::ticket_by_id ? g == programs - 1
+                    : b == bug::second_to_last                ? ticket == programs - 2
+                                                              : ticket == programs - 1;
   if (!last)
     return;
   for (std::int64_t c0 = 0; c0 < n; c0 += BlockN) {
@@ -256,6 +257,24 @@ TEST(Tickets, ACounterResetBeforeTheLastTicketCannotOrderProgramsAndSaysSo) {
           << what;
       EXPECT_NE(what.find("was drawn twice"), std::string::npos) << what;
     }
+  }
+}
+
+// Tickets drawn, but the program with the last id reduces: ordered only in runs where it draws
+// the last ticket. With one wave the second run (programs in reverse order) has it draw the
+// first one, and its loads race; where it sat alone in the last wave (65 programs, waves of 64),
+// it drew the last ticket in both runs, and the check passed it. The second run now takes the
+// waves in reverse order too.
+TEST(Tickets, AReductionByTheLastIdThatDrawsATicketFailsPastOneWave) {
+  for (auto e : {tg::executor::sequential, tg::executor::tbb, tg::executor::openmp}) {
+    if (!tg::executor_available(e))
+      continue;
+    for (std::int64_t programs : {40, 65, 257}) {
+      auto const r = check(bug::ticket_by_id, programs * Rows, 29, {.seeds = 1, .launch = {e, 2}});
+      EXPECT_FALSE(r) << programs << " programs\n" << r;
+      EXPECT_TRUE(r.mentions("race on tensor 'partial_dw'")) << r;
+    }
+    EXPECT_BACKWARD_OK(check(bug::none, 65 * Rows, 29, {.seeds = 1, .launch = {e, 2}}));
   }
 }
 

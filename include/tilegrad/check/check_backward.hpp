@@ -1285,6 +1285,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       // whenever the threads happened to run that program last.
       backward_run again = run_backward(cots, 0, true);
       std::optional<backward_run> third;
+      // Tickets order programs as the run drew them: a reduction by the last id that draws a
+      // ticket too is ordered in a run where it draws the last one, and races in this one.
+      if (!raced)
+        races_of(again, " run a second time (the programs of each launch in reverse order)");
       if (again.error) {
         sr.problems.push_back("the backward threw when run a second time (the programs of each "
                               "launch in reverse order, wave by wave): " +

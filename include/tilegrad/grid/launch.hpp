@@ -588,8 +588,14 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
                                                     std::pair<std::size_t, int>(
                                                         observer->launches.size(), v.arg)) !=
                                               observer->jitter_targets.end());
+  // check_backward's determinism rerun takes the waves from the last to the first and the
+  // programs of each wave from the last to the first: every program in the reverse order. (With
+  // the waves in order, a program alone in the last wave ran last in both runs, and a reduction
+  // by the last id passed.)
   bool const reverse = observer && observer->reverse_order;
-  for (std::int64_t w0 = 0; w0 < total; w0 += wave) {
+  std::int64_t const waves = (total + wave - 1) / wave;
+  for (std::int64_t k = 0; k < waves; ++k) {
+    std::int64_t const w0 = (reverse ? waves - 1 - k : k) * wave;
     std::int64_t const n = std::min(wave, total - w0);
     auto run = [&](std::int64_t at) {
       std::int64_t const i = reverse ? n - 1 - at : at; // (the logs stay in program order)

@@ -1578,9 +1578,10 @@ public:
   /// "Locks found held"), and why the probe stopped, if it did (empty: it did not).
   bool probe_locks = false;
   std::string probe_stopped;
-  /// check_backward's determinism rerun: each launch runs the programs of each wave in reverse
-  /// order (the last first on one thread), so that a result that depends on which program runs
-  /// first or last differs from the first run's whatever the timing.
+  /// check_backward's determinism rerun: each launch runs its waves, and the programs of each
+  /// wave, in reverse order (the last program first on one thread), so that a result that
+  /// depends on which program runs first or last differs from the first run's whatever the
+  /// timing.
   bool reverse_order = false;
   /// check_backward's measure of bf16 sums kept in memory: a seed (0: off), and the tensors
   /// whose bf16 stores are moved, as (launch, argument) (launch_writes::launch, ::arg).
