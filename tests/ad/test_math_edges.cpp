@@ -48,6 +48,73 @@ TEST(MathEdges, SigmoidDerivativeKeepsItsDigitsInBothModes) {
   }
 }
 
+// Functions constant in x whose reverse sweep passes sqrt's infinite slope at 0 through a
+// partial derivative of exactly zero: sqrt(x * w) with a passive w = 0, sqrt(|x| * w), the norm
+// of a row every element of which a float mask zeroes, and a product with a zero row. vjp gave
+// NaN (inf * 0) where jvp, and the central differences, give 0; both modes now drop a term whose
+// partial is exactly zero, as they drop one whose adjoint or tangent is. Where the partial is not
+// zero the infinite slope stays (sqrt(x * w) at x = 0, w = 1).
+template <int Case>
+constexpr auto constant_in_x = []<class T>(tg::program const&, tg::tensor<T const> x,
+                                           tg::tensor<T const> w, tg::tensor<T> y) {
+  auto const i = tg::arange<0, N>();
+  tg::tile<T, N> const v = tg::load(x + i);
+  tg::tile<T, N> const c = tg::load(w + i);
+  if constexpr (Case == 0) {
+    tg::store(y + i, tg::sqrt(v * c) + tg::sqrt(tg::abs(v) * c));
+  } else if constexpr (Case == 1) {
+    tg::tile<T> const norm = tg::sqrt(tg::sum(v * v * tg::to<float>(c > 2.0)));
+    tg::store(y + i, v * 0.5 + norm);
+  } else { // a product whose terms are all zero, under sqrt: an infinite adjoint of dot's result
+    tg::tile<T, N, 16> const a = tg::col(v) * tg::row(tg::load(w + tg::arange<0, 16>()));
+    tg::tile<T, 16, N> const b = tg::row(c) * tg::col(tg::to<float>(tg::arange<0, 16>() < 8));
+    tg::tile<T, N, N> const p = tg::dot(a, b); // p(i, j) = v_i c_j (w_0 + ... + w_7) = 0
+    tg::store(y + i, tg::sum<1>(tg::sqrt(p)) + v * 0.25);
+  }
+};
+
+template <int Case>
+void expect_zero_partials_pass_nothing(double const (&ws)[N]) {
+  tg::owned_tensor<double> x({N}, "x"), w({N}, "w"), y({N}, "y"), dy({N}, "dy"), u({N}, "u");
+  for (int i = 0; i < N; ++i) {
+    x(i) = i % 3 == 0 ? 0.0 : 0.25 * i - 2;
+    w(i) = ws[i];
+    dy(i) = 1;
+    u(i) = 1;
+  }
+  auto const g = tg::vjp(1, constant_in_x<Case>, tg::in("x", x), w.cview(), tg::out("y", y, dy));
+  auto const t = tg::jvp(1, constant_in_x<Case>, tg::tangent_in("x", x, u), w.cview(),
+                         tg::tangent_out("y", y));
+  double vjp_dot = 0, jvp_dot = 0;
+  for (int i = 0; i < N; ++i) {
+    EXPECT_FALSE(std::isnan(g["x"](i))) << "case " << Case << ", x(" << i << ")";
+    EXPECT_FALSE(std::isnan(t["y"](i))) << "case " << Case << ", y(" << i << ")";
+    vjp_dot += g["x"](i) * u(i);
+    jvp_dot += dy(i) * t["y"](i);
+  }
+  EXPECT_NEAR(vjp_dot, jvp_dot, 1e-12 * (1 + std::abs(jvp_dot))) << "case " << Case;
+}
+
+TEST(MathEdges, AZeroPartialPassesNoInfiniteSlopeInEitherMode) {
+  double ws[N] = {};
+  expect_zero_partials_pass_nothing<0>(ws); // w = 0 everywhere: y constant 0
+  {
+    tg::owned_tensor<double> x({N}, "x"), w({N}, "w"), y({N}, "y"), dy({N}, "dy");
+    for (int i = 0; i < N; ++i)
+      x(i) = 1.0 + i, w(i) = i % 2, dy(i) = 1;
+    auto const g = tg::vjp(1, constant_in_x<0>, tg::in("x", x), w.cview(), tg::out("y", y, dy));
+    for (int i = 0; i < N; ++i) // d/dx (2 sqrt(x w)) = sqrt(w / x)
+      EXPECT_NEAR(g["x"](i), std::sqrt(w(i) / x(i)), 1e-12) << i;
+  }
+  expect_zero_partials_pass_nothing<1>(ws); // every element masked: the norm's slope is inf
+  for (int i = 0; i < N; ++i)
+    ws[i] = 0.5 + i % 2; // none over 2 either
+  expect_zero_partials_pass_nothing<1>(ws);
+  for (int i = 0; i < N; ++i)
+    ws[i] = i < 8 ? 0.0 : 1.0 + i; // the first 8 of c are zero: every p(i, j) is 0
+  expect_zero_partials_pass_nothing<2>(ws);
+}
+
 } // namespace
 
 } // namespace test_math_edges

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
 namespace test_elementwise {
@@ -335,6 +336,35 @@ void expect_negation_flips_the_sign() {
 TEST(Elementwise, NegationFlipsTheSignOnEveryLane) {
   expect_negation_flips_the_sign<float>();
   expect_negation_flips_the_sign<double>();
+}
+
+// Comparisons with NaN as in C++ and Triton, on the vector lanes as on the scalar tail: every
+// ordering and == false, != true (`x != x` finds NaN). xsimd computes != of AVX and AVX-512 float
+// batches as an ordered comparison, and the vector lanes said NaN != NaN was false.
+template <class T>
+void expect_nan_comparisons() {
+  constexpr int N = 37; // vectors and a tail
+  tile<T, N> x, y;
+  for (int i = 0; i < N; ++i) {
+    x(i) = i % 3 ? T(i) : std::numeric_limits<T>::quiet_NaN();
+    y(i) = i % 4 ? T(i) : std::numeric_limits<T>::quiet_NaN();
+  }
+  tile<bool, N> const ne = x != x, ne_y = x != y, eq = x == y, lt = x < y, ge = x >= y;
+  tile<T, N> const scrubbed = where(x != x, T(0), x);
+  for (int i = 0; i < N; ++i) {
+    bool const nx = std::isnan(x(i)), any = nx || std::isnan(y(i));
+    EXPECT_EQ(ne(i), nx) << i;
+    EXPECT_EQ(ne_y(i), any || x(i) != y(i)) << i;
+    EXPECT_EQ(eq(i), !any && x(i) == y(i)) << i;
+    EXPECT_EQ(lt(i), !any && x(i) < y(i)) << i;
+    EXPECT_EQ(ge(i), !any && x(i) >= y(i)) << i;
+    EXPECT_EQ(scrubbed(i), nx ? T(0) : x(i)) << i;
+  }
+}
+
+TEST(Elementwise, ComparisonsWithNaNOnEveryLane) {
+  expect_nan_comparisons<float>();
+  expect_nan_comparisons<double>();
 }
 
 } // namespace

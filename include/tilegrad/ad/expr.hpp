@@ -15,6 +15,7 @@
 #include "tilegrad/tile/ops.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -329,6 +330,28 @@ V rounded_as_recomputed(V const& y) {
 /// Stands for "the result of this node is not at hand: recompute it".
 struct no_result {};
 
+/// The lanes of v that are NaN. (Not v != v: xsimd's != of batches is an ordered comparison,
+/// false for NaN.)
+template <class V>
+TILEGRAD_INLINE auto nan_lanes(V const& v) {
+#if TILEGRAD_USE_XSIMD
+  if constexpr (simd::is_batch_v<V>)
+    return xsimd::isnan(v);
+  else
+#endif
+    return std::isnan(v);
+}
+/// Whether a lane of v is NaN.
+template <class V>
+TILEGRAD_INLINE bool has_nan(V const& v) {
+#if TILEGRAD_USE_XSIMD
+  if constexpr (simd::is_batch_v<V>)
+    return xsimd::any(xsimd::isnan(v));
+  else
+#endif
+    return std::isnan(v);
+}
+
 /// A rule's contribution where the adjoint g is exactly zero is exactly zero: the rule of the
 /// branch where() did not take, or of a masked lane, must not turn 0 * inf or 0 / 0 (log at 0,
 /// an overflowed exp, a division by an empty count) into NaN. Rules that are +-g or a select
@@ -338,8 +361,15 @@ struct no_result {};
 template <class Op, class V, class Rule>
 TILEGRAD_INLINE V zero_stays_zero(V const& g, Rule const& rule) {
   V c = rule(g);
-  if constexpr (!Op::passes_adjoint)
+  if constexpr (!Op::passes_adjoint) {
     c = ops::detail::select(g == V(0), V(0), c);
+    // So is an infinite (or NaN) adjoint's through a partial derivative of exactly zero, as a
+    // zero tangent's is in forward mode: sqrt at 0 (adjoint inf) of x * w with w = 0, a function
+    // constant in x, gives x 0, not inf * 0. (Rules are linear in g: rule(1) is the partial.
+    // Taken only where a lane is NaN, which a finite adjoint never makes of a finite partial.)
+    if (has_nan(c)) [[unlikely]]
+      c = ops::detail::select(nan_lanes(c) && (rule(V(1)) == V(0)), V(0), c);
+  }
   if (magnitude_sweep()) [[unlikely]] {
     if (squares_sweep())
       c = ops::detail::select(c == V(0), V(0), rule(c));

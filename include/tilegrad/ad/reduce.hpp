@@ -316,7 +316,31 @@ struct dot_record final : record {
       av = finite_part(tp, av, M * K);
     if (b_bad)
       bv = finite_part(tp, bv, K * N);
-    products(tp, av, bv);
+    // An infinite adjoint (sqrt at 0 above the product) through an operand element of exactly
+    // zero contributes zero, as in every elementwise rule (and as a zero tangent does in forward
+    // mode): dC's non-finite elements go to the products as 0, and each is then added alone
+    // where it meets a nonzero finite operand element (non-finite ones: the loops above).
+    T const* const c_all = ca;
+    bool const c_bad = any_non_finite(ca, M * N);
+    T const* const cf = c_bad ? finite_part(tp, ca, M * N) : ca;
+    products(tp, av, bv, cf);
+    if (c_bad)
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+          T const d = c_all[i * N + j];
+          if (d - d == T(0))
+            continue;
+          for (int k = 0; aa && k < K; ++k) {
+            T const x = TB ? b_all[j * K + k] : b_all[k * N + j];
+            if (x != T(0) && x - x == T(0))
+              (TA ? aa[k * M + i] : aa[i * K + k]) += d * x;
+          }
+          for (int k = 0; ba && k < K; ++k) {
+            T const x = TA ? a_all[k * M + i] : a_all[i * K + k];
+            if (x != T(0) && x - x == T(0))
+              (TB ? ba[j * K + k] : ba[k * N + j]) += x * d;
+          }
+        }
     if (b_bad) // dA(i, k) += dC(i, j) op(B)(k, j) for each non-finite op(B)(k, j)
       for (int k = 0; k < K; ++k)
         for (int j = 0; j < N; ++j) {
@@ -342,7 +366,7 @@ struct dot_record final : record {
   }
 
 private:
-  void products(tape& tp, T const* av, T const* bv) const {
+  void products(tape& tp, T const* av, T const* bv, T const* ca) const {
     if (aa) {
       if constexpr (!TA) { // dA (M x K) += dC op(B)^T
         if constexpr (TB) {

@@ -449,7 +449,24 @@ TILEGRAD_INTEGER_BINARY(shr_op, a >> b, false)
     }                                                                                              \
   };
 TILEGRAD_COMPARISON(eq_op, ==)
-TILEGRAD_COMPARISON(ne_op, !=)
+/// a != b, true where either is NaN (`x != x` finds NaN, as in Triton and C++). Float batches
+/// take it as !(a == b): xsimd 8 computes != of AVX and AVX-512 float batches as an ordered
+/// comparison, false for NaN (and SSE2's as an unordered one), so the vector lanes of a tile said
+/// NaN != NaN is false and its scalar tail lanes said true.
+struct ne_op : predicate {
+  static constexpr char const* name = "ne_op";
+  template <class T>
+  static constexpr bool vectorizes = true;
+  template <class V>
+  TILEGRAD_INLINE static auto apply(V const& a, V const& b) {
+#if TILEGRAD_USE_XSIMD
+    if constexpr (simd::is_batch_v<V>)
+      if constexpr (std::is_floating_point_v<typename V::value_type>)
+        return !(a == b);
+#endif
+    return a != b;
+  }
+};
 TILEGRAD_COMPARISON(lt_op, <)
 TILEGRAD_COMPARISON(le_op, <=)
 TILEGRAD_COMPARISON(gt_op, >)
