@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <type_traits>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
@@ -67,6 +68,51 @@ TEST(TaylorTest, DetectsAWrongDerivative) {
   EXPECT_LT(r.observed_rate, 0.5) << r;
   // The residual stalls at the size of the error instead of shrinking.
   EXPECT_GT(r.residual.back(), r.residual.front() / 2) << r;
+}
+
+// Programs that add into their output with atomic_add (the output zeroed by the host, as
+// Triton's): every launch of the test starts from the output as given. It did not, and the sums
+// of the last launch stayed under the next one's: a correct gradient failed at rate -1.
+TEST(TaylorTest, AKernelAddingIntoItsOutputAtomicallyPasses) {
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const c = tg::arange<0, 8>();
+    auto const m = c < x.size(1);
+    auto const v = tg::load(x + p.program_id(0) * x.stride(0) + c, m, 0.0f);
+    tg::atomic_add(y + c, tg::exp(v), m);
+  };
+  tg::owned_tensor<float> x({6, 7}), y({7});
+  fill(x, 5);
+  auto const r = tg::taylor_test(6, k, tg::in("x", x), tg::out("y", y));
+  EXPECT_TRUE(r) << r;
+  EXPECT_NEAR(r.observed_rate, 2.0, 0.2) << r;
+}
+
+// y = exp(x) + offset: with a large offset, sum|w * y| (the scale of the objective's round-off)
+// is large where <g, u> is not, and every residual is at round-off even for a wrong derivative,
+// which passed as "the gradient agrees" (5 % off under 1e10, twice the derivative under 1e12).
+// Such a test is inconclusive, and fails; with a small offset the wrong derivative fails by its
+// rate and the right one passes.
+TEST(TaylorTest, RoundOffLargerThanTheDerivativeIsInconclusive) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y, double offset,
+                       double wrong) {
+    auto const i = tg::arange<0, 16>();
+    auto const m = i < x.size(0);
+    auto const v = tg::load(x + i, m, 0.0f);
+    if constexpr (std::is_same_v<T, double>)
+      tg::store(y + i, tg::exp(v) + offset, m);
+    else
+      tg::store(y + i, tg::exp(v) * wrong + offset, m);
+  };
+  for (double offset : {0.0, 1e4, 1e10, 1e12})
+    for (double wrong : {1.0, 1.05, 2.0}) {
+      tg::owned_tensor<float> x({13}), y({13});
+      fill(x, 4);
+      auto const r = tg::taylor_test(1, k, tg::in("x", x), tg::out("y", y), offset, wrong);
+      bool const resolvable = offset < 1e6;
+      EXPECT_EQ(bool(r), resolvable && wrong == 1.0) << offset << " " << wrong << "\n" << r;
+      if (!resolvable)
+        EXPECT_NE(r.verdict.find("inconclusive"), std::string::npos) << r;
+    }
 }
 
 TEST(TaylorTest, OptionsChooseSeedAndSteps) {
