@@ -618,6 +618,61 @@ TEST(JvpEdges, AZeroPartialTimesAnInfiniteTangentIsZeroAsInReverseMode) {
 
 // Triton's `acc = tl.dot(acc * s, w, acc)` on dual tiles (which live on the heap): the operand
 // that reads acc is evaluated before acc is reused for the result (it crashed).
+// fma(a, b, c) rounds once in forward mode too: fma(x, x, -(x * x)) is the rounding error of
+// x * x, as on the fast path and in reverse mode, where jvp computed x * x + c (0).
+TEST(JvpEdges, FmaRoundsOnceAsOnTheFastPath) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 19>();
+    tg::tile<T, 19> const v = tg::load(x + i);
+    tg::tile<T, 19> const sq = v * v;
+    tg::store(y + i, tg::fma(v, v, -sq));
+  };
+  owned<double> x({19}, "x"), y({19}, "y"), yt({19}, "y"), u({19}, "u");
+  for (int i = 0; i < 19; ++i)
+    x(i) = 1.0 + 0.1 * i + 1e-9 * i * i, u(i) = 1;
+  tg::launch(1, k, x.cview(), y.view());
+  auto const t = tg::jvp(1, k, tg::tangent_in("x", x, u), tg::tangent_out("y", yt));
+  int residues = 0;
+  for (int i = 0; i < 19; ++i) {
+    EXPECT_EQ(yt(i), y(i)) << i;
+    residues += y(i) != 0;
+    EXPECT_EQ(t["y"](i), 0.0) << i; // d/dx (x x - x x)
+  }
+  EXPECT_GT(residues, 0); // (the products do round)
+}
+
+// atomic_max and atomic_min of equal values from 64 programs, each with its own tangent, on two
+// threads: the tangent kept is the same on every run (the largest for a max, the smallest for a
+// min), where it was the first program's to arrive.
+TEST(JvpEdges, AtomicMaxTiesKeepTheSameTangentOnEveryRun) {
+  auto k = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> mx,
+                       tg::tensor<T> mn) {
+    auto const i = tg::arange<0, 4>();
+    tg::tile<T, 4> const v = tg::load(x + p.program_id(0) * 4 + i);
+    (void)tg::atomic_max(mx + i, v);
+    (void)tg::atomic_min(mn + i, v);
+  };
+  int const programs = 64;
+  owned<double> x({programs * 4}, "x"), u({programs * 4}, "u");
+  for (int i = 0; i < programs * 4; ++i)
+    x(i) = 1.0, u(i) = (i / 4 * 37) % programs; // equal values, tangents 0..63 in some order
+  for (auto e : {tg::executor::tbb, tg::executor::openmp, tg::executor::sequential}) {
+    if (!tg::executor_available(e))
+      continue;
+    for (int run = 0; run < 20; ++run) {
+      owned<double> mx({4}, "mx"), mn({4}, "mn");
+      for (int j = 0; j < 4; ++j)
+        mx(j) = -5, mn(j) = 5;
+      auto const t = tg::jvp({e, 2}, programs, k, tg::tangent_in("x", x, u),
+                             tg::tangent_out("mx", mx), tg::tangent_out("mn", mn));
+      for (int j = 0; j < 4; ++j) {
+        ASSERT_EQ(t["mx"](j), programs - 1) << tg::to_string(e) << " run " << run;
+        ASSERT_EQ(t["mn"](j), 0.0) << tg::to_string(e) << " run " << run;
+      }
+    }
+  }
+}
+
 constexpr int acc_side = 16;
 TEST(JvpEdges, AnAccumulatorReadByAnOperandExpression) {
   constexpr int S = acc_side;

@@ -157,4 +157,41 @@ TYPED_TEST(LayerNorm, BackwardMatchesLoop) {
   }
 }
 
+// Rows of large values that vary little or not at all, N = 4097: the mean summed in float is a
+// few ulp off, and the squares of that error were the variance of a constant row (rstd 302.1 for
+// 316.2 at 12345.678, y = b off by 0.3, the backward's dx 4.5 % off). The pass that takes the
+// variance also sums the deviations, which corrects mean and variance: a constant row gives
+// y = b and rstd = 1 / sqrt(eps), as PyTorch's layer norm does, and a row of 1e4 + 1e-2 u its
+// statistics in double to float's precision.
+TEST(LayerNormForward, RowsOfLargeValuesThatVaryLittleKeepTheirStatistics) {
+  std::int64_t const m = 4, n = 4097;
+  tg::owned_tensor<float> x({m, n}), w({n}), b({n}), y({m, n}), mean({m}), rstd({m});
+  fill(w, 1);
+  fill(b, 2);
+  std::vector<float> const constant = {1000.3f, 12345.678f, -7777.7f};
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j)
+      x(i, j) = i < 3 ? constant[static_cast<std::size_t>(i)]
+                      : 1e4f + 1e-2f * static_cast<float>(std::sin(0.7 * double(j)));
+  tg::launch(m, tg::kernels::layer_norm_fwd<BlockN>, x.cview(), w.cview(), b.cview(), y.view(),
+             mean.view(), rstd.view(), double(eps));
+  for (std::int64_t i = 0; i < m; ++i) {
+    double mu = 0, var = 0;
+    for (std::int64_t j = 0; j < n; ++j)
+      mu += x(i, j);
+    mu /= double(n);
+    for (std::int64_t j = 0; j < n; ++j)
+      var += (x(i, j) - mu) * (x(i, j) - mu);
+    double const rs = 1 / std::sqrt(var / double(n) + double(eps));
+    EXPECT_NEAR(mean(i), mu, 1e-7 * std::abs(mu)) << i;
+    EXPECT_NEAR(rstd(i), rs, 1e-5 * rs) << i;
+    for (std::int64_t j = 0; j < n; ++j) {
+      double const want = (x(i, j) - mu) * rs * w(j) + b(j);
+      ASSERT_NEAR(y(i, j), want, 2e-3) << i << ", " << j; // (x - mean) rounds to 1e-3 at 1e4
+      if (i < 3)
+        ASSERT_EQ(y(i, j), b(j)) << i << ", " << j;
+    }
+  }
+}
+
 } // namespace test_layer_norm

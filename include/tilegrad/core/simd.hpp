@@ -106,6 +106,25 @@ template <class T, class A>
 inline constexpr bool is_mask_v<xsimd::batch_bool<T, A>> = true;
 #endif
 
+#if TILEGRAD_USE_XSIMD
+/// a * b + c rounded once, on every lane. (xsimd 8 computes fma of AVX-512 batches as a * b + c,
+/// two roundings unless the compiler contracts them, which GCC does at -O2 and not at -O1: a
+/// tile's vector lanes then rounded twice and its scalar tail once.)
+template <class T, class A>
+TILEGRAD_INLINE xsimd::batch<T, A> fused_multiply_add(xsimd::batch<T, A> const& a,
+                                                      xsimd::batch<T, A> const& b,
+                                                      xsimd::batch<T, A> const& c) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(xsimd::batch<T, A>) == 64 && std::is_same_v<T, float>)
+    return xsimd::batch<T, A>(_mm512_fmadd_ps(a, b, c));
+  else if constexpr (sizeof(xsimd::batch<T, A>) == 64 && std::is_same_v<T, double>)
+    return xsimd::batch<T, A>(_mm512_fmadd_pd(a, b, c));
+  else
+#endif
+    return xsimd::fma(a, b, c);
+}
+#endif
+
 template <class T, int W>
 TILEGRAD_INLINE vec_t<T, W> load(T const* p) {
   if constexpr (W == 1)

@@ -504,8 +504,15 @@ struct fma_op : same_type {
   template <class V>
   TILEGRAD_INLINE static V apply(V const& a, V const& b, V const& c) {
     using namespace detail;
-    if constexpr (std::is_arithmetic_v<V> || simd::is_batch_v<V>)
+#if TILEGRAD_USE_XSIMD
+    if constexpr (simd::is_batch_v<V>)
+      return simd::fused_multiply_add(a, b, c);
+    else
+#endif
+        if constexpr (std::is_arithmetic_v<V>)
       return fma(a, b, c);
+    else if constexpr (requires { typename V::dual_tag; })
+      return fma(a, b, c); // dual's own: the value rounded once, as on the fast path
     else
       return a * b + c;
   }
