@@ -682,12 +682,13 @@ TEST(CheckerSweep, RecomputedScoresAreJudgedByTheirOwnRoundings) {
   // Query rows scaled by up to 100: the correct backward recomputes s = q k^T and exp(s - lse)
   // with roundings that do not cancel against the saved lse, as the reference's cancel against
   // its own (docs/checking.md, "Values the backward recomputes"). Without the jittered reference
-  // these two checks fail (dv 2.4 and 1.3 times over its bound, in the default build); with it
-  // they pass (0.60 and 0.37). The second look's moves of the inputs (q, k, v each moved by an
-  // ulp) explain them as well: with the jittered reference alone, or the moved inputs alone,
-  // they pass; with neither, they fail.
-  for (unsigned const seed : {15u, 20u}) {
-    std::int64_t const n = 64 + (seed * 37) % 400; // 219, 404
+  // these two checks fail (in the default build); with it they pass. The second look's moves of
+  // the inputs (q, k, v each moved by an ulp) explain them as well: with the jittered reference
+  // alone, or the moved inputs alone, they pass; with neither, they fail. (Seed 15, used before
+  // fma rounded once on every lane of an -O1 build, passes with neither now: seeds 20 and 23
+  // are two of the four below 26 that fail so.)
+  for (unsigned const seed : {20u, 23u}) {
+    std::int64_t const n = 64 + (seed * 37) % 400; // 404, 115
     attention_case c{.d = 32, .causal = (seed & 1) != 0, .heads = 2, .n = n, .nk = n,
                      .seed = seed, .uneven = true, .uneven_hi = 2};
     EXPECT_BACKWARD_OK(check_attention(c)) << c.name();

@@ -362,6 +362,22 @@ void expect_nan_comparisons() {
   }
 }
 
+// abs of an unsigned tile is the tile (it did not compile: std::abs of an unsigned number is
+// ambiguous), on vector lanes and tails.
+TEST(Elementwise, AbsOfAnUnsignedTileIsTheTile) {
+  tile<std::uint32_t, 37> u;
+  tile<std::uint8_t, 37> b;
+  for (int i = 0; i < 37; ++i)
+    u(i) = 4000000000u - 97u * static_cast<std::uint32_t>(i),
+    b(i) = static_cast<std::uint8_t>(250 - i);
+  tile<std::uint32_t, 37> const au = abs(u);
+  tile<std::uint8_t, 37> const ab = abs(b);
+  for (int i = 0; i < 37; ++i) {
+    EXPECT_EQ(au(i), u(i)) << i;
+    EXPECT_EQ(ab(i), b(i)) << i;
+  }
+}
+
 TEST(Elementwise, ComparisonsWithNaNOnEveryLane) {
   expect_nan_comparisons<float>();
   expect_nan_comparisons<double>();

@@ -167,8 +167,13 @@ struct program_log {
         std::find_if(tried.begin(), tried.end(), [&](auto const& t) { return t.first == key; });
     if (it == tried.end())
       it = tried.insert(tried.end(), {key, 0});
-    if (it->second >= fails)
+    if (it->second >= fails) {
+      // A try the probe leaves alone: the program tries again, for real. (Its tries at a lock
+      // another program really holds, on a thread that is not running, counted as accesses made
+      // without trying again, and the probe stopped on a spin lock that waits as it should.)
+      waiting_since = static_cast<std::size_t>(-1);
       return false;
+    }
     ++it->second;
     waiting_since = made();
     return true;

@@ -68,6 +68,24 @@ TILEGRAD_INLINE xsimd::batch<T, A> lanes_again(xsimd::batch<T, A> const& r,
       rs[i] = f(xs[i]);
   return xsimd::batch<T, A>::load_aligned(rs);
 }
+// xsimd's float exp, on batches other than 16 lanes (a float expression inside a double one,
+// which runs 8 lanes at a time; every float batch without AVX-512), overflows at 88.4 (exp(88.5)
+// is 2.7e38) and flushes subnormal results to 0 (exp(-88) is 6.05e-39): those lanes are computed
+// by the C library, as the tail lanes are.
+template <class A>
+#if defined(__AVX512F__)
+requires(xsimd::batch<float, A>::size != 16)
+#endif
+    TILEGRAD_INLINE xsimd::batch<float, A> exp(xsimd::batch<float, A> const& x) {
+  return lanes_again(xsimd::exp(x), x, (x > 88.0f) || (x < -87.0f),
+                     [](float v) { return std::exp(v); });
+}
+// xsimd's double erf is NaN past |x| of about 9.6e61, where it is +-1 (and 1 to double's
+// precision from |x| = 6 on): those lanes are computed by the C library.
+template <class A>
+TILEGRAD_INLINE xsimd::batch<double, A> erf(xsimd::batch<double, A> const& x) {
+  return lanes_again(xsimd::erf(x), x, xsimd::abs(x) > 6.0, [](double v) { return std::erf(v); });
+}
 // xsimd's double exp overflows before the end of the double range (exp(709.7) is inf, where the
 // result is 1.65e308) and flushes the subnormal results to 0 (exp(-709)); its log and log2 of
 // subnormals are off by tens (log(1e-310) -746.5 where it is -713.8). Those lanes are computed
@@ -208,8 +226,18 @@ struct abs_op : same_type {
   template <class V>
   TILEGRAD_INLINE static V apply(V const& x) {
     using namespace detail;
-    if constexpr (std::is_integral_v<V> && sizeof(V) < sizeof(int))
+    if constexpr (std::is_unsigned_v<V>)
+      return x; // (std::abs of an unsigned number is ambiguous)
+    else if constexpr (std::is_integral_v<V> && sizeof(V) < sizeof(int))
       return static_cast<V>(abs(static_cast<int>(x)));
+#if TILEGRAD_USE_XSIMD
+    else if constexpr (simd::is_batch_v<V>) {
+      if constexpr (std::is_unsigned_v<typename V::value_type>)
+        return x;
+      else
+        return abs(x);
+    }
+#endif
     else
       return abs(x);
   }
