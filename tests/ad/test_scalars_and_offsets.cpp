@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "../support/attention.hpp"
+#include "../support/tensors.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -169,13 +170,7 @@ TEST(Fp64Scalars, LayerNormEpsInDoubleIsDouble) {
   tg::launch(int(m), tk::layer_norm_fwd<BlockN>, x.cview(), w.cview(), b.cview(), y.view(),
              mean.view(), rstd.view(), eps);
   for (std::int64_t i = 0; i < m; ++i) {
-    double mu = 0, var = 0;
-    for (std::int64_t j = 0; j < n; ++j)
-      mu += x(i, j);
-    mu /= double(n);
-    for (std::int64_t j = 0; j < n; ++j)
-      var += (x(i, j) - mu) * (x(i, j) - mu);
-    double const r = 1 / std::sqrt(var / double(n) + eps);
+    double const r = test_support::stats_of_row(x, i, eps).rstd;
     EXPECT_NEAR(rstd(i), r, 1e-14 * r) << "row " << i;
   }
 }

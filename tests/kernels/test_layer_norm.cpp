@@ -176,13 +176,7 @@ TEST(LayerNormForward, RowsOfLargeValuesThatVaryLittleKeepTheirStatistics) {
   tg::launch(m, tg::kernels::layer_norm_fwd<BlockN>, x.cview(), w.cview(), b.cview(), y.view(),
              mean.view(), rstd.view(), double(eps));
   for (std::int64_t i = 0; i < m; ++i) {
-    double mu = 0, var = 0;
-    for (std::int64_t j = 0; j < n; ++j)
-      mu += x(i, j);
-    mu /= double(n);
-    for (std::int64_t j = 0; j < n; ++j)
-      var += (x(i, j) - mu) * (x(i, j) - mu);
-    double const rs = 1 / std::sqrt(var / double(n) + double(eps));
+    auto const [mu, rs] = test_support::stats_of_row(x, i, double(eps));
     EXPECT_NEAR(mean(i), mu, 1e-7 * std::abs(mu)) << i;
     EXPECT_NEAR(rstd(i), rs, 1e-5 * rs) << i;
     for (std::int64_t j = 0; j < n; ++j) {
