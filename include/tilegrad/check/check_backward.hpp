@@ -1280,7 +1280,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     if (o.check_determinism) {
       // Elements that differ are traced to the launches that wrote them: atomic_add alone, by
       // no more than reordering its additions explains, is a note; anything else fails. The
-      // second run takes the programs of each wave in reverse order: a backward that reduces in
+      // second run takes every program in reverse order, waves included: a backward that reduces in
       // the program it takes to run last (the last id, under a lock that orders nothing) passed
       // whenever the threads happened to run that program last.
       backward_run again = run_backward(cots, 0, true);
@@ -1291,7 +1291,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         races_of(again, " run a second time (the programs of each launch in reverse order)");
       if (again.error) {
         sr.problems.push_back("the backward threw when run a second time (the programs of each "
-                              "launch in reverse order, wave by wave): " +
+                              "launch in reverse order): " +
                               *again.error);
       } else {
         for (auto const& e : got->entries())
@@ -1318,9 +1318,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                        .problem.empty();
               sr.problems.push_back(
                   v.problem +
-                  " (the second run took the programs of each launch in reverse order, wave by "
-                  "wave: a result that depends on which program runs first or last, a reduction "
-                  "by the program with the last id, changes with it)" +
+                  " (the second run took the programs of each launch in reverse order: a result "
+                  "that depends on which program runs first or last, a reduction by the program "
+                  "with the last id, changes with it)" +
                   (drifts ? ". A third run, in the first run's order, differs from the first as "
                             "well: the result depends on the calls before it (state the backward "
                             "keeps from call to call: a buffer not zeroed, a static accumulator) "
