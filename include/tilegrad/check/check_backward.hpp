@@ -815,6 +815,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
 
   // bf16 tensors in which the backward keeps sums, as (launch, argument): seen on the first seed.
   std::vector<std::pair<std::size_t, int>> kept_sums;
+  // Two gradients handed back over one memory (the first pair found), and their names.
+  std::string shared_message;
+  std::pair<std::string, std::string> shared_names;
   std::vector<double> kept_widened(ins.size(), 0); // the most each gradient's bound was widened
   // Widens each gradient's weights (|g_ref64| + sqrt(s)) by how far its elements move, in units
   // of u times them, when every bf16 value the backward stores into kept_sums moves by a unit in
@@ -1177,8 +1180,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     gradient_set const* got = &first.got;
     for (auto const& d : got->duplicates())
       sr.problems.push_back("the backward set gradient '" + d + "' more than once");
-    if (std::string const shared = shared_gradients(got->entries()); !shared.empty())
-      sr.problems.push_back(shared);
+    if (shared_message.empty())
+      shared_message = shared_gradients(got->entries(), shared_names);
     // A backward that threw before handing anything over is said once; one that threw after
     // handing some over gets the others named.
     for (auto const& n : ins)
@@ -1308,10 +1311,15 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
             if (!v.problem.empty()) {
               // A third run, in the first run's order, tells a result that depends on the order
               // from one that depends on the runs before it (a buffer kept from call to call and
-              // never zeroed, a static accumulator).
-              if (!third)
+              // never zeroed, a static accumulator). On one thread only: on several, the threads'
+              // timing moves a third run as well, and the message blamed kept state where the
+              // cause was an atomic sum the check cannot follow.
+              bool const one_thread =
+                  o.launch.exec == executor::sequential || o.launch.num_threads == 1;
+              if (!third && one_thread)
                 third.emplace(run_backward(cots));
-              erased_gradient const* e3 = third->error ? nullptr : third->got.find(e.name);
+              erased_gradient const* e3 =
+                  !third || third->error ? nullptr : third->got.find(e.name);
               bool const drifts =
                   e3 && e3->bits != e.bits &&
                   !detail::compare_runs(e, *e3, first.launches, third->launches, &bounds)
@@ -1321,10 +1329,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
                   " (the second run took the programs of each launch in reverse order: a result "
                   "that depends on which program runs first or last, a reduction by the program "
                   "with the last id, changes with it)" +
-                  (drifts ? ". A third run, in the first run's order, differs from the first as "
-                            "well: the result depends on the calls before it (state the backward "
-                            "keeps from call to call: a buffer not zeroed, a static accumulator) "
-                            "or on the threads' timing"
+                  (drifts ? ". A third run, in the first run's order on one thread, differs "
+                            "from the first as well: the result depends on the calls before it "
+                            "(state the backward keeps from call to call: a buffer not zeroed, a "
+                            "static accumulator)"
                           : ""));
             }
             if (!v.note.empty())
@@ -1584,6 +1592,16 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
       break;
     }
+  // Gradients handed back over one memory, where one of the two fails: the likely cause.
+  if (!shared_message.empty()) {
+    bool failed = false;
+    for (auto const& sr : rep.seeds)
+      for (auto const& g : sr.gradients)
+        failed =
+            failed || (!g.ok && (g.name == shared_names.first || g.name == shared_names.second));
+    if (failed)
+      rep.hints.push_back(shared_message);
+  }
   if (dtype.squares && rule == pass_rule::error_bound) {
     // Only where every failing gradient is off by a few times its bound (sums kept in bf16 are
     // off by the roundings of their partial sums; a missing term or row, by far more).

@@ -111,9 +111,11 @@ erased_gradient erase_gradient(std::string name, tensor<U> t) {
 
 /// Where two gradients handed back were copied from the same memory, in the same state (the
 /// views of two gradients laid over one slice of a packed buffer): "'k' at (0, 1) is element
-/// (0, 1) of 'q'", else empty. (One buffer handed over twice, rewritten in between, holds
-/// different values in the two copies: that is a buffer reused, not shared.)
-TILEGRAD_MACHINERY std::string shared_gradients(std::vector<erased_gradient> const& gs)
+/// (0, 1) of 'q'", with their names in `names`; else empty. That is no fault by itself (two
+/// gradients that are equal, da = db = dy of y = a + b, may be one buffer): check_backward says
+/// it only where one of them fails.
+TILEGRAD_MACHINERY std::string shared_gradients(std::vector<erased_gradient> const& gs,
+                                                std::pair<std::string, std::string>& names)
 #if TILEGRAD_MACHINERY_BODIES
 {
   for (std::size_t a = 0; a < gs.size(); ++a)
@@ -161,11 +163,12 @@ TILEGRAD_MACHINERY std::string shared_gradients(std::vector<erased_gradient> con
         }
         return tuple_string(c, g.rank);
       };
+      names = {x.name, y.name};
       return "the gradients handed back for '" + x.name + "' and '" + y.name + "' share " +
              std::to_string(shared) + " element(s) of memory: '" + y.name + "' at " +
              coords(y, first_y) + " is element " + coords(x, first_x) + " of '" + x.name +
-             "' (views laid over one slice of a buffer?): each is judged on values the other "
-             "wrote";
+             "' (views laid over one slice of a buffer?): if they should differ, each is judged "
+             "on what the other wrote";
     }
   return {};
 }

@@ -829,25 +829,10 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
   }
 }
 
-/// Whether v takes the place of cur in atomic_max (take_max) or atomic_min. Dual numbers whose
-/// values tie compare their tangents, the larger winning a max and the smaller a min: the
-/// tangent kept does not depend on which program came first (it did, from run to run).
-template <class T>
-bool replaces(T const& v, T const& cur, bool take_max) {
-  if constexpr (requires { typename T::dual_tag; })
-    if (v.v == cur.v) {
-      for (int k = 0; k < T::directions; ++k)
-        if (v.d[k] != cur.d[k])
-          return take_max ? v.d[k] > cur.d[k] : v.d[k] < cur.d[k];
-      return false;
-    }
-  return take_max ? v > cur : v < cur;
-}
-
 template <class Ref, class T>
 T atomic_update(Ref a, T v, bool take_max) {
   T cur = a.load(std::memory_order_relaxed);
-  while (replaces(v, cur, take_max) &&
+  while ((take_max ? v > cur : v < cur) &&
          !a.compare_exchange_weak(cur, v, std::memory_order_acq_rel, std::memory_order_relaxed)) {
   }
   return cur;
