@@ -790,10 +790,13 @@ TEST(Locks, ACountReadOutsideItsLockRaces) {
         continue;
       }
       EXPECT_FALSE(r) << r;
-      EXPECT_TRUE(r.mentions("race on tensor 'locks', element (8): program (8, 0, 0) loads it at "))
-          << r;
-      EXPECT_TRUE(r.mentions("and program (0, 0, 0) exchanges it atomically (atomic_xchg or "
-                             "atomic_cas) at "))
+      // The count of group 0 (element 8): which program of the group exchanges it, the first to
+      // take the lock, and so which pair is named, depends on the threads (program 0, or 32 on
+      // the other thread of the first wave); that a plain load of it races does not.
+      EXPECT_TRUE(r.mentions("race on tensor 'locks', element (8): program (")) << r;
+      EXPECT_TRUE(r.mentions("loads it at ")) << r;
+      EXPECT_TRUE(r.mentions("exchanges it atomically (atomic_xchg or atomic_cas) at ") ||
+                  r.mentions("atomically exchanges it at "))
           << r;
       EXPECT_TRUE(r.mentions("read it with an atomic, or under the lock")) << r;
     }
