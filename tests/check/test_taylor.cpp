@@ -108,12 +108,14 @@ TEST(TaylorTest, RoundOffLargerThanTheDerivativeIsInconclusive) {
       tg::owned_tensor<float> x({13}), y({13});
       fill(x, 4);
       auto const r = tg::taylor_test(1, k, tg::in("x", x), tg::out("y", y), offset, wrong);
-      if (wrong != 1.0)
+      if (wrong != 1.0) {
         EXPECT_FALSE(r) << offset << " " << wrong << "\n" << r;
-      else if (offset < 1e6)
+      } else if (offset < 1e6) {
         EXPECT_TRUE(r) << offset << "\n" << r;
-      if (offset > 1e6 && !r) // (what a large offset leaves to judge: not a pass of a wrong one)
+      }
+      if (offset > 1e6 && !r) { // (what a large offset leaves to judge: no pass of a wrong one)
         EXPECT_NE(r.verdict.find("inconclusive"), std::string::npos) << r;
+      }
     }
 }
 

@@ -182,8 +182,9 @@ TEST(LayerNormForward, RowsOfLargeValuesThatVaryLittleKeepTheirStatistics) {
     for (std::int64_t j = 0; j < n; ++j) {
       double const want = (x(i, j) - mu) * rs * w(j) + b(j);
       ASSERT_NEAR(y(i, j), want, 2e-3) << i << ", " << j; // (x - mean) rounds to 1e-3 at 1e4
-      if (i < 3)
+      if (i < 3) {
         ASSERT_EQ(y(i, j), b(j)) << i << ", " << j;
+      }
     }
   }
 }
