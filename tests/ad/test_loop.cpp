@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -882,6 +883,84 @@ TEST(Loop, ALargePlainTileIsCarriedInReverseMode) {
   // y = sum_t 0.5^(4 - t) (2 t + 1) x: dx = dy * (1/16 + 3/8 + 5/4 + 7/2 + 9) = 14.1875 dy.
   for (int i = 0; i < 13; ++i)
     EXPECT_FLOAT_EQ(g["x"](i), 14.1875f * dy(i)) << i;
+}
+
+// A body that reads state it changes but the loop does not carry, through a pointer it captures
+// (a count of its calls, kept outside the kernel): the capture check cannot see it (the address
+// is on the heap), and the sweep's replays read other counts than the first runs did, so the
+// gradient would be that of another function. A replay that does not carry on what its first
+// run carried on is refused, naming the loop and the iteration; a body whose pointer reads
+// state that does not change, and the plain loop, run.
+TEST(Loop, ABodyReadingStateItChangesButDoesNotCarryIsRefused) {
+  checkpoint_every_loop const checkpointed;
+  int const line = __LINE__ + 7;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y,
+                       std::shared_ptr<int> calls, int change) {
+    auto const i = tg::arange<0, 8>();
+    tg::tile<tg::fp32<T>, 8> const v = tg::load(x + i, i < x.size(0), 0.0f);
+    auto acc = tg::zeros<tg::fp32<T>, 8>();
+    auto n = 0.5;
+    tg::loop(0, 4, 1, n, acc, [=](int, auto& n, auto& acc) {
+      acc = acc * v + float(*calls);
+      *calls += change;
+      n = n + 1;
+    });
+    tg::store(y + i, acc * float(n), i < y.size(0));
+  };
+  owned<float> x({5}, "x"), y({5}, "y"), dy({5}, "dy");
+  test_support::fill(x, 1);
+  test_support::fill(dy, 2);
+  std::string const refused = message_of(
+      [&] { tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), std::make_shared<int>(1), 1); });
+  for (std::string const& piece : std::vector<std::string>{
+           "program (0, 0, 0): the body of tg::loop (at ",
+           "test_loop.cpp:" + std::to_string(line) +
+               "), iteration 3, gave "
+               "carried value 1 (counting from 0) other values when the reverse "
+               "sweep ran it again"})
+    EXPECT_NE(refused.find(piece), std::string::npos) << piece << "\n" << refused;
+  // State that does not change: the gradient of acc = ((v + 1) v + 1) v + 1 times 4.5.
+  auto const g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), std::make_shared<int>(1), 0);
+  for (int i = 0; i < 5; ++i) {
+    float const a = x(i);
+    EXPECT_NEAR(g["x"](i), 4.5f * dy(i) * (3 * a * a + 2 * a + 1),
+                1e-4f * (1 + std::abs(g["x"](i))))
+        << i;
+  }
+}
+
+// The replay check above, under check_backward's rounding jitter with whole moves: an inner
+// loop that fits the record budget is recorded whole in the outer loop's replay but checkpointed
+// in its first run (which records nothing), so a captured value's move is drawn once in one and
+// per iteration in the other. The replays move values a little otherwise, which the estimate
+// allows; they must not be refused (at budgets of 2-8 KiB they were).
+TEST(Loop, NestedLoopsUnderWholeMovesOfTheJitterAreNotRefused) {
+  auto const nest = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    using F = tg::fp32<T>;
+    auto const i = p.program_id(0) * 16 + tg::arange<0, 16>();
+    tg::tile<F, 16> const v = tg::exp(tg::load(x + i, i < x.size(0), 0.0f) * 0.5f);
+    auto acc = tg::zeros<F, 16>();
+    tg::loop(0, 4, 1, acc, [=](int, auto& acc) {
+      tg::tile<F, 16> const w = tg::sin(acc) + v;
+      auto in = tg::zeros<F, 16>();
+      tg::loop(0, 3, 1, in, [=](int, auto& in) { in = in * v + w * 0.25f; });
+      acc = acc * 0.5f + in;
+    });
+    tg::store(y + i, acc, i < y.size(0));
+  };
+  owned<double> x({40}, "x"), y({40}, "y"), dy({40}, "dy");
+  test_support::fill(x, 1);
+  test_support::fill(dy, 2);
+  std::size_t const saved = tg::set_loop_record_budget(0);
+  for (bool whole : {false, true})
+    for (std::size_t kib : {0, 1, 2, 4, 8, 16, 8192}) {
+      tg::set_loop_record_budget(kib << 10);
+      tg::ad::jitter_scope const jitter({0x1234567ull, 0x1p-24, 1.0, whole});
+      EXPECT_NO_THROW(
+          (void)tg::vjp({tg::executor::sequential}, 3, nest, tg::in("x", x), tg::out("y", y, dy)))
+          << "whole moves " << whole << ", budget " << kib << " KiB";
+    }
+  tg::set_loop_record_budget(saved);
 }
 
 } // namespace

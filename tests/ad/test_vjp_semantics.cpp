@@ -542,6 +542,53 @@ TEST(VjpOwnStores, ALoadSeesTheLastStoreOfEachElementAcrossTensors) {
   }
 }
 
+// A vjp called inside a program of another vjp ran its programs on the outer program's state
+// (the thread's tape and records): the outer program then wrote through freed records (a
+// segfault, or an AddressSanitizer report). It is refused, naming the outer program; a vjp
+// inside a plain launch's program, and the outer vjp after the refusal, still work.
+TEST(VjpNesting, AVjpInsideAProgramOfAVjpIsRefused) {
+  auto const square = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const c = p.program_id(0) * 16 + tg::arange<0, 16>();
+    tg::store(y + c, tg::load(x + c) * tg::load(x + c));
+  };
+  tg::owned_tensor<float> a({32}, "a"), b({32}, "b"), db({32}, "db");
+  tg::owned_tensor<float> x({32}, "x"), y({32}, "y"), dy({32}, "dy");
+  fill(a, 1);
+  fill(x, 2);
+  fill(dy, 3);
+  fill(db, 4);
+  for (auto exec : {tg::executor::sequential, tg::executor::tbb}) {
+    if (!tg::executor_available(exec))
+      continue;
+    std::string message;
+    try {
+      (void)tg::vjp(
+          {exec}, 2,
+          [&]<class T>(tg::program const& p, tg::tensor<T const> a_, tg::tensor<T> b_) {
+            auto const c = p.program_id(0) * 16 + tg::arange<0, 16>();
+            auto const v = tg::load(a_ + c);
+            (void)tg::vjp({exec}, 2, square, tg::in("x", x), tg::out("y", y, dy));
+            tg::store(b_ + c, v * v);
+          },
+          tg::in("a", a), tg::out("b", b, db));
+    } catch (std::logic_error const& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("called inside program ("), std::string::npos) << message;
+    EXPECT_NE(message.find("of another vjp"), std::string::npos) << message;
+
+    // Inside a plain launch's program it runs, and gives 2 x dy.
+    float got = 0;
+    tg::launch({exec}, 1, [&](tg::program const&) {
+      got = tg::vjp({exec}, 2, square, tg::in("x", x), tg::out("y", y, dy))["x"].data()[5];
+    });
+    EXPECT_EQ(got, 2 * x.data()[5] * dy.data()[5]);
+    // And the outer vjp alone, after the refusal.
+    auto const g = tg::vjp({exec}, 2, square, tg::in("x", a), tg::out("y", b, db));
+    EXPECT_EQ(g["x"].data()[7], 2 * a.data()[7] * db.data()[7]);
+  }
+}
+
 } // namespace
 
 } // namespace test_vjp_semantics

@@ -309,6 +309,47 @@ TYPED_TEST(Atomic, CompareAndSwapLoopsFromManyThreads) {
   EXPECT_EQ(c(0), T(threads * iters));
 }
 
+// An atomic of an expression of bf16 data, as a bf16 kernel's reduction into an fp32 buffer
+// writes it (`atomic_add(acc + cols, x.to(float32) * 2, mask)`): it did not compile (the
+// atomic's vector width ignored that such a value reads one lane at a time); every old value
+// and the sums must be those of a plain loop.
+TEST(AtomicOfBf16Data, AnExpressionOfBf16LoadsAddsIntoFloat) {
+  constexpr int R = 50, C = 13;
+  owned_tensor<bf16> x({R, C}, "x");
+  owned_tensor<float> acc({C}, "acc"), top({C}, "top");
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < C; ++j)
+      x(i, j) = bf16(0.25f * static_cast<float>((i * 7 + j * 3) % 29));
+  for (int j = 0; j < C; ++j)
+    acc(j) = static_cast<float>(j), top(j) = -1;
+  tensor<bf16 const> const xv = x;
+  tensor<float> const av = acc, tv = top;
+  std::vector<float> olds(R * 16, -7);
+  for (int i = 0; i < R; ++i)
+    as_program(i, R, [&](program const&) {
+      auto const cols = arange<0, 16>();
+      auto const m = cols < C;
+      auto const v = to<float>(load(xv + i * C + cols, m, 0.0f));
+      auto const old = atomic_add(av + cols, v * 2.0f, m);
+      (void)atomic_max(tv + cols, v - 1.0f, m);
+      for (int c = 0; c < 16; ++c)
+        olds[static_cast<std::size_t>(i * 16 + c)] = old(c);
+    });
+  for (int j = 0; j < C; ++j) {
+    float sum = static_cast<float>(j), most = -1;
+    for (int i = 0; i < R; ++i) {
+      ASSERT_EQ(olds[static_cast<std::size_t>(i * 16 + j)], sum) << at(i, j);
+      sum += 2.0f * static_cast<float>(x(i, j)); // (exact: multiples of 0.5 below 2^24)
+      most = std::max(most, static_cast<float>(x(i, j)) - 1.0f);
+    }
+    EXPECT_EQ(acc(j), sum) << at(j);
+    EXPECT_EQ(top(j), most) << at(j);
+  }
+  for (int i = 0; i < R; ++i)
+    for (int c = C; c < 16; ++c)
+      ASSERT_EQ(olds[static_cast<std::size_t>(i * 16 + c)], 0.0f);
+}
+
 } // namespace
 
 } // namespace test_atomic

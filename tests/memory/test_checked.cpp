@@ -17,9 +17,11 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <latch>
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
@@ -89,6 +91,42 @@ TEST(Checked, ScopesSetAndRestore) {
   EXPECT_FALSE(checked());
   set_checked(true);
   EXPECT_TRUE(checked());
+  set_checked(orig);
+}
+
+// Scopes of two threads that overlap and end in the order they began: the first one's end
+// must leave the second one's checking on (it restored the value from before it began, and the
+// other thread's out-of-bounds load went unchecked), and the second one's end the value from
+// before both (it restored "on", and checking stayed on for good).
+TEST(Checked, ScopesOfTwoThreadsEndingInTheOrderTheyBegan) {
+  bool const orig = checked();
+  set_checked(false);
+  owned_tensor<float> x({4}, "x");
+  std::latch b_open(1), a_closed(1);
+  bool threw = false;
+  std::thread a([&] {
+    checked_scope on;
+    b_open.wait();
+  });
+  std::thread b([&] {
+    // (a's scope is open before b's: b waits for checked() to turn on)
+    while (!checked())
+      std::this_thread::yield();
+    checked_scope on;
+    b_open.count_down();
+    a_closed.wait();
+    EXPECT_TRUE(checked());
+    try {
+      as_program(1, 2, [&](program const&) { (void)load(tensor<float const>(x) + 4); });
+    } catch (access_error const&) {
+      threw = true;
+    }
+  });
+  a.join();
+  a_closed.count_down();
+  b.join();
+  EXPECT_TRUE(threw) << "the load past the end went unchecked inside b's scope";
+  EXPECT_FALSE(checked()) << "both scopes ended: the value set before them";
   set_checked(orig);
 }
 

@@ -73,8 +73,9 @@ tensor<T> writable_view(X const& x) {
 template <class X>
 struct markable {
   static_assert(std::is_floating_point_v<float_tensor_t<X>>,
-                "tilegrad::tangent_in/out: only float tensors have tangents (pass integer tensors "
-                "as they are)");
+                "tilegrad::tangent_in/out: only float and double tensors have tangents (pass "
+                "integer tensors as they are; for bf16 data, run jvp on float copies: "
+                "docs/forward_mode.md)");
   using type = float_tensor_t<X>;
 };
 template <class X>

@@ -62,7 +62,8 @@ template <class C>
 struct carried_slot {
   static_assert(std::is_arithmetic_v<C> || is_block_ptr_v<C> || is_plain_tile_v<C>,
                 "tilegrad::loop: carry tiles, numbers and block pointers (in reverse mode the "
-                "loop keeps a copy of each per iteration)");
+                "loop keeps a copy of each per iteration): a value taken out of a tile (x.item()) "
+                "is carried as a rank-0 tile, a pointer tile as the integer offset it moves by");
   std::vector<C> saved;
 
   void start(tape&, int n, C const& init) {
@@ -75,6 +76,20 @@ struct carried_slot {
       saved.push_back(c);
   }
   C restore(int t, tape&) const { return saved[static_cast<std::size_t>(t)]; }
+  // Whether c, what a replay of iteration t carried on, is what its first run carried on (as far
+  // as kept: not the loop's result).
+  bool reproduces(int t, C const& c) const {
+    std::size_t const k = static_cast<std::size_t>(t) + 1;
+    if (k >= saved.size())
+      return true;
+    C const& was = saved[k];
+    if constexpr (std::is_arithmetic_v<C>)
+      return std::memcmp(&was, &c, sizeof(C)) == 0;
+    else if constexpr (is_block_ptr_v<C>)
+      return was.offsets() == c.offsets() && was.data() == c.data();
+    else
+      return std::memcmp(was.data(), c.data(), sizeof(typename C::value_type) * C::size) == 0;
+  }
   void seed(C const&) const {}
   void take(C const&) {}
   void finish() const {}
@@ -130,6 +145,9 @@ struct carried_slot<tile<adjoint<T>, Ns...>> {
   }
   tile_type restore(int t, tape& tp) const {
     return tile_type::from_buffers(saved[static_cast<std::size_t>(t)], tp.alloc_zero<T>(size));
+  }
+  bool reproduces(int t, tile_type const& c) const {
+    return std::memcmp(saved[static_cast<std::size_t>(t) + 1], c.values(), sizeof(T) * size) == 0;
   }
   // The values the iteration produced receive the adjoint the iterations after it handed back.
   void seed(tile_type const& c) const {
@@ -282,6 +300,21 @@ inline std::size_t log_length() {
       "before the loop and carry it.");
 }
 
+/// Refuses a replay of a tg::loop iteration that carried on other values than its first run:
+/// the body depends on something the loop does not carry.
+[[noreturn]] inline void replay_differs(std::source_location const& where, int index, int which) {
+  program const* p = tilegrad::detail::current_program();
+  throw std::invalid_argument(
+      "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
+      ": the body of tg::loop (at " + tilegrad::detail::where_string(where) + "), iteration " +
+      std::to_string(index) + ", gave carried value " + std::to_string(which) +
+      " (counting from 0) other values when the reverse sweep ran it again from the same carried "
+      "values: the body reads or changes something the loop does not carry (a tile or number "
+      "reached through a pointer or reference it captures, state kept outside the kernel), so "
+      "its gradient would be taken along another path. Carry every value that changes from one "
+      "iteration to the next.");
+}
+
 inline int loop_index(int begin, int step, int t) {
   return static_cast<int>(std::int64_t{begin} + std::int64_t{t} * step);
 }
@@ -331,6 +364,17 @@ struct loop_record final : record {
       body(loop_index(begin, step, t), std::get<I>(cur)...);
       if (st.load_digest != digests[static_cast<std::size_t>(t)])
         loads_changed(where, loop_index(begin, step, t));
+      // (Not under whole moves of the rounding jitter: an inner loop recorded whole in the replay
+      // but checkpointed in the first run draws a captured value's move once, not per iteration,
+      // and the replay moves the values a little otherwise; the estimate allows that.)
+      int differs = -1, k = 0; // the first carried value the replay did not reproduce
+      if (!whole_moves())
+        ((differs =
+              differs < 0 && !std::get<I>(slots).reproduces(t, std::get<I>(cur)) ? k : differs,
+          ++k),
+         ...);
+      if (differs >= 0)
+        replay_differs(where, loop_index(begin, step, t), differs);
       (std::get<I>(slots).seed(std::get<I>(cur)), ...);
       tp.sweep_from(m);
       (std::get<I>(slots).take(std::get<I>(start)), ...);

@@ -436,6 +436,15 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
                       std::vector<std::string> const& names, tilegrad::detail::program_call call,
                       tilegrad::detail::launch_tracker& plain,
                       std::vector<tilegrad::detail::arg_layout> const& args) {
+  // A program of a vjp keeps its state in this thread's tape and records; a vjp called inside it
+  // would run its own programs on them (the outer program then wrote through freed records).
+  if (ad::current_state() != nullptr) {
+    program const* p = tilegrad::detail::current_program();
+    throw std::logic_error(
+        "tilegrad::vjp: called inside " + (p ? p->describe() : std::string("a program")) +
+        " of another vjp (or check_backward). A program of a vjp cannot run a vjp of its own: "
+        "take the inner gradients before or after the outer vjp, or in a plain launch's program");
+  }
   bool const magnitudes = ad::magnitude_sweep(), squares = ad::squares_sweep();
   ad::jitter_settings const jitter = ad::rounding_jitter();
   for (std::size_t i = 0; i < names.size(); ++i)

@@ -98,6 +98,9 @@ constexpr bool carried_are_variables(std::index_sequence<I...>) {
 
 } // namespace detail
 
+template <class T, class Off>
+struct ptr_tile; // memory/pointer.hpp
+
 namespace ad {
 // Reverse mode of tg::loop (ad/loop.hpp).
 template <class Body, class... C>
@@ -106,6 +109,11 @@ void checkpointed_loop(int begin, int end, int step, Body const& body,
 } // namespace ad
 
 namespace detail {
+
+template <class C>
+inline constexpr bool is_pointer_tile_v = false;
+template <class T, class Off>
+inline constexpr bool is_pointer_tile_v<ptr_tile<T, Off>> = true;
 
 template <class Body, class... C>
 TILEGRAD_INLINE void run_loop(int first, std::source_location const& where, int end, int step,
@@ -118,6 +126,13 @@ TILEGRAD_INLINE void run_loop(int first, std::source_location const& where, int 
   static_assert(!any_by_value<Body, std::tuple<C...>>(std::index_sequence_for<C...>{}),
                 "tilegrad::loop: take every carried value by reference (auto& acc): a value "
                 "taken by copy or const& would not carry its update to the next iteration");
+  // (In every mode, so that a kernel compiles in every mode or in none.)
+  static_assert(!(is_pointer_tile_v<C> || ...),
+                "tilegrad::loop: a tile of pointers cannot be carried (in reverse mode the loop "
+                "keeps the carried values of every iteration, and a pointer tile's offsets may "
+                "refer to the kernel's locals): carry the integer offset instead (k0) and make "
+                "the pointers in the body (a + k0 * a.stride(1) + offs), or carry a block "
+                "pointer and advance it");
   if constexpr ((is_adjoint_tile_v<C> || ...)) {
     ad::checkpointed_loop(first, end, step, body, where, carried...);
   } else {

@@ -13,10 +13,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <source_location>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tilegrad {
@@ -34,21 +36,60 @@ inline std::atomic<bool>& checked_flag() {
 }
 } // namespace detail
 
+namespace detail {
+/// The checked_scope objects open in the process, oldest first, with the value each sets, and
+/// the value set_checked() gave (what applies when none is open). Scopes of several threads may
+/// end in any order: each leaves the list, and the newest one still open decides.
+struct checked_scopes {
+  std::mutex m;
+  std::vector<std::pair<void const*, bool>> open;
+  bool base = checked_flag().load(std::memory_order_relaxed);
+
+  void settle() { checked_flag().store(open.empty() ? base : open.back().second); }
+  static checked_scopes& get() {
+    static checked_scopes s;
+    return s;
+  }
+};
+} // namespace detail
+
 /// Whether loads, stores and atomics check their addresses: on by default in debug builds
 /// (without NDEBUG), off in release builds; TILEGRAD_CHECKED=0/1 sets the default.
 inline bool checked() { return detail::checked_flag().load(std::memory_order_relaxed); }
-inline void set_checked(bool on) { detail::checked_flag().store(on, std::memory_order_relaxed); }
+/// Sets whether they check, from now on: the value that applies whenever no checked_scope is
+/// open (one that is open is overridden until the next scope opens or ends).
+inline void set_checked(bool on) {
+  auto& s = detail::checked_scopes::get();
+  std::lock_guard<std::mutex> lock(s.m);
+  s.base = on;
+  detail::checked_flag().store(on, std::memory_order_relaxed);
+}
 
-/// Turns checking on (or off) for a scope.
+/// Turns checking on (or off) for a scope. The switch is the process's, read by every program of
+/// every launch: scopes nest, and where scopes of several threads overlap, the one opened last
+/// that is still open decides (its end gives the decision back to the one before, or to
+/// set_checked()'s value), whatever order they end in. For checking one launch only, set
+/// `launch_options::check_bounds`.
 class checked_scope {
 public:
-  explicit checked_scope(bool on = true) : saved_(checked()) { set_checked(on); }
-  ~checked_scope() { set_checked(saved_); }
+  explicit checked_scope(bool on = true) {
+    auto& s = detail::checked_scopes::get();
+    std::lock_guard<std::mutex> lock(s.m);
+    s.open.emplace_back(this, on);
+    s.settle();
+  }
+  ~checked_scope() {
+    auto& s = detail::checked_scopes::get();
+    std::lock_guard<std::mutex> lock(s.m);
+    for (auto it = s.open.end(); it != s.open.begin();)
+      if ((--it)->first == this) {
+        s.open.erase(it);
+        break;
+      }
+    s.settle();
+  }
   checked_scope(checked_scope const&) = delete;
   checked_scope& operator=(checked_scope const&) = delete;
-
-private:
-  bool saved_;
 };
 
 namespace detail {

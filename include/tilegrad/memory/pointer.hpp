@@ -595,10 +595,10 @@ private:
 };
 
 /// The lane width of atomics: floats and doubles update runs of lanes as vectors under their
-/// stripe's lock; other types one element at a time.
-template <class T, class Mask>
-inline constexpr int atomic_width =
-    std::is_floating_point_v<T> ? access_width<T, Mask, no_mask> : 1;
+/// stripe's lock (where the value reads as vectors: not one made from bf16 data); other types one
+/// element at a time.
+template <class T, class Mask, class Val>
+inline constexpr int atomic_width = std::is_floating_point_v<T> ? access_width<T, Mask, Val> : 1;
 
 /// How long a program may fail one try again and again (wait_streak) before the launch says it
 /// waits for ever, in seconds; 0: never (set_wait_limit).
@@ -723,8 +723,9 @@ TILEGRAD_NOINLINE std::int64_t atomic_hooked(access_hooks const& h, T* old,
   bool const add = std::string_view(what) == "atomic_add";
   if (std::is_floating_point_v<T> && add && !h.lenient)
     rec.expect_values(S::size);
-  // Whole vectors of lanes where the mask allows: one bounds check and one record per vector.
-  constexpr int W = access_width<T, Mask, no_mask>;
+  // Whole vectors of lanes where the mask and the value allow: one bounds check and one record
+  // per vector.
+  constexpr int W = access_width<T, Mask, Val>;
   // The probe of locks (launch_tracker, "Locks found held"): the first tries of each taking of
   // a known lock (an atomic_cas from its free value, an atomic_xchg of another value) find it
   // held. Such a try returns what another program wrote to take it (else what it would write
@@ -812,7 +813,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     if (access_hooks const* h = current_hooks()) [[unlikely]]
       last = atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc, cmps);
     else
-      atomic_into<atomic_width<T, Mask>, S>(
+      atomic_into<atomic_width<T, Mask, decltype(val)>, S>(
           old.data(), p, val, mask, f, what, loc, checked(),
           [&](int, std::int64_t e, int n) { last = e + n - 1; }, [](T const&) {});
     // A try at one element of an integer tensor: failed where an atomic_cas found another value
