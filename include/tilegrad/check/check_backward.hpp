@@ -1154,8 +1154,17 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           std::string grid_dims = std::to_string(d.dims[0]);
           for (int a = 1; a < d.rank; ++a)
             grid_dims += ", " + std::to_string(d.dims[static_cast<std::size_t>(a)]);
+          // A buffer the backward made without a name is named by its place among the kernel's
+          // arguments: where it is handed back as a gradient, the gradient's name says more.
+          std::string handed;
+          if (race->unnamed && race->address)
+            for (auto const& e : r.got.entries())
+              for (std::int64_t i = 0; i < e.numel() && handed.empty(); ++i)
+                if (e.source_of(i) == race->address)
+                  handed = " (That tensor is the memory of the gradient '" + e.name +
+                           "' the backward hands back.)";
           sr.problems.push_back("race in launch " + std::to_string(l + 1) + " of the backward" +
-                                when + " (grid (" + grid_dims + ")): " + race->message);
+                                when + " (grid (" + grid_dims + ")): " + race->message + handed);
           any = true;
         }
       return any;

@@ -481,6 +481,8 @@ struct tracked_tensor {
 struct race_found {
   std::string message, program, other, tensor, element;
   std::source_location where;
+  void const* address = nullptr; // of the element
+  bool unnamed = false;          // the tensor has no name: messages name it by its argument
   race_error error() const { return race_error(message, program, other, tensor, element, where); }
 };
 
@@ -774,6 +776,8 @@ private:
     r.tensor = view ? view->name : t.name;
     r.element = std::move(coordinates);
     r.where = at;
+    r.address = t.lo + el * static_cast<std::int64_t>(t.elem);
+    r.unnamed = r.tensor.empty();
     r.message = std::string(who_) + ": race on tensor " + t.label(view) + ", element " + r.element +
                 ": " + r.program + " " + mine + " it at " + where_string(at) + ", and " + r.other +
                 " " + theirs +
