@@ -13,7 +13,28 @@
 #include <utility>
 #include <vector>
 
+#include "tilegrad/core/config.hpp"
+
+#ifdef TILEGRAD_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace tilegrad::ad {
+
+// Under AddressSanitizer the arena's memory that no live allocation holds is poisoned: a tile
+// handle kept past a rewind (a checkpointed loop rewinds every iteration's values) or past the
+// program's reset reads freed memory, which is reported, not read.
+#ifdef TILEGRAD_ASAN
+inline void tape_poison(void const* p, std::size_t n) {
+  ASAN_POISON_MEMORY_REGION(p, n);
+}
+inline void tape_unpoison(void const* p, std::size_t n) {
+  ASAN_UNPOISON_MEMORY_REGION(p, n);
+}
+#else
+inline void tape_poison(void const*, std::size_t) {}
+inline void tape_unpoison(void const*, std::size_t) {}
+#endif
 
 /// Something recorded during the forward pass that can push adjoints back to its inputs.
 struct record {
@@ -28,7 +49,10 @@ public:
   tape& operator=(tape const&) = delete;
   ~tape() {
     reset();
-    for (auto const& c : chunks_) ::operator delete(c.data, std::align_val_t{64});
+    for (auto const& c : chunks_) {
+      tape_unpoison(c.data, c.size);
+      ::operator delete (c.data, std::align_val_t{64});
+    }
   }
 
   /// n elements of T, 64-byte aligned, valid until reset().
@@ -42,9 +66,11 @@ public:
     if (current_ == chunks_.size()) {
       std::size_t const size = std::max(bytes, chunk_bytes);
       chunks_.push_back({static_cast<std::byte*>(::operator new(size, std::align_val_t{64})), size});
+      tape_poison(chunks_.back().data, size);
       used_ = 0;
     }
     std::byte* p = chunks_[current_].data + used_;
+    tape_unpoison(p, bytes);
     used_ += bytes;
     peak_ = std::max(peak_, in_use());
     return reinterpret_cast<T*>(p);
@@ -86,6 +112,7 @@ public:
     for (std::size_t i = m.records; i < records_.size(); ++i)
       records_[i]->~record();
     records_.resize(m.records);
+    release(m.chunk, m.used);
     current_ = m.chunk;
     used_ = m.used;
     for (std::size_t i = m.errors; i < error_log_.size(); ++i)
@@ -97,6 +124,7 @@ public:
   void reset() {
     for (record* r : records_) r->~record();
     records_.clear();
+    release(0, 0);
     current_ = 0;
     used_ = 0;
     recording_ = true;
@@ -145,6 +173,17 @@ public:
     std::size_t size;
   };
 private:
+  /// Poisons (under AddressSanitizer) what is in use from chunk c at byte u on: about to be freed.
+  void release([[maybe_unused]] std::size_t c, [[maybe_unused]] std::size_t u) {
+#ifdef TILEGRAD_ASAN
+    for (std::size_t i = c; i <= current_ && i < chunks_.size(); ++i) {
+      std::size_t const from = i == c ? u : 0, to = i == current_ ? used_ : chunks_[i].size;
+      if (to > from)
+        tape_poison(chunks_[i].data + from, to - from);
+    }
+#endif
+  }
+
   static constexpr std::size_t chunk_bytes = std::size_t{1} << 20;
   std::vector<chunk> chunks_;
   std::size_t current_ = 0, used_ = 0, peak_ = 0;
