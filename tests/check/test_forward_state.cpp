@@ -194,6 +194,35 @@ TEST(ForwardState, AForwardThatMakesNanIsNamedFirst) {
   EXPECT_FALSE(ok.mentions("NaN")) << ok;
 }
 
+// An output that holds -inf by design (log of a clamp at 0, as a logsumexp of a row with no
+// key), and gradients that stay finite: a warning that names the infinite elements, without
+// saying the references and gradients are NaN (they are not, and the check passes).
+TEST(ForwardState, InfiniteOutputsAreNotCalledNan) {
+  std::int64_t const n = 77;
+  tg::owned_tensor<float> x({n}), y({n});
+  auto const clamp_log = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * std::int64_t{BN} + tg::arange<0, BN>();
+    auto const mask = i < x.size(0);
+    tg::tile<T, BN> const v = tg::load(x + i, mask, 1.0f);
+    tg::store(y + i, tg::log(tg::where(v > 0.0f, v, 0.0f)), mask);
+  };
+  auto const r =
+      tg::check_backward(tg::forward(tg::cdiv(n, BN), clamp_log, tg::in("x", x), tg::out("y", y)),
+                         [&](tg::backward_context<float>& ctx) -> tg::gradient_set {
+                           tg::owned_tensor<float> dx({n});
+                           auto const xs = ctx.input("x");
+                           auto const dy = ctx.cotangent("y");
+                           for (std::int64_t i = 0; i < n; ++i)
+                             dx(i) = xs(i) > 0 ? dy(i) / xs(i) : 0.0f;
+                           return {{"x", dx}};
+                         },
+                         {.seeds = 1});
+  EXPECT_BACKWARD_OK(r);
+  EXPECT_TRUE(r.mentions("the forward's output 'y' holds ")) << r;
+  EXPECT_TRUE(r.mentions(" infinite element(s), the first at (")) << r;
+  EXPECT_FALSE(r.mentions("are then NaN")) << r;
+}
+
 TEST(ForwardState, AtomicReorderingIsNoNonLinearity) {
   std::int64_t const v = 6, m = 300;
   tg::owned_tensor<int> ids({m}, "ids");

@@ -40,7 +40,7 @@ struct fwd_case {
 };
 
 template <class T, int D>
-void check_forward(fwd_case c, double tol) {
+void check_forward(fwd_case c, double tol, double scale = 0) {
   tg::owned_tensor<T> q({c.B, c.H, c.N, D}, "q"), k({c.B, c.H, c.M, D}, "k"),
       v({c.B, c.H, c.M, D}, "v"), o({c.B, c.H, c.N, D}, "o");
   tg::owned_tensor<tg::fp32<T>> lse({c.B, c.H, c.N}, "lse");
@@ -48,16 +48,18 @@ void check_forward(fwd_case c, double tol) {
   fill(k, 2);
   fill(v, 3);
   tg::kernels::flash_attention_forward<T>(q.cview(), k.cview(), v.cview(), o.view(), lse.view(),
-                                          {.causal = c.causal});
+                                          {.causal = c.causal, .scale = scale});
   std::vector<double> ro, rl;
   test_support::reference_attention(
-      q, k, v, 1.0 / std::sqrt(double(D)),
+      q, k, v, scale != 0 ? scale : 1.0 / std::sqrt(double(D)),
       [&](auto, auto, std::int64_t i, std::int64_t j) { return !c.causal || j <= i; }, ro, rl);
+  // (A NaN error is the largest: std::max would drop it.)
+  auto worse = [](double& err, double d) { err = !(d <= err) ? d : err; };
   double err_o = 0, err_l = 0;
   for (std::int64_t i = 0; i < o.numel(); ++i)
-    err_o = std::max(err_o, std::abs(as_double(o.data()[i]) - ro[static_cast<std::size_t>(i)]));
+    worse(err_o, std::abs(as_double(o.data()[i]) - ro[static_cast<std::size_t>(i)]));
   for (std::int64_t i = 0; i < lse.numel(); ++i)
-    err_l = std::max(err_l, std::abs(as_double(lse.data()[i]) - rl[static_cast<std::size_t>(i)]));
+    worse(err_l, std::abs(as_double(lse.data()[i]) - rl[static_cast<std::size_t>(i)]));
   EXPECT_LT(err_o, tol) << "N=" << c.N << " M=" << c.M << " causal=" << c.causal;
   EXPECT_LT(err_l, tol) << "N=" << c.N << " M=" << c.M << " causal=" << c.causal;
 }
@@ -86,6 +88,18 @@ TEST(FlashAttentionForward, Bf16StorageMatchesPlainAttentionOnTheRoundedInputs) 
   // at most 0.0024 (0.0020 with P kept in fp32, the rounding of o alone).
   for (bool causal : {false, true})
     check_forward<tg::bf16, 64>({1, 2, 100, 100, causal}, 4e-3);
+}
+
+// A negative softmax scale (nothing restricts its sign): the bf16 forward, whose running maximum
+// follows the unscaled scores, took the maximum of the scores where the scaled ones need their
+// minimum, and its first rescaling was exp(+inf): NaN in every element of o and lse.
+TEST(FlashAttentionForward, NegativeScalesInEveryStorage) {
+  for (bool causal : {false, true})
+    for (double scale : {-0.125, -1.0}) {
+      check_forward<float, 64>({1, 2, 100, 100, causal}, 1e-5, scale); // (lse up to about 10)
+      check_forward<double, 64>({1, 1, 77, 77, causal}, 1e-13, scale);
+      check_forward<tg::bf16, 64>({1, 2, 100, 100, causal}, 8e-3, scale);
+    }
 }
 
 TEST(FlashAttentionForward, HeadDim128) {

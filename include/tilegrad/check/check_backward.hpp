@@ -445,16 +445,27 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
     auto scan = [&]<class E>(std::string const& what, tensor<E> const& t) {
       if (!found.empty())
         return;
-      std::int64_t count = 0, first = -1;
-      for (std::int64_t i = 0; i < t.numel(); ++i)
-        if (!std::isfinite(static_cast<double>(t.data()[t.row_major_offset(i)])) && count++ == 0)
+      std::int64_t count = 0, first = -1, nans = 0;
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        double const v = static_cast<double>(t.data()[t.row_major_offset(i)]);
+        nans += std::isnan(v);
+        if (!std::isfinite(v) && count++ == 0)
           first = i;
-      if (count)
+      }
+      std::string const at = count ? t.coordinates(t.row_major_offset(first)) : "";
+      if (nans)
         found = "the forward's " + what + " holds " + std::to_string(count) +
-                " NaN/Inf element(s), the first at " + t.coordinates(t.row_major_offset(first)) +
-                " (on this seed's inputs): the references and the gradients are then NaN too. "
-                "Guard what makes them (a where around a log or a division; in an online "
-                "softmax, a row whose every key is masked, where m stays -inf)";
+                " NaN/Inf element(s), the first at " + at + " (on this seed's inputs), " +
+                std::to_string(nans) +
+                " of them NaN: the references and the gradients are then NaN too. Guard what "
+                "makes them (a where around a log or a division; in an online softmax, a row "
+                "whose every key is masked, where m stays -inf)";
+      else if (count)
+        found = "the forward's " + what + " holds " + std::to_string(count) +
+                " infinite element(s), the first at " + at +
+                " (on this seed's inputs): fine where they are meant (a logsumexp of -inf for a "
+                "row with no key), but a backward that takes exp or a difference of them makes "
+                "NaN unless it guards them";
     };
     detail::for_each_float_tensor(fwd.args, [&](detail::float_role r, std::string const& name,
                                                 auto const& t) {

@@ -254,7 +254,9 @@ consteval bool kernel_callable() {
                   "these arguments. vjp passes in(...) tensors as tensor<adjoint<F> const> and "
                   "out(...)/inout(...) ones as tensor<adjoint<F>>, jvp dual<F, N> tensors, F the "
                   "float type: write the kernel generic over its element type, "
-                  "[]<class T>(program const& p, tensor<T const> x, tensor<T> y, ...)");
+                  "[]<class T>(program const& p, tensor<T const> x, tensor<T> y, ...). On the "
+                  "fast path, an owned_tensor or a writable view passed where the kernel takes "
+                  "tensor<T const> does not deduce T: pass x.cview()");
     return false;
   }
 }

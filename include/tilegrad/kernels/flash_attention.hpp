@@ -151,8 +151,15 @@ inline constexpr auto flash_attention_fwd =
       // transposed once here rather than K^T in every step, and P V = (P^T)^T V reads P^T in
       // place. The softmax statistics then reduce along axis 0. Rows of q past the end read
       // zeros; their results are not stored.
-      tile<E, D, BQ> const qt = detail::prescaled<E>(
+      tile<E, D, BQ> qt = detail::prescaled<E>(
           trans(to<E>(load(make_block_ptr<BQ, D>(q[b][h], {q0, 0}), bounds<0>))), scale);
+      // bf16 scores stay unscaled and m follows them: under a negative scale the largest scaled
+      // score is the smallest unscaled one, so q is negated (exactly) and the scale taken as
+      // positive (s). (fp32 q carries the scale, sign included.)
+      double const s = std::is_same_v<E, bf16> && scale < 0 ? -scale : scale;
+      if constexpr (std::is_same_v<E, bf16>)
+        if (scale < 0)
+          qt = to<E>(-to<F>(qt));
       auto m = full<F, BQ>(F(detail::neg_inf)); // running maximum of each query's scores
       auto l = zeros<F, BQ>();                  // running sum of exp(score - m)
       auto acc = zeros<F, BQ, D>();
@@ -168,9 +175,9 @@ inline constexpr auto flash_attention_fwd =
                           detail::neg_inf);
              tile<F, BQ> const m_new = maximum(m, max<0>(st));
              // P^T over the scores, in place: one 64 x 64 tile less in the step's working set
-             st = exp(detail::scaled<E>(st - row(m_new), scale));
+             st = exp(detail::scaled<E>(st - row(m_new), s));
              // rescales what earlier tiles summed
-             tile<F, BQ> const alpha = exp(detail::scaled<E>(m - m_new, scale));
+             tile<F, BQ> const alpha = exp(detail::scaled<E>(m - m_new, s));
              l = l * alpha + sum<0>(st);
              acc *= col(alpha);
              auto const& pe = detail::as_operand<E>(st);
@@ -178,7 +185,7 @@ inline constexpr auto flash_attention_fwd =
              m = m_new;
            });
       store(make_block_ptr<BQ, D>(o[b][h], {q0, 0}), acc / col(l), bounds<0>);
-      store(make_block_ptr<BQ>(lse[b][h], {q0}), detail::scaled<E>(m, scale) + log(l), bounds<0>);
+      store(make_block_ptr<BQ>(lse[b][h], {q0}), detail::scaled<E>(m, s) + log(l), bounds<0>);
     };
 
 /// delta = rowsum(do * o), the D of Algorithm 2, for o, do (B, H, N, D) and delta (B, H, N).
