@@ -101,6 +101,42 @@ TYPED_TEST(ForwardKernels, MatmulMatchesLoop) {
   }
 }
 
+// A row longer than the block lost its columns past Block with no error (the forward wrote
+// softmax over the first Block columns and left the rest of y as it was).
+TEST(ForwardKernels, SoftmaxRowsLongerThanTheBlockAreRefused) {
+  tg::owned_tensor<float> x({3, 100}, "x"), y({3, 100}, "y"), dy({3, 100}, "dy"),
+      dx({3, 100}, "dx"), y_short({3, 99}, "y_short");
+  fill(x, 1);
+  fill(dy, 2);
+  auto const message = [](auto&& run) {
+    try {
+      run();
+    } catch (std::invalid_argument const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string const fwd =
+      message([&] { tg::launch(3, tg::kernels::softmax_fwd<64>, x.cview(), y.view()); });
+  EXPECT_NE(fwd.find("softmax_fwd (program 0): 'x' has rows of 100 columns, more than Block = 64"),
+            std::string::npos)
+      << fwd;
+  EXPECT_NE(fwd.find("Block = 128"), std::string::npos) << fwd;
+  std::string const bwd = message(
+      [&] { tg::launch(3, tg::kernels::softmax_bwd<64>, y.cview(), dy.cview(), dx.view()); });
+  EXPECT_NE(bwd.find("softmax_bwd (program 0): 'y' has rows of 100 columns"), std::string::npos)
+      << bwd;
+  std::string const shape =
+      message([&] { tg::launch(3, tg::kernels::softmax_fwd<128>, x.cview(), y_short.view()); });
+  EXPECT_NE(shape.find("'y_short' is (3, 99) where 'x' is (3, 100)"), std::string::npos) << shape;
+  // The reference refuses it too, rather than differentiating the first 64 columns.
+  std::string const ref = message(
+      [&] { (void)tg::vjp(3, tg::kernels::softmax_fwd<64>, tg::in("x", x), tg::out("y", y, dy)); });
+  EXPECT_NE(ref.find("more than Block = 64"), std::string::npos) << ref;
+  // Rows that fit still run.
+  EXPECT_NO_THROW(tg::launch(3, tg::kernels::softmax_fwd<128>, x.cview(), y.view()));
+}
+
 TEST(ForwardKernels, OutOfBoundsInKernelNamesProgramTensorAndLine) {
   tg::checked_scope on(true);
   tg::owned_tensor<float> x({10, 20}, "x"), y({10, 20}, "y");

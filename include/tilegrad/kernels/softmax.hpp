@@ -14,14 +14,40 @@
 #include "tilegrad/tile/elementwise.hpp"
 #include "tilegrad/tile/reduce.hpp"
 
+#include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace tilegrad::kernels {
+
+namespace detail {
+/// A program handles one whole row in one block: a row longer than Block would lose its columns
+/// past Block with no error (Triton's tutorial kernel has the same precondition), and an output
+/// of another shape would be written out of bounds.
+template <int Block, class In, class Out>
+void check_softmax_rows(char const* who, program const& p, In const& in, Out const& out) {
+  auto const fail = [&](std::string const& what) {
+    throw std::invalid_argument(std::string("tilegrad::") + who + " (program " +
+                                std::to_string(p.program_id(0)) + "): " + what);
+  };
+  if (in.size(1) > Block)
+    fail("'" + std::string(in.name()) + "' has rows of " + std::to_string(in.size(1)) +
+         " columns, more than Block = " + std::to_string(Block) +
+         ": a program takes a whole row in one block; instantiate the kernel with Block = " +
+         std::to_string(next_power_of_2(in.size(1))) + " (next_power_of_2 of the row length)");
+  if (out.size(0) != in.size(0) || out.size(1) != in.size(1))
+    fail("'" + std::string(out.name()) + "' is (" + std::to_string(out.size(0)) + ", " +
+         std::to_string(out.size(1)) + ") where '" + std::string(in.name()) + "' is (" +
+         std::to_string(in.size(0)) + ", " + std::to_string(in.size(1)) + ")");
+}
+} // namespace detail
 
 /// y[i, :] = softmax(x[i, :]). Grid: one program per row; Block >= n_cols, a power of two.
 template <int Block>
 inline constexpr auto softmax_fwd = []<class T>(program const& p, tensor<T const> x,
                                                 tensor<T> y) {
   static_assert(next_power_of_2(Block) == Block, "softmax_fwd: Block must be a power of two");
+  detail::check_softmax_rows<Block>("softmax_fwd", p, x, y);
   int const row_idx = p.program_id(0);
   // The row as a block of the row's view: a block load copies the row (or reads it in place),
   // where pointer tiles test a mask lane by lane. Lanes past the row's end read -inf and vanish
@@ -46,6 +72,8 @@ template <int Block>
 inline constexpr auto softmax_bwd = []<class T>(program const& p, tensor<T const> y,
                                                 tensor<T const> dy, tensor<T> dx) {
   static_assert(next_power_of_2(Block) == Block, "softmax_bwd: Block must be a power of two");
+  detail::check_softmax_rows<Block>("softmax_bwd", p, y, dy);
+  detail::check_softmax_rows<Block>("softmax_bwd", p, y, dx);
   int const row_idx = p.program_id(0);
   // Rows as blocks of the rows' views; lanes past the row's end read 0 in both, so they add
   // nothing to the row's dot product.
