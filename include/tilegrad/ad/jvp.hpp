@@ -1,11 +1,13 @@
 // jvp: forward-mode derivatives of a whole launch. The kernel runs once with dual<T, N> copies of
 // the float tensors, whose tangents are the given input tangents (zero for every other tensor);
 // the forward values go back to the tensors the kernel may write, and the tangents of the
-// tensors marked as outputs come back by name.
+// tensors marked as outputs come back by name. A launch of bf16 tensors runs on dual<float, N>
+// copies, as vjp runs one on adjoint<float> copies: bf16 rounding is differentiated as identity.
 #pragma once
 
 #include "tilegrad/ad/aliasing.hpp"
 #include "tilegrad/ad/dual.hpp"
+#include "tilegrad/core/bf16.hpp"
 #include "tilegrad/grid/launch.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
@@ -24,31 +26,41 @@ namespace tilegrad {
 
 enum class tangent_role { in, out, inout };
 
+namespace detail {
+/// The type of a tangent of a T element, and what T computes in under jvp: float for bf16
+/// storage, T itself for float and double.
+template <class T>
+using tangent_of = std::conditional_t<std::is_same_v<T, bf16>, float, T>;
+template <class T>
+inline constexpr bool jvp_float_v = std::is_floating_point_v<T> || std::is_same_v<T, bf16>;
+} // namespace detail
+
 /// A float tensor of a jvp launch, marked by name, with its N input tangents (none for out).
 template <class T, int N, tangent_role R>
 struct tangent_tensor {
   static constexpr tangent_role role = R;
   char const* name;
   tensor<T> t;
-  std::array<tensor<T const>, N> u;
+  std::array<tensor<detail::tangent_of<T> const>, N> u;
 };
 
 namespace detail {
 
-// The float tensors jvp turns into dual tensors: views and owning tensors of float or double.
+// The float tensors jvp turns into dual tensors: views and owning tensors of float, double or
+// bf16.
 template <class X>
 struct float_tensor {
   using type = void;
 };
 template <class E>
-  requires std::is_floating_point_v<std::remove_const_t<E>>
+requires jvp_float_v<std::remove_const_t<E>>
 struct float_tensor<tensor<E>> {
   using type = std::remove_const_t<E>;
   static constexpr bool writable = !std::is_const_v<E>;
   static tensor<E> view(tensor<E> const& t) { return t; }
 };
 template <class T>
-  requires std::is_floating_point_v<T>
+requires jvp_float_v<T>
 struct float_tensor<owned_tensor<T>> {
   using type = T;
   static constexpr bool writable = true;
@@ -69,30 +81,31 @@ tensor<T> writable_view(X const& x) {
   return tensor<T>(const_cast<T*>(v.data()), v.rank(), v.shape(), v.strides(), v.name());
 }
 
-// The element type of a tensor to mark: float or double.
+// The element type of a tensor to mark: float, double or bf16.
 template <class X>
 struct markable {
-  static_assert(std::is_floating_point_v<float_tensor_t<X>>,
-                "tilegrad::tangent_in/out: only float and double tensors have tangents (pass "
-                "integer tensors as they are; for bf16 data, run jvp on float copies: "
-                "docs/forward_mode.md)");
+  static_assert(!std::is_void_v<float_tensor_t<X>>,
+                "tilegrad::tangent_in/out: only float, double and bf16 tensors have tangents "
+                "(pass integer tensors as they are)");
   using type = float_tensor_t<X>;
 };
 template <class X>
 using markable_t = typename markable<X>::type;
 
 template <class T, class... U>
-std::array<tensor<T const>, sizeof...(U)> tangent_views(U const&... u) {
-  static_assert((std::is_same_v<float_tensor_t<U>, T> && ...),
-                "tilegrad::tangent_in: a tangent is a tensor of the marked tensor's element type");
+std::array<tensor<tangent_of<T> const>, sizeof...(U)> tangent_views(U const&... u) {
+  static_assert((std::is_same_v<float_tensor_t<U>, tangent_of<T>> && ...),
+                "tilegrad::tangent_in: a tangent is a tensor of the marked tensor's element type "
+                "(float for a bf16 tensor)");
   return {float_tensor<U>::view(u)...};
 }
 
 } // namespace detail
 
 /// tangent_in("x", x, u): the kernel reads x (as a const view) and x moves along u (a tensor of
-/// x's shape). Several directions at once: tangent_in("x", x, u0, u1, u2) gives direction k the
-/// tangent u_k; every marked input of one jvp gives the same number of directions.
+/// x's shape; a float tensor for a bf16 x). Several directions at once: tangent_in("x", x, u0, u1,
+/// u2) gives direction k the tangent u_k; every marked input of one jvp gives the same number of
+/// directions.
 template <class X, class... U>
 auto tangent_in(char const* name, X const& x, U const&... u) {
   static_assert(sizeof...(U) >= 1, "tilegrad::tangent_in: give x's tangent, one per direction");
@@ -201,20 +214,29 @@ struct dual_copy {
   friend auto kernel_arg(dual_copy const& c) { return c.view; }
 };
 
-template <class D, class X>
+/// Whether jvp of a launch whose first float tensor is T makes a dual copy of X: X holds T, or X
+/// holds float in a launch of bf16 (the float logsumexp beside bf16 attention tensors), as both
+/// compute in dual<float> there.
+template <class X, class T>
+inline constexpr bool dualised_v = std::is_same_v<float_tensor_t<X>, T> ||
+                                   (std::is_same_v<T, bf16> &&
+                                    std::is_same_v<float_tensor_t<X>, float>);
+
+template <class D, class T, class X>
 auto to_dual(X const& x) {
-  using T = typename D::primal_type;
-  if constexpr (!std::is_same_v<float_tensor_t<X>, T>) {
+  using P = typename D::primal_type;
+  if constexpr (!dualised_v<X, T>) {
     return prepare_arg(x); // integer tensors, numbers, tensors of another float type: as they are
   } else {
-    tensor<T const> const t = float_tensor<X>::view(x);
+    using E = float_tensor_t<X>;
+    tensor<E const> const t = float_tensor<X>::view(x);
     std::int64_t const n = t.numel();
     dual_copy<D, float_tensor<X>::writable> c;
     c.storage.resize(static_cast<std::size_t>(n == 0 ? 1 : t.span()), D(0));
     for (std::int64_t i = 0; i < n; ++i) {
       std::int64_t const off = t.row_major_offset(i);
       D& e = c.storage[static_cast<std::size_t>(off)];
-      e.v = t.data()[off];
+      e.v = static_cast<P>(t.data()[off]);
       if constexpr (requires { x.u; })
         for (std::size_t k = 0; k < x.u.size(); ++k)
           e.d[k] = x.u[k].data()[x.u[k].row_major_offset(i)];
@@ -226,23 +248,24 @@ auto to_dual(X const& x) {
   }
 }
 
-// After the launch: the values back into a tensor the kernel may write, and the tangents of a
-// marked output into the result.
-template <class D, class X, class C>
+// After the launch: the values back into a tensor the kernel may write (rounded to bf16 for a bf16
+// tensor), and the tangents of a marked output into the result.
+template <class D, class T, class X, class C>
 void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result) {
-  using T = typename D::primal_type;
-  if constexpr (std::is_same_v<float_tensor_t<X>, T>) {
+  using P = typename D::primal_type;
+  if constexpr (dualised_v<X, T>) {
     if constexpr (float_tensor<X>::writable) {
-      tensor<T> const t = writable_view(x);
+      using E = float_tensor_t<X>;
+      tensor<E> const t = writable_view(x);
       std::int64_t const n = t.numel();
       for (std::int64_t i = 0; i < n; ++i) {
         std::int64_t const off = t.row_major_offset(i);
-        t.data()[off] = c.storage[static_cast<std::size_t>(off)].v;
+        t.data()[off] = static_cast<E>(c.storage[static_cast<std::size_t>(off)].v);
       }
       if constexpr (requires { X::role; }) {
-        std::vector<owned_tensor<T>> out;
+        std::vector<owned_tensor<P>> out;
         for (int k = 0; k < D::directions; ++k) {
-          owned_tensor<T> o(t.shape().data(), static_cast<std::size_t>(t.rank()), x.name);
+          owned_tensor<P> o(t.shape().data(), static_cast<std::size_t>(t.rank()), x.name);
           for (std::int64_t i = 0; i < n; ++i)
             o.data()[i] = c.storage[static_cast<std::size_t>(t.row_major_offset(i))].d[k];
           out.push_back(std::move(o));
@@ -259,7 +282,10 @@ void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result
 /// element type of the first float tensor and N the directions its tangent_in / tangent_inout
 /// arguments give. Unmarked float tensors of type T are passive (zero tangent); integer
 /// tensors, numbers and tensors of another type pass through as they are. Every float tensor
-/// the kernel may write receives its forward values.
+/// the kernel may write receives its forward values. When T is bf16 the kernel runs on
+/// dual<float, N> copies of the bf16 and the float tensors (bf16 rounding is differentiated as
+/// identity, as in vjp), the tangents are float, and the bf16 tensors the kernel writes receive
+/// its float results rounded to bf16.
 /// Bounds are checked whatever the build type or options.
 /// @throws std::invalid_argument when a tangent's shape differs from its tensor's, a name is
 ///   given twice, a marked tensor's elements overlap (a broadcast view), or two float tensors
@@ -267,17 +293,19 @@ void from_dual(X const& x, C const& c, tangents<typename D::primal_type>& result
 template <class Kernel, class... Args>
 auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... args) {
   using T = typename detail::first_float_tensor<Args...>::type;
-  static_assert(std::is_floating_point_v<T>, "tilegrad::jvp: no float tensor among the arguments");
+  static_assert(!std::is_void_v<T>, "tilegrad::jvp: no float tensor among the arguments");
   constexpr int N = detail::launch_directions<Args...>();
   static_assert(N > 0, "tilegrad::jvp: every tangent_in / tangent_inout of one launch must give "
                        "the same number of tangents (directions)");
-  using D = dual<T, N>;
+  using P = detail::tangent_of<T>; // what the kernel computes in
+  using D = dual<P, N>;
 
   std::vector<std::string> names;
   auto check = [&](auto const& x) {
     if constexpr (requires { x.role; }) {
-      static_assert(std::is_same_v<detail::float_tensor_t<std::remove_cvref_t<decltype(x)>>, T>,
-                    "tilegrad::jvp: every marked tensor has the launch's float type");
+      static_assert(detail::dualised_v<std::remove_cvref_t<decltype(x)>, T>,
+                    "tilegrad::jvp: every marked tensor has the launch's float type (or float in "
+                    "a launch of bf16 tensors)");
       for (auto const& u : x.u)
         detail::check_same_shape(x.name, x.t, u);
       // Each element gets its own dual: a view whose elements share memory (a stride-0
@@ -303,7 +331,7 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
   // marked in and passed again as a writable view) would no longer see each other's writes.
   std::vector<ad::memory_ref> refs;
   auto add_ref = [&]<class X>(X const& x) {
-    if constexpr (std::is_same_v<detail::float_tensor_t<X>, T>) {
+    if constexpr (detail::dualised_v<X, T>) {
       auto const v = detail::float_tensor<X>::view(x);
       char const* name = "";
       if constexpr (requires { x.name; })
@@ -318,11 +346,11 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
                : X::role == tangent_role::out ? "tangent_out"
                                               : "tangent_inout";
       }
-      refs.push_back({name, role,
-                      reinterpret_cast<std::byte const*>(v.data()),
+      refs.push_back({name, role, reinterpret_cast<std::byte const*>(v.data()),
                       tensor<std::byte const>(reinterpret_cast<std::byte const*>(v.data()),
                                               v.rank(), v.shape(), v.strides(), name),
-                      sizeof(T), marked || detail::float_tensor<X>::writable, marked});
+                      sizeof(detail::float_tensor_t<X>),
+                      marked || detail::float_tensor<X>::writable, marked});
     }
   };
   (add_ref(args), ...);
@@ -332,7 +360,7 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
                      "read twice, as it is and transposed (tied weights), is passed once, the "
                      "other view made in the kernel from its data and strides.");
 
-  auto duals = std::make_tuple(detail::to_dual<D>(args)...);
+  auto duals = std::make_tuple(detail::to_dual<D, T>(args)...);
   // Bounds are always checked: an access outside a dual copy would be outside its storage.
   launch_options checked_opts = opts;
   checked_opts.check_bounds = true;
@@ -346,9 +374,9 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     std::apply([&](auto const&... a) { launch(checked_opts, g, kernel, a...); }, duals);
   }
 
-  tangents<T> result;
+  tangents<P> result;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (detail::from_dual<D>(args, std::get<I>(duals), result), ...);
+    (detail::from_dual<D, T>(args, std::get<I>(duals), result), ...);
   }
   (std::index_sequence_for<Args...>{});
   return result;
