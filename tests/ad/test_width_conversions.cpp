@@ -134,4 +134,44 @@ TYPED_TEST(WidthConversions, TangentsThroughEveryConversion) {
 
 } // namespace
 
+// A bf16 load assigned to a tile of fp32<T> widens implicitly, as float to double does (it did not
+// compile: bf16 had no promotion with float, and the error spoke of std::common_type). x is the
+// launch's float type, s a bf16 scale beside it; y = x * s with s read through pointers under a
+// mask whose `other` fills the tail, and through a block pointer.
+constexpr int BS = 16;
+constexpr auto scaled_by_bf16 = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                            tg::tensor<tg::bf16 const> s, tg::tensor<T> y) {
+  auto const c = p.program_id(0) * BS + tg::arange<0, BS>();
+  auto const m = c < x.size(0);
+  tg::tile<tg::fp32<T>, BS> const a = tg::load(s + c, m, 0.25f);
+  tg::tile<tg::fp32<T>, BS> const b =
+      tg::load(tg::make_block_ptr<BS>(s, {p.program_id(0) * BS}), tg::bounds<0>);
+  tg::tile<tg::fp32<T>, BS> const xv = tg::load(x + c, m);
+  tg::store(y + c, tg::to<T>(xv * a + b), m);
+};
+
+TYPED_TEST(WidthConversions, ABf16LoadWidensIntoAFp32Tile) {
+  using T = TypeParam;
+  int const m = 37; // not a multiple of 16
+  tg::owned_tensor<T> x({m}, "x"), y({m}, "y"), dy({m}, "dy"), ux({m}, "ux");
+  tg::owned_tensor<tg::bf16> s({m}, "s");
+  fill(x, 11), fill(dy, 12), fill(ux, 13);
+  for (int i = 0; i < m; ++i)
+    s(i) = tg::bf16(0.1f * static_cast<float>(i) - 1.7f);
+  tg::launch(tg::cdiv(m, BS), scaled_by_bf16, x.cview(), s.cview(), y.view());
+  for (int i = 0; i < m; ++i) {
+    double const si = static_cast<double>(static_cast<float>(s(i)));
+    ASSERT_NEAR(y(i), double(x(i)) * si + si, 1e-6) << "y(" << i << ")";
+  }
+  auto const g =
+      tg::vjp(tg::cdiv(m, BS), scaled_by_bf16, tg::in("x", x), s.cview(), tg::out("y", y, dy));
+  auto const t = tg::jvp(tg::cdiv(m, BS), scaled_by_bf16, tg::tangent_in("x", x, ux), s.cview(),
+                         tg::tangent_out("y", y));
+  for (int i = 0; i < m; ++i) {
+    double const si = static_cast<double>(static_cast<float>(s(i)));
+    ASSERT_NEAR(g["x"](i), double(dy(i)) * si, 1e-6) << "dx(" << i << ")";
+    ASSERT_NEAR(t["y"](i), double(ux(i)) * si, 1e-6) << "dy(" << i << ")";
+  }
+}
+
 } // namespace test_width_conversions

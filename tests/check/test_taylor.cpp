@@ -70,6 +70,60 @@ TEST(TaylorTest, DetectsAWrongDerivative) {
   EXPECT_GT(r.residual.back(), r.residual.front() / 2) << r;
 }
 
+// A forward whose programs take their tiles from an integer counter the host zeroes (a work
+// queue): the first launch used the counter up, every later one did nothing, and the differences
+// of 0 failed a correct gradient (rate 0); the caller's counter was left at 65. Every launch now
+// starts from the unmarked tensors as given, and the caller's are left so.
+TEST(TaylorTest, AWorkQueueCounterStartsEveryLaunchAsGiven) {
+  constexpr int B = 64;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<std::int32_t> counter,
+                       tg::tensor<T> y) {
+    std::int64_t const tiles = tg::cdiv<std::int64_t>(x.numel(), B);
+    while (true) {
+      std::int64_t const t = tg::atomic_add(counter + 0, 1).item();
+      if (t >= tiles)
+        break;
+      auto const offs = t * B + tg::arange<0, B>();
+      auto const m = offs < x.numel();
+      auto const a = tg::load(x + offs, m, 0.0f);
+      tg::store(y + offs, a * a * a, m);
+    }
+  };
+  tg::owned_tensor<float> x({300}), y({300});
+  tg::owned_tensor<std::int32_t> counter({1}, "counter");
+  fill(x, 9);
+  counter(0) = 0;
+  auto const r = tg::taylor_test(4, k, tg::in("x", x), counter.view(), tg::out("y", y));
+  EXPECT_TRUE(r) << r;
+  EXPECT_NEAR(r.observed_rate, 2.0, 0.2) << r;
+  EXPECT_EQ(counter(0), 0);
+}
+
+// relu over inputs spread across 0: the differences at steps of 1e-2 cross the kink for some
+// inputs, and a correct gradient fails; the verdict says that a kink does this. Away from the
+// kink it passes.
+TEST(TaylorTest, AKinkWithinTheStepFailsAndTheVerdictSaysKinksDoThat) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 256>();
+    auto const m = i < x.size(0);
+    auto const v = tg::load(x + i, m, 0.0f);
+    tg::store(y + i, tg::maximum(v, 0.0f) + tg::exp(v), m);
+  };
+  tg::owned_tensor<float> x({200}), y({200});
+  fill(x, 10);
+  for (float& v : x)
+    v *= 0.025f; // in (-0.05, 0.05): at h = 1e-2 a tenth of them are within h of the kink
+  auto const r = tg::taylor_test(1, k, tg::in("x", x), tg::out("y", y));
+  EXPECT_FALSE(r) << r;
+  EXPECT_NE(r.verdict.find("a kink or a step of the kernel within h of an input"),
+            std::string::npos)
+      << r;
+  for (float& v : x)
+    v = v < 0 ? v - 0.5f : v + 0.5f; // every input at least 0.5 from the kink
+  auto const away = tg::taylor_test(1, k, tg::in("x", x), tg::out("y", y));
+  EXPECT_TRUE(away) << away;
+}
+
 // Programs that add into their output with atomic_add (the output zeroed by the host, as
 // Triton's): every launch of the test starts from the output as given. It did not, and the sums
 // of the last launch stayed under the next one's: a correct gradient failed at rate -1.

@@ -5,12 +5,14 @@
 
 #include "tilegrad/ad/vjp.hpp"
 #include "tilegrad/check/forward.hpp"
+#include "tilegrad/check/saved.hpp"
 #include "tilegrad/grid/launch.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -70,8 +72,9 @@ struct taylor_result {
 
 /// taylor_test(grid, kernel, args...): the Taylor test of vjp's gradient for the launch, with
 /// float tensors marked in (perturbed along u), out (cotangent w drawn) or passive, as for
-/// forward(). The kernel runs with double copies of every float tensor; the caller's tensors
-/// are only read.
+/// forward(). The kernel runs with double copies of every float tensor; every launch starts from
+/// the unmarked tensors it may write (a statistic, an integer work counter or lock) as the caller
+/// gave them, and the caller's tensors are left as they were.
 template <class Kernel, class... Args>
 taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args const&... args) {
   auto const fwd = forward(g, kernel, args...);
@@ -137,14 +140,31 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
     for (std::int64_t i = 0; i < q.y.numel(); ++i)
       v[static_cast<std::size_t>(i)] = q.y.data()[q.y.row_major_offset(i)];
   }
+  // So too the unmarked tensors the kernel may write: the double copies of float ones, and the
+  // caller's own integer ones (launches write those in place). A kernel that takes its work from
+  // a counter found it used up by the first launch, and every later one did nothing: differences
+  // of 0 read as a wrong derivative (rate 0).
+  std::vector<std::function<void()>> unmarked_initial;
+  std::apply(
+      [&](auto const&... a) {
+        auto keep = [&]<class X>(X const& x) {
+          if constexpr (detail::unmarked_writable_v<X>)
+            unmarked_initial.push_back(detail::contents_of(x));
+        };
+        (keep(a), ...);
+      },
+      args64);
   auto restore_outputs = [&] {
     for (std::size_t j = 0; j < outs.size(); ++j)
       for (std::int64_t i = 0; i < outs[j].y.numel(); ++i)
         const_cast<double*>(outs[j].y.data())[outs[j].y.row_major_offset(i)] =
             y0[j][static_cast<std::size_t>(i)];
+    for (auto const& f : unmarked_initial)
+      f();
   };
 
   taylor_result r;
+  restore_outputs();
   auto const grads =
       std::apply([&](auto const&... a) { return vjp(o.launch, g, kernel, a...); }, args64);
   std::size_t k = 0;
@@ -200,6 +220,7 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
       clean.push_back(r.rate.back());
   }
   objective(0, nullptr); // leave the copies at x0 (nothing reads them, but tidy)
+  restore_outputs();     // and the caller's integer tensors as they were given
 
   if (clean.empty()) {
     bool const all =
@@ -237,6 +258,13 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
     r.verdict = text;
     if (std::any_of(r.at_roundoff.begin(), r.at_roundoff.end(), [](bool b) { return b; }))
       r.verdict += "; residuals marked (round-off) are left out of the rate";
+    // Central differences across a kink (relu, abs, maximum, clamp) or a step (a comparison or an
+    // integer cast of data) of the kernel are wrong for every input within h of it: a correct
+    // gradient then fails too (relu over inputs spread across 0: rate 0.65; a step: below 0).
+    if (!r.passed)
+      r.verdict += "; a wrong derivative stalls the residual (rate near 0), and so does a kink or "
+                   "a step of the kernel within h of an input (relu, abs, maximum, where or a "
+                   "comparison on data): run it at inputs away from them, or a smaller h0";
   }
   return r;
 }

@@ -29,10 +29,22 @@ inline constexpr bool require_same_shape =
     std::is_same_v<Target, Source> || cannot_assign_tile_shape<Target, Source>::value;
 
 // Implicit conversion is allowed where Triton would promote (int -> float, float -> double,
-// float -> a custom scalar); narrowing needs to<T>.
+// float -> a custom scalar, bf16 -> float or double: `tile<fp32<T>, B> a = load(bf16 pointers)`);
+// narrowing needs to<T>. (bf16 has no arithmetic, hence no promotion with other types: it is
+// decided before promote_t is formed.)
 template <class To, class From>
-inline constexpr bool converts_implicitly =
-    std::is_same_v<To, From> || std::is_same_v<promote_t<To, From>, To>;
+constexpr bool widens() {
+  if constexpr (std::is_same_v<To, From>)
+    return true;
+  else if constexpr (std::is_same_v<From, bf16>)
+    return std::is_floating_point_v<To> || !is_builtin_v<To>;
+  else if constexpr (std::is_same_v<To, bf16>)
+    return false;
+  else
+    return std::is_same_v<promote_t<To, From>, To>;
+}
+template <class To, class From>
+inline constexpr bool converts_implicitly = widens<To, From>();
 
 template <class To, class From>
 struct cannot_convert_tile_implicitly {
