@@ -903,6 +903,62 @@ TEST(Aliasing, CopiesInAnotherPrecisionAreLaidOutAsTheCallersTensors) {
   EXPECT_TRUE(rep) << rep;
 }
 
+// y = x * a + b, a row per program, b read through its own argument.
+constexpr int BC = 8;
+constexpr auto scale_shift = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T const> a, tg::tensor<T const> b,
+                                         tg::tensor<T> y) {
+  int const r = p.program_id(0);
+  for (int c0 = 0; c0 < x.size(1); c0 += BC) {
+    auto const cols = c0 + tg::arange<0, BC>();
+    auto const m = cols < x.size(1);
+    tg::tile<tg::fp32<T>, BC> const xv = tg::load(x + r * x.stride(0) + cols, m);
+    tg::tile<tg::fp32<T>, BC> const av = tg::load(a + r * a.stride(0) + cols, m);
+    tg::tile<tg::fp32<T>, BC> const bv = tg::load(b + r * b.stride(0) + cols, m);
+    tg::store(y + r * y.stride(0) + cols, xv * av + bv, m);
+  }
+};
+
+// Unmarked read-only tensors keep their views' names, which repeat: one tensor passed twice, or
+// two rows of one tensor (t[0] and t[1] are both 't'). vjp refused them as "the name 'a' is given
+// twice" where jvp and launch took them; the names of marked tensors must still differ, and a
+// marked tensor passed again unmarked is refused for sharing memory (tied weights), not for its
+// name.
+TEST(Aliasing, UnmarkedTensorsWhoseNamesRepeatAreTaken) {
+  int const n = 3, d = 13;
+  owned<float> x({n, d}, "x"), a({n, d}, "a"), y({n, d}, "y"), dy({n, d}, "dy");
+  owned<float> rows({2, n, d}, "rows");
+  fill(x, 1), fill(a, 2), fill(dy, 3), fill(rows, 4);
+  auto const g = tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(), tg::out("y", y, dy));
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j) {
+      ASSERT_FLOAT_EQ(g["x"](i, j), a(i, j) * dy(i, j)) << i << "," << j;
+      ASSERT_FLOAT_EQ(y(i, j), x(i, j) * a(i, j) + a(i, j)) << i << "," << j;
+    }
+  auto const r0 = tg::tensor<float const>(rows.view()[0]),
+             r1 = tg::tensor<float const>(rows.view()[1]);
+  ASSERT_STREQ(r0.name(), r1.name());
+  auto const h = tg::vjp(n, scale_shift, tg::in("x", x), r0, r1, tg::out("y", y, dy));
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j)
+      ASSERT_FLOAT_EQ(h["x"](i, j), rows(0, i, j) * dy(i, j)) << i << "," << j;
+  // Two marked tensors of one name are still refused.
+  owned<float> a2({n, d}, "a");
+  fill(a2, 5);
+  EXPECT_THROW((void)tg::vjp(n, scale_shift, tg::in("x", x), tg::in("a", a), a2.cview(),
+                             tg::out("a", y, dy)),
+               std::invalid_argument);
+  // x marked and passed again unmarked, under its own name: the shared-memory refusal.
+  try {
+    (void)tg::vjp(n, scale_shift, tg::in("x", x), x.cview(), a.cview(), tg::out("y", y, dy));
+    ADD_FAILURE() << "x marked in and passed again unmarked was taken";
+  } catch (std::invalid_argument const& e) {
+    std::string const what = e.what();
+    EXPECT_EQ(what.find("given twice"), std::string::npos) << what;
+    EXPECT_NE(what.find("tied"), std::string::npos) << what;
+  }
+}
+
 } // namespace
 
 } // namespace test_aliasing

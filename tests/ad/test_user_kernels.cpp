@@ -310,6 +310,22 @@ TEST(UserKernels, ItemsAsTheBranchesOfWhereKeepTheirDerivatives) {
   make(items_as_branches, 9).check(19);
 }
 
+// A tile made from a number, `tile<fp32<T>, B> acc(0.0f)`: it compiled on the fast path and in
+// forward mode, not in reverse mode (the adjoint tile took only an adjoint number).
+auto const tiles_from_numbers = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                            tg::tensor<T const> z, tg::tensor<T> y) {
+  auto const o = p.program_id(0) * B + tg::arange<0, B>();
+  auto const in = o < x.size(0);
+  tg::tile<tg::fp32<T>, B> acc(0.0f);
+  tg::tile<tg::fp32<T>, B> const c(1.5), d(2);
+  acc += tg::load(x + o, in) * c;
+  tg::store(y + o, acc * tg::load(z + o, in) + d, in);
+};
+
+TEST(UserKernels, TilesMadeFromNumbersInEveryMode) {
+  make(tiles_from_numbers, 10).check(20);
+}
+
 } // namespace
 
 // ---- a float64 reference of a float launch --------------------------------------------------

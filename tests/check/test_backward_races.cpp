@@ -590,6 +590,13 @@ TEST(LaunchRaces, ViewsOfOneBufferAreTrackedByElement) {
   std::string const a = run(store_through_whole);
   EXPECT_NE(a.find("program (1, 0, 0) stores it"), std::string::npos) << a;
   EXPECT_NE(a.find("program (0, 0, 0) stores it too"), std::string::npos) << a;
+  // The stores went through two views of one memory: the message names the element in each
+  // view that holds it (it named only the first view, whose element the racing store did not
+  // name).
+  EXPECT_NE(a.find("race on tensor 'w', element (0) (the same memory as element (32) of "
+                   "'whole', element (16) of 'even')"),
+            std::string::npos)
+      << a;
   std::string const b = run(load_through_const);
   EXPECT_NE(b.find("program (1, 0, 0) loads it"), std::string::npos) << b;
   std::string const c = run(load_straddling);

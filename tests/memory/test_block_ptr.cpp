@@ -427,6 +427,20 @@ TEST(BlockPtrErrors, OrderMustBeAPermutation) {
   EXPECT_THROW(((void)make_block_ptr<4>(tensor<float>(x.data(), {M * N}), {M * N}, {1}, {0}, {1})), std::invalid_argument);
   EXPECT_THROW(((void)make_block_ptr<2, 2, 2>(t, {2, 2, 2}, {4, 2, 1}, {0, 0, 0}, {2, 0, 2})), std::invalid_argument);
   EXPECT_THROW(((void)make_block_ptr<4, 4>(t, {-1, N}, {N, 1}, {0, 0}, {1, 0})), std::invalid_argument);
+  // The message names the tensor, the order given and the line (it named none of them).
+  int line = 0;
+  try {
+    line = __LINE__ + 1;
+    (void)make_block_ptr<4, 4>(t, {M, N}, {N, 1}, {0, 0}, {1, 1});
+  } catch (std::invalid_argument const& e) {
+    std::string const what = e.what();
+    EXPECT_NE(what.find("'x'"), std::string::npos) << what;
+    EXPECT_NE(what.find("order {1, 1} must be a permutation of the block's 2 axes"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find(":" + std::to_string(line)), std::string::npos) << what;
+  }
+  EXPECT_NE(line, 0);
 }
 
 TEST(BlockPtrErrors, RankMismatchThrows) {

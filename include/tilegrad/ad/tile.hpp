@@ -35,6 +35,10 @@ public:
   tile() : values_(ad::current_tape().template alloc_zero<T>(size)) {}
   explicit tile(uninitialized_t) : values_(ad::current_tape().template alloc<T>(size)) {}
   explicit tile(value_type const& v) : tile(uninitialized) { std::fill_n(values_, size, v.v); }
+  /// Every element the number v (a constant), as `tile<float, N>(0.0)` on the fast path.
+  template <class U>
+  requires std::is_arithmetic_v<U>
+  explicit tile(U v) : tile(uninitialized) { std::fill_n(values_, size, static_cast<T>(v)); }
   /// Every element the item of a rank-0 tile, its adjoint flowing back to that tile.
   explicit tile(adjoint_item<T> const& v) {
     assign_from(broadcast_node<adjoint_leaf<T, shape<>>, shape_type>{{}, v.as_expr_node()});

@@ -447,9 +447,13 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
   }
   bool const magnitudes = ad::magnitude_sweep(), squares = ad::squares_sweep();
   ad::jitter_settings const jitter = ad::rounding_jitter();
+  // Names find gradients and cotangents: two marked tensors may not share one. Unmarked tensors
+  // keep their views' names, which repeat (a tensor passed twice, rows t[0] and t[1] of one
+  // tensor): they share no harm, and shared memory is judged by check_shared_memory below.
   for (std::size_t i = 0; i < names.size(); ++i)
     for (std::size_t j = i + 1; j < names.size(); ++j)
-      if (!names[i].empty() && names[i] == names[j])
+      if (!names[i].empty() && names[i] == names[j] && entries[i].r != role::passive &&
+          entries[j].r != role::passive)
         throw std::invalid_argument("tilegrad::vjp: the name '" + names[i] + "' is given twice");
   if (entries.size() > 63) throw std::invalid_argument("tilegrad::vjp: at most 63 float tensors");
   // As launch: a negative extent throws, an extent 0 runs no program.

@@ -98,37 +98,59 @@ private:
 };
 
 namespace detail {
+[[noreturn]] TILEGRAD_NOINLINE inline void bad_block_ptr(char const* name, std::string const& what,
+                                                         std::source_location const& loc);
+
 template <class T, int... Bs>
-void validate_block_ptr(block_ptr<T, Bs...> const& bp, std::array<int, sizeof...(Bs)> order) {
+void validate_block_ptr(block_ptr<T, Bs...> const& bp, std::array<int, sizeof...(Bs)> order,
+                        std::source_location const& loc) {
   int seen = 0;
   for (int o : order) {
-    if (o < 0 || o >= static_cast<int>(sizeof...(Bs)) || (seen & (1 << o)))
-      throw std::invalid_argument("tilegrad::make_block_ptr: order must be a permutation of the "
-                                  "block's axes");
+    if (o < 0 || o >= static_cast<int>(sizeof...(Bs)) || (seen & (1 << o))) {
+      std::string list;
+      for (int x : order)
+        list += (list.empty() ? "" : ", ") + std::to_string(x);
+      bad_block_ptr(bp.name(),
+                    "order {" + list + "} must be a permutation of the block's " +
+                        std::to_string(sizeof...(Bs)) + " axes",
+                    loc);
+    }
     seen |= 1 << o;
   }
   for (std::size_t a = 0; a < sizeof...(Bs); ++a)
     if (bp.shape()[a] < 0)
-      throw std::invalid_argument("tilegrad::make_block_ptr: negative extent in shape");
+      bad_block_ptr(bp.name(),
+                    "negative extent " + std::to_string(bp.shape()[a]) + " in axis " +
+                        std::to_string(a) + " of the shape",
+                    loc);
 }
 } // namespace detail
 
 /// make_block_ptr<B...>(base, shape, strides, offsets, order): Triton's full form; the base
 /// tensor supplies the data pointer and the name used in errors.
 template <int... Bs, class T>
-block_ptr<T, Bs...> make_block_ptr(tensor<T> base,
-                                   std::array<std::int64_t, sizeof...(Bs)> shape,
-                                   std::array<std::int64_t, sizeof...(Bs)> strides,
-                                   std::array<std::int64_t, sizeof...(Bs)> offsets,
-                                   std::array<int, sizeof...(Bs)> order) {
+block_ptr<T, Bs...>
+make_block_ptr(tensor<T> base, std::array<std::int64_t, sizeof...(Bs)> shape,
+               std::array<std::int64_t, sizeof...(Bs)> strides,
+               std::array<std::int64_t, sizeof...(Bs)> offsets,
+               std::array<int, sizeof...(Bs)> order,
+               std::source_location const& loc = std::source_location::current()) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
   block_ptr<T, Bs...> bp(base, shape, strides, offsets);
-  detail::validate_block_ptr(bp, order);
+  detail::validate_block_ptr(bp, order, loc);
   return bp;
 }
 
 namespace detail {
+[[noreturn]] TILEGRAD_NOINLINE inline void bad_block_ptr(char const* name, std::string const& what,
+                                                         std::source_location const& loc) {
+  program const* p = current_program();
+  throw std::invalid_argument("tilegrad::make_block_ptr on tensor " + tensor_label(name) + ": " +
+                              what + (p ? " (" + p->describe() + ")" : std::string()) + ", at " +
+                              where_string(loc));
+}
+
 [[noreturn]] TILEGRAD_NOINLINE inline void
 block_rank_mismatch(char const* name, int block_rank, int rank, std::source_location const& loc) {
   program const* p = current_program();

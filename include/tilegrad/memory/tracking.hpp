@@ -778,9 +778,18 @@ private:
     r.where = at;
     r.address = t.lo + el * static_cast<std::int64_t>(t.elem);
     r.unnamed = r.tensor.empty();
+    // Overlapping writable views are tracked as one memory: the other access may have gone
+    // through another of them, so the message names the element in each view that holds it.
+    std::string also;
+    for (auto const& v : t.views)
+      if (&v != view && v.layout.contains(el - v.shift))
+        also += (also.empty() ? "" : ", ") + std::string("element ") +
+                v.layout.coordinates(el - v.shift) + " of " + t.label(&v);
+    if (!also.empty())
+      also = " (the same memory as " + also + ")";
     r.message = std::string(who_) + ": race on tensor " + t.label(view) + ", element " + r.element +
-                ": " + r.program + " " + mine + " it at " + where_string(at) + ", and " + r.other +
-                " " + theirs +
+                also + ": " + r.program + " " + mine + " it at " + where_string(at) + ", and " +
+                r.other + " " + theirs +
                 (site_other ? " at " + where_string(sites_[site_other - 1u]) : std::string()) +
                 ". Within one launch each element is written by one program (or only "
                 "accumulated with atomics), and no program reads what another writes, unless "
