@@ -1,9 +1,10 @@
 // 04: checking a hand-written backward. The weighted sum's backward (dx and per-row-tile partial
 // sums of dw, reduced by a second launch) is checked against the reference gradients that vjp
 // derives from the forward kernel; then a variant with an off-by-one row mask is checked, and
-// the report's block map shows the mismatches sitting in the last row. Last, the Taylor test
-// checks the reference itself: central differences of the softmax in double converge to vjp's
-// directional derivative at rate 2.
+// the report's block map shows the mismatches sitting in the last row. Last, two self-checks of
+// the reference itself: the Taylor test (central differences of the softmax in double converge to
+// vjp's directional derivative at rate 2) and the dot-product test (jvp and vjp agree on
+// <J u, w> = <u, J^T w>).
 #include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/kernels/weighted_sum.hpp>
 #include <tilegrad/tilegrad.hpp>
@@ -51,5 +52,8 @@ int main() {
   auto const taylor =
       tg::taylor_test(8, tg::kernels::softmax_fwd<64>, tg::in("s", s), tg::out("p", p));
   std::cout << taylor;
-  return good && !bad && taylor ? 0 : 1;
+  auto const dot =
+      tg::dot_product_test(8, tg::kernels::softmax_fwd<64>, tg::in("s", s), tg::out("p", p));
+  std::cout << dot;
+  return good && !bad && taylor && dot ? 0 : 1;
 }

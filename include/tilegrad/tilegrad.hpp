@@ -16,6 +16,7 @@
 #include "tilegrad/check/check_backward.hpp"
 #include "tilegrad/check/compare.hpp"
 #include "tilegrad/check/context.hpp"
+#include "tilegrad/check/dot_product.hpp"
 #include "tilegrad/check/forward.hpp"
 #include "tilegrad/check/gradient_set.hpp"
 #include "tilegrad/check/options.hpp"

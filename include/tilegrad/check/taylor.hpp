@@ -4,15 +4,13 @@
 #pragma once
 
 #include "tilegrad/ad/vjp.hpp"
+#include "tilegrad/check/double_copies.hpp"
 #include "tilegrad/check/forward.hpp"
-#include "tilegrad/check/saved.hpp"
 #include "tilegrad/grid/launch.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <deque>
-#include <functional>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -79,92 +77,11 @@ template <class Kernel, class... Args>
 taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args const&... args) {
   auto const fwd = forward(g, kernel, args...);
   std::mt19937_64 gen(o.seed * 0x9E3779B97F4A7C15ull + 1);
-  std::uniform_real_distribution<double> d(-1, 1);
-
-  std::deque<owned_tensor<double>> keep, cots;
-  auto cot = [&](std::string const& name) -> owned_tensor<double> const& {
-    (void)name; // one cotangent per output, in the order they are met
-    return cots.back();
-  };
-  // Draw each output's cotangent just before rebind asks for it.
-  auto rebind = [&](auto const& a) {
-    using K = detail::arg_kind<std::remove_cvref_t<decltype(a)>>;
-    if constexpr (K::out) {
-      auto& w = cots.emplace_back(a.t.shape().data(), static_cast<std::size_t>(a.t.rank()), a.name);
-      for (double& v : w)
-        v = d(gen);
-    }
-    return detail::rebind<double>(a, keep, cot);
-  };
-  auto args64 = std::apply([&](auto const&... a) { return std::tuple{rebind(a)...}; }, fwd.args);
-
-  // The inputs (copies laid out as the caller's tensors: offsets in row-major order) and the
-  // outputs (laid out so too) with their cotangents (contiguous).
-  struct input {
-    double* x;
-    std::vector<std::int64_t> at;
-    std::vector<double> x0, u;
-  };
-  std::vector<input> ins;
-  struct output {
-    tensor<double const> y;
-    double const* w;
-  };
-  std::vector<output> outs;
-  std::apply(
-      [&](auto const&... a) {
-        auto collect = [&]<class X>(X const& x) {
-          using K = detail::arg_kind<X>;
-          if constexpr (K::in) {
-            auto& in = ins.emplace_back();
-            in.x = const_cast<double*>(x.t.data());
-            for (std::int64_t i = 0; i < x.t.numel(); ++i) {
-              in.at.push_back(x.t.row_major_offset(i));
-              in.x0.push_back(in.x[in.at.back()]);
-              in.u.push_back(d(gen));
-            }
-          } else if constexpr (K::out) {
-            outs.push_back({x.t, x.cotangent.data()});
-          }
-        };
-        (collect(a), ...);
-      },
-      args64);
-
-  // Every launch starts from the outputs as they were given (zeros, for outputs the checker
-  // made): a kernel that adds into its output with atomic_add would otherwise add on top of the
-  // last launch's sums, and the differences grow as 1 / h.
-  std::vector<std::vector<double>> y0;
-  for (output const& q : outs) {
-    auto& v = y0.emplace_back(static_cast<std::size_t>(q.y.numel()));
-    for (std::int64_t i = 0; i < q.y.numel(); ++i)
-      v[static_cast<std::size_t>(i)] = q.y.data()[q.y.row_major_offset(i)];
-  }
-  // So too the unmarked tensors the kernel may write: the double copies of float ones, and the
-  // caller's own integer ones (launches write those in place). A kernel that takes its work from
-  // a counter found it used up by the first launch, and every later one did nothing: differences
-  // of 0 read as a wrong derivative (rate 0).
-  std::vector<std::function<void()>> unmarked_initial;
-  std::apply(
-      [&](auto const&... a) {
-        auto keep = [&]<class X>(X const& x) {
-          if constexpr (detail::unmarked_writable_v<X>)
-            unmarked_initial.push_back(detail::contents_of(x));
-        };
-        (keep(a), ...);
-      },
-      args64);
-  auto restore_outputs = [&] {
-    for (std::size_t j = 0; j < outs.size(); ++j)
-      for (std::int64_t i = 0; i < outs[j].y.numel(); ++i)
-        const_cast<double*>(outs[j].y.data())[outs[j].y.row_major_offset(i)] =
-            y0[j][static_cast<std::size_t>(i)];
-    for (auto const& f : unmarked_initial)
-      f();
-  };
+  detail::double_copies<std::remove_cvref_t<decltype(fwd.args)>> c(fwd.args, gen);
+  auto& args64 = c.args;
 
   taylor_result r;
-  restore_outputs();
+  c.restore();
   auto const grads =
       std::apply([&](auto const&... a) { return vjp(o.launch, g, kernel, a...); }, args64);
   std::size_t k = 0;
@@ -174,7 +91,7 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
           if constexpr (detail::arg_kind<X>::in) {
             auto const& gx = grads[x.name];
             for (std::int64_t i = 0; i < gx.numel(); ++i)
-              r.directional += gx.data()[i] * ins[k].u[static_cast<std::size_t>(i)];
+              r.directional += gx.data()[i] * c.ins[k].u[static_cast<std::size_t>(i)];
             ++k;
           }
         };
@@ -184,16 +101,14 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
 
   // J(x0 + t u) = <w, y> and sum|w * y| (the scale of its round-off).
   auto objective = [&](double t, double* scale) {
-    for (auto& in : ins)
-      for (std::size_t i = 0; i < in.x0.size(); ++i)
-        in.x[in.at[i]] = in.x0[i] + t * in.u[i];
-    restore_outputs();
+    c.move_inputs(t);
+    c.restore();
     std::apply([&](auto const&... a) { launch(o.launch, g, kernel, detail::launch_arg(a)...); },
                args64);
     double j = 0, s = 0;
-    for (output const& q : outs)
+    for (auto const& q : c.outs)
       for (std::int64_t i = 0; i < q.y.numel(); ++i) {
-        double const yw = q.y.data()[q.y.row_major_offset(i)] * q.w[i];
+        double const yw = q.y.data()[q.y.row_major_offset(i)] * q.w->data()[i];
         j += yw;
         s += std::abs(yw);
       }
@@ -220,7 +135,7 @@ taylor_result taylor_test(taylor_options const& o, grid g, Kernel kernel, Args c
       clean.push_back(r.rate.back());
   }
   objective(0, nullptr); // leave the copies at x0 (nothing reads them, but tidy)
-  restore_outputs();     // and the caller's integer tensors as they were given
+  c.restore();           // and the caller's integer tensors as they were given
 
   if (clean.empty()) {
     bool const all =

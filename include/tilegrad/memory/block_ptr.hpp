@@ -99,7 +99,12 @@ private:
 
 namespace detail {
 [[noreturn]] TILEGRAD_NOINLINE inline void bad_block_ptr(char const* name, std::string const& what,
-                                                         std::source_location const& loc);
+                                                         std::source_location const& loc) {
+  program const* p = current_program();
+  throw std::invalid_argument("tilegrad::make_block_ptr on tensor " + tensor_label(name) + ": " +
+                              what + (p ? " (" + p->describe() + ")" : std::string()) + ", at " +
+                              where_string(loc));
+}
 
 template <class T, int... Bs>
 void validate_block_ptr(block_ptr<T, Bs...> const& bp, std::array<int, sizeof...(Bs)> order,
@@ -143,14 +148,6 @@ make_block_ptr(tensor<T> base, std::array<std::int64_t, sizeof...(Bs)> shape,
 }
 
 namespace detail {
-[[noreturn]] TILEGRAD_NOINLINE inline void bad_block_ptr(char const* name, std::string const& what,
-                                                         std::source_location const& loc) {
-  program const* p = current_program();
-  throw std::invalid_argument("tilegrad::make_block_ptr on tensor " + tensor_label(name) + ": " +
-                              what + (p ? " (" + p->describe() + ")" : std::string()) + ", at " +
-                              where_string(loc));
-}
-
 [[noreturn]] TILEGRAD_NOINLINE inline void
 block_rank_mismatch(char const* name, int block_rank, int rank, std::source_location const& loc) {
   program const* p = current_program();

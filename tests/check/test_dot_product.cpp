@@ -1,0 +1,131 @@
+// dot_product_test: jvp and vjp of the float64 instantiation agree on <J u, w> = <u, J^T w> for
+// correct references (softmax, causal FlashAttention with N != Nk and two heads, a work queue of
+// atomics, relu with inputs on the kink), and differ where one mode's derivative is wrong.
+#include <tilegrad/check/dot_product.hpp>
+#include <tilegrad/kernels/flash_attention.hpp>
+#include <tilegrad/kernels/softmax.hpp>
+#include <tilegrad/tilegrad.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <type_traits>
+
+// The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
+namespace test_dot_product {
+
+namespace tg = tilegrad;
+
+namespace {
+void fill(tg::owned_tensor<float>& t, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2, 2);
+  for (float& v : t)
+    v = d(rng);
+}
+
+void expect_sound(tg::dot_product_result const& r) {
+  EXPECT_TRUE(r) << r;
+  EXPECT_GT(std::abs(r.forward_side), 1e-3 * r.scale) << "a degenerate test\n" << r;
+}
+} // namespace
+
+TEST(DotProductTest, SoftmaxPasses) {
+  tg::owned_tensor<float> x({7, 37}), y({7, 37});
+  fill(x, 1);
+  auto const r =
+      tg::dot_product_test(7, tg::kernels::softmax_fwd<64>, tg::in("x", x), tg::out("y", y));
+  expect_sound(r);
+  EXPECT_LT(std::abs(r.forward_side - r.reverse_side), 1e-13 * r.scale) << r;
+}
+
+TEST(DotProductTest, CausalFlashAttentionWithTwoHeadsAndFewerKeysPasses) {
+  constexpr int D = 32, BQ = 32, BK = 32;
+  int const N = 70, NK = 45;
+  tg::owned_tensor<float> q({1, 2, N, D}), k({1, 2, NK, D}), v({1, 2, NK, D}), o({1, 2, N, D});
+  tg::owned_tensor<float> lse({1, 2, N});
+  fill(q, 2), fill(k, 3), fill(v, 4);
+  auto const r = tg::dot_product_test(
+      {tg::cdiv(N, BQ), 2, 1}, tg::kernels::flash_attention_fwd<D, BQ, BK, true>, tg::in("q", q),
+      tg::in("k", k), tg::in("v", v), tg::out("o", o), lse.view(), 0.2);
+  expect_sound(r);
+}
+
+// Programs take their tiles from a counter (atomic_add on an int tensor) and add into their
+// output with atomic_add: every run starts from the counter as given, and it is left so.
+TEST(DotProductTest, AWorkQueueOfAtomicsPassesAndLeavesTheCounterAsGiven) {
+  constexpr int B = 16;
+  auto kern = []<class T>(tg::program const&, tg::tensor<T const> x,
+                          tg::tensor<std::int32_t> counter, tg::tensor<T> y) {
+    std::int64_t const tiles = tg::cdiv<std::int64_t>(x.numel(), B);
+    while (true) {
+      std::int64_t const t = tg::atomic_add(counter + 0, 1).item();
+      if (t >= tiles)
+        break;
+      auto const offs = t * B + tg::arange<0, B>();
+      auto const m = offs < x.numel();
+      auto const a = tg::load(x + offs, m, 0.0f);
+      tg::atomic_add(y + tg::arange<0, B>(), tg::sin(a) * a, m);
+    }
+  };
+  tg::owned_tensor<float> x({100}), y({B});
+  tg::owned_tensor<std::int32_t> counter({1}, "counter");
+  fill(x, 5);
+  counter(0) = 0;
+  auto const r = tg::dot_product_test(3, kern, tg::in("x", x), counter.view(), tg::out("y", y));
+  expect_sound(r);
+  EXPECT_EQ(counter(0), 0);
+}
+
+// relu with inputs exactly on the kink: no step size, so no kink trouble (taylor_test fails such
+// a kernel); both modes pass a tie to maximum's first operand.
+TEST(DotProductTest, InputsOnAKinkPass) {
+  auto kern = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 64>();
+    auto const m = i < x.size(0);
+    auto const v = tg::load(x + i, m, 0.0f);
+    tg::store(y + i, tg::maximum(v, 0.0f) * tg::exp(v) + tg::abs(v), m);
+  };
+  tg::owned_tensor<float> x({50}), y({50});
+  fill(x, 6);
+  for (int i = 0; i < 50; i += 5)
+    x(i) = 0.0f;
+  expect_sound(tg::dot_product_test(1, kern, tg::in("x", x), tg::out("y", y)));
+}
+
+// A kernel whose reverse-mode instantiation computes another function than its forward-mode one,
+// as a wrong derivative rule in one mode would: the gradient 1 % off.
+TEST(DotProductTest, DetectsAModeThatDisagrees) {
+  auto kern = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 16>();
+    auto const m = i < x.size(0);
+    auto const v = tg::load(x + i, m, 0.0f);
+    if constexpr (std::is_same_v<T, tg::adjoint<double>>)
+      tg::store(y + i, tg::exp(v) * 1.01, m);
+    else
+      tg::store(y + i, tg::exp(v), m);
+  };
+  tg::owned_tensor<float> x({13}), y({13});
+  fill(x, 7);
+  auto const r = tg::dot_product_test(1, kern, tg::in("x", x), tg::out("y", y));
+  EXPECT_FALSE(r) << r;
+  EXPECT_NE(r.verdict.find("differ by"), std::string::npos) << r;
+  EXPECT_NEAR(r.reverse_side / r.forward_side, 1.01, 1e-9) << r;
+}
+
+TEST(DotProductTest, OptionsChooseTheSeed) {
+  tg::owned_tensor<float> x({5, 9}), y({5, 9});
+  fill(x, 8);
+  auto const a = tg::dot_product_test({.seed = 1}, 5, tg::kernels::softmax_fwd<16>,
+                                      tg::in("x", x), tg::out("y", y));
+  auto const b = tg::dot_product_test({.seed = 2}, 5, tg::kernels::softmax_fwd<16>,
+                                      tg::in("x", x), tg::out("y", y));
+  EXPECT_TRUE(a) << a;
+  EXPECT_TRUE(b) << b;
+  EXPECT_NE(a.forward_side, b.forward_side);
+}
+
+} // namespace test_dot_product
