@@ -959,6 +959,36 @@ TEST(Aliasing, UnmarkedTensorsWhoseNamesRepeatAreTaken) {
   }
 }
 
+// out and inout take the tensor and its cotangent as views or owning tensors in any mix (a view of
+// a packed buffer with an owned cotangent did not compile).
+TEST(Aliasing, MarkersTakeViewsAndOwnedTensorsMixed) {
+  int const n = 3, d = 13;
+  owned<float> x({n, d}, "x"), a({n, d}, "a"), packed({n, 2 * d}, "packed"), dy({n, d}, "dy");
+  fill(x, 1), fill(a, 2), fill(dy, 3);
+  tg::tensor<float> const y(packed.data() + d, {n, d}, {2 * d, 1}, "y"); // the odd halves
+  owned<float> y_owned({n, d}, "y");
+  auto const want =
+      tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(), tg::out("y", y, dy.cview()));
+  auto const check = [&](tg::gradients<float> const& g) {
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j)
+        ASSERT_EQ(g["x"](i, j), want["x"](i, j)) << i << "," << j;
+  };
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(), tg::out("y", y, dy)));
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(), tg::out("y", y, dy.view())));
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(),
+                tg::out("y", y_owned, dy.cview())));
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(),
+                tg::out("y", y_owned, dy.view())));
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(), tg::inout("y", y, dy)));
+  check(
+      tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(), tg::inout("y", y, dy.view())));
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(),
+                tg::inout("y", y_owned, dy.cview())));
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(),
+                tg::inout("y", y_owned, dy.view())));
+}
+
 } // namespace
 
 } // namespace test_aliasing

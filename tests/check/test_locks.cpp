@@ -624,8 +624,10 @@ TEST(Locks, SumsMadeUnderALockInAnotherOrderAreANote) {
   EXPECT_BACKWARD_OK(r);
   EXPECT_FALSE(r.mentions("not deterministic")) << r;
   EXPECT_TRUE(r.mentions("differs between two runs in ")) << r;
-  EXPECT_TRUE(r.mentions("stored by launch 2 of the backward, which takes 'partial_dw', made by "
-                         "atomic_add or under a lock in an earlier launch"))
+  // The reduction launch takes both buffers of partial sums: the note on either gradient names
+  // both (it named the first, 'partial_dw', on the gradient of b too).
+  EXPECT_TRUE(r.mentions("stored by launch 2 of the backward, which takes 'partial_dw' and "
+                         "'partial_db', made by atomic_add or under a lock in an earlier launch"))
       << r;
   // Sums a lock leaves in the order the programs took it: stored, under the lock, as gradients.
   calls = 0;

@@ -78,6 +78,25 @@ marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
                                     owned_tensor<T> const& cot) {
   return out(name, t.view(), cot.cview());
 }
+// Views and owning tensors mixed, as a packed buffer's views meet an owned cotangent.
+template <class T>
+marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t, tensor<T> cotangent) {
+  return out(name, t, tensor<T const>(cotangent));
+}
+template <class T>
+marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t, owned_tensor<T> const& cot) {
+  return out(name, t, cot.cview());
+}
+template <class T>
+marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
+                                    tensor<T const> cotangent) {
+  return out(name, t.view(), cotangent);
+}
+template <class T>
+marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
+                                    tensor<T> cotangent) {
+  return out(name, t.view(), tensor<T const>(cotangent));
+}
 
 /// inout("y", y, dy): the kernel reads and writes y. Elements read before any store are inputs
 /// (their gradient is wanted); dy is the cotangent of y's final values. An element no program
@@ -91,6 +110,23 @@ template <class T>
 marked_tensor<T, ad::role::inout> inout(char const* name, owned_tensor<T>& t,
                                         owned_tensor<T> const& cot) {
   return inout(name, t.view(), cot.cview());
+}
+template <class T>
+marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t, tensor<T> cotangent) {
+  return inout(name, t, tensor<T const>(cotangent));
+}
+template <class T>
+marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t, owned_tensor<T> const& cot) {
+  return inout(name, t, cot.cview());
+}
+template <class T>
+marked_tensor<T, ad::role::inout> inout(char const* name, owned_tensor<T>& t,
+                                        tensor<T const> cotangent) {
+  return inout(name, t.view(), cotangent);
+}
+template <class T>
+marked_tensor<T, ad::role::inout> inout(char const* name, owned_tensor<T>& t, tensor<T> cotangent) {
+  return inout(name, t.view(), tensor<T const>(cotangent));
 }
 
 /// The gradients of a vjp, by tensor name.

@@ -1673,11 +1673,13 @@ public:
     writes.push_back(std::move(w));
   }
 
-  /// The name of a tensor whose memory launch `l` took and of which some element was written
+  /// The names of the tensors whose memory launch `l` took and of which some element was written
   /// last, before it, by atomic_add alone or holding a lock, or stored by an earlier launch that
   /// took such sums itself (through any number of launches), or which launch `l` wrote by
   /// atomic_add alone and loaded (after every addition: the race check orders the loads by
-  /// tickets) ('name', or "an unnamed tensor"); empty where there is none.
+  /// tickets) ("'a'", "'a' and 'b'", "'a', 'b' and an unnamed tensor"); empty where there is
+  /// none. (Every one of them: a launch that reduces two buffers of sums into two gradients
+  /// takes both, and a note on either gradient named the first.)
   /// (A launch that loads sums made in an order the run chose and stores what it makes of them
   /// passes their run-to-run differences on, and so does every launch after it that takes what it
   /// stored.)
@@ -1700,15 +1702,20 @@ private:
     while (before < writes.size() &&
            (writes[before].launch == no_launch || writes[before].launch < std::size_t(l)))
       ++before;
-    auto name_of = [](launch_writes const& w) {
-      return w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
+    std::vector<std::string> names;
+    auto add = [&](launch_writes const& w) {
+      std::string n = w.name.empty() ? std::string("an unnamed tensor") : "'" + w.name + "'";
+      if (std::find(names.begin(), names.end(), n) == names.end())
+        names.push_back(std::move(n));
     };
     for (std::size_t k = before; k < writes.size() && writes[k].launch == std::size_t(l); ++k) {
       launch_writes const& w = writes[k];
       if (!w.sums.empty())
         for (std::uint8_t const ops : w.ops)
-          if ((ops & op_write) == op_atomic_add && (ops & op_load))
-            return *(memo = name_of(w));
+          if ((ops & op_write) == op_atomic_add && (ops & op_load)) {
+            add(w);
+            break;
+          }
     }
     for (auto const& [lo, hi] : launches[static_cast<std::size_t>(l)].spans)
       for (std::size_t k = 0; k < before; ++k) {
@@ -1730,11 +1737,16 @@ private:
           if (traced_write const last = last_write(b, w.elem, before);
               last.ops == op_atomic_add || last.locked ||
               (last.ops == op_store && last.launch == static_cast<std::ptrdiff_t>(w.launch) &&
-               stores_sums))
-            return *(memo = name_of(w));
+               stores_sums)) {
+            add(w);
+            break;
+          }
         }
       }
-    return *memo;
+    std::string joined;
+    for (std::size_t i = 0; i < names.size(); ++i)
+      joined += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+    return *(memo = joined);
   }
 
 public:
