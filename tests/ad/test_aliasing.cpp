@@ -987,6 +987,11 @@ TEST(Aliasing, MarkersTakeViewsAndOwnedTensorsMixed) {
                 tg::inout("y", y_owned, dy.cview())));
   check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(),
                 tg::inout("y", y_owned, dy.view())));
+  // A cotangent made in braces, as before these forms (the non-const view forms made it ambiguous).
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(),
+                tg::out("y", y, {dy.data(), {n, d}})));
+  check(tg::vjp(n, scale_shift, tg::in("x", x), a.cview(), a.cview(),
+                tg::inout("y", y, {dy.data(), {n, d}})));
 }
 
 } // namespace

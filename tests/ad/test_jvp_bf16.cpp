@@ -159,4 +159,42 @@ TEST(JvpBf16, AnUnmarkedBf16InputIsPassiveAndAnInoutStartsAlongItsTangent) {
   }
 }
 
+// A fixed bf16 table passed before the marked tensors does not make the launch a bf16 one: the
+// launch's float type is that of its marked tensors (bf16 when one of them is). With the table
+// first, jvp stopped compiling for a float launch, and vjp of a double launch ran in float.
+constexpr auto scaled_by_table = []<class T>(tg::program const& p, tg::tensor<tg::bf16 const> table,
+                                             tg::tensor<T const> x, tg::tensor<T> y) {
+  auto const c = p.program_id(0) * 16 + tg::arange<0, 16>();
+  auto const m = c < x.size(0);
+  tg::tile<tg::fp32<T>, 16> const s = tg::load(table + c, m, 0.0f);
+  tg::tile<tg::fp32<T>, 16> const v = tg::load(x + c, m);
+  tg::store(y + c, tg::exp(v) * s, m);
+};
+
+TEST(JvpBf16, AnUnmarkedBf16TableFirstLeavesTheLaunchFloatOrDouble) {
+  int const n = 21;
+  owned<tg::bf16> table({n}, "table");
+  for (int i = 0; i < n; ++i)
+    table(i) = tg::bf16(0.25f * static_cast<float>(i + 1));
+  // float: jvp and vjp in float.
+  owned<float> x({n}, "x"), y({n}, "y"), u({n}, "u"), dy({n}, "dy");
+  fill(x, 21), fill(u, 22), fill(dy, 23);
+  auto const t = tg::jvp(tg::cdiv(n, 16), scaled_by_table, table.cview(), tg::tangent_in("x", x, u),
+                         tg::tangent_out("y", y));
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(t["y"])>, owned<float>>);
+  // double: the gradients and the output in double (they came back float, the output rounded).
+  owned<double> xd({n}, "x"), yd({n}, "y"), dyd({n}, "dy");
+  for (int i = 0; i < n; ++i)
+    xd(i) = 0.1 + 0.05 * i, dyd(i) = 1.0 - 0.03 * i;
+  auto const g = tg::vjp(tg::cdiv(n, 16), scaled_by_table, table.cview(), tg::in("x", xd),
+                         tg::out("y", yd, dyd));
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(g["x"])>, owned<double>>);
+  for (int i = 0; i < n; ++i) {
+    double const s = static_cast<double>(static_cast<float>(table(i)));
+    EXPECT_NEAR(t["y"](i), std::exp(double(x(i))) * s * double(u(i)), 1e-5) << i;
+    EXPECT_DOUBLE_EQ(yd(i), std::exp(xd(i)) * s) << i;
+    EXPECT_DOUBLE_EQ(g["x"](i), std::exp(xd(i)) * s * dyd(i)) << i;
+  }
+}
+
 } // namespace test_jvp_bf16

@@ -136,8 +136,9 @@ TYPED_TEST(WidthConversions, TangentsThroughEveryConversion) {
 
 // A bf16 load assigned to a tile of fp32<T> widens implicitly, as float to double does (it did not
 // compile: bf16 had no promotion with float, and the error spoke of std::common_type). x is the
-// launch's float type, s a bf16 scale beside it; y = x * s with s read through pointers under a
-// mask whose `other` fills the tail, and through a block pointer.
+// launch's float type, s a bf16 scale beside it; y = 2 x s + s, s read through pointers under a
+// mask whose `other` fills the tail, and through a block pointer; then s times x as bf16 and
+// T tiles.
 constexpr int BS = 16;
 constexpr auto scaled_by_bf16 = []<class T>(tg::program const& p, tg::tensor<T const> x,
                                             tg::tensor<tg::bf16 const> s, tg::tensor<T> y) {
@@ -147,7 +148,9 @@ constexpr auto scaled_by_bf16 = []<class T>(tg::program const& p, tg::tensor<T c
   tg::tile<tg::fp32<T>, BS> const b =
       tg::load(tg::make_block_ptr<BS>(s, {p.program_id(0) * BS}), tg::bounds<0>);
   tg::tile<tg::fp32<T>, BS> const xv = tg::load(x + c, m);
-  tg::store(y + c, tg::to<T>(xv * a + b), m);
+  // bf16 meets the kernel's type in an expression as float would (it did not compile: no common
+  // type of bf16 and float).
+  tg::store(y + c, tg::to<T>(xv * a + b + tg::load(s + c, m, 0.25f) * tg::load(x + c, m)), m);
 };
 
 TYPED_TEST(WidthConversions, ABf16LoadWidensIntoAFp32Tile) {
@@ -161,7 +164,7 @@ TYPED_TEST(WidthConversions, ABf16LoadWidensIntoAFp32Tile) {
   tg::launch(tg::cdiv(m, BS), scaled_by_bf16, x.cview(), s.cview(), y.view());
   for (int i = 0; i < m; ++i) {
     double const si = static_cast<double>(static_cast<float>(s(i)));
-    ASSERT_NEAR(y(i), double(x(i)) * si + si, 1e-6) << "y(" << i << ")";
+    ASSERT_NEAR(y(i), 2 * double(x(i)) * si + si, 1e-6) << "y(" << i << ")";
   }
   auto const g =
       tg::vjp(tg::cdiv(m, BS), scaled_by_bf16, tg::in("x", x), s.cview(), tg::out("y", y, dy));
@@ -169,8 +172,8 @@ TYPED_TEST(WidthConversions, ABf16LoadWidensIntoAFp32Tile) {
                          tg::tangent_out("y", y));
   for (int i = 0; i < m; ++i) {
     double const si = static_cast<double>(static_cast<float>(s(i)));
-    ASSERT_NEAR(g["x"](i), double(dy(i)) * si, 1e-6) << "dx(" << i << ")";
-    ASSERT_NEAR(t["y"](i), double(ux(i)) * si, 1e-6) << "dy(" << i << ")";
+    ASSERT_NEAR(g["x"](i), 2 * double(dy(i)) * si, 1e-6) << "dx(" << i << ")";
+    ASSERT_NEAR(t["y"](i), 2 * double(ux(i)) * si, 1e-6) << "dy(" << i << ")";
   }
 }
 

@@ -116,6 +116,21 @@ TEST(DotProductTest, DetectsAModeThatDisagrees) {
   EXPECT_NEAR(r.reverse_side / r.forward_side, 1.01, 1e-9) << r;
 }
 
+// Outputs that do not depend on the marked input: both sides 0, nothing compared. It passed,
+// printing "agree to 0 times the scale"; it is inconclusive, and fails.
+TEST(DotProductTest, NothingComparedIsInconclusive) {
+  auto kern = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 16>();
+    (void)x;
+    tg::store(y + i, tg::full<tg::fp32<T>, 16>(1.5f), i < y.size(0));
+  };
+  tg::owned_tensor<float> x({13}), y({13});
+  fill(x, 9);
+  auto const r = tg::dot_product_test(1, kern, tg::in("x", x), tg::out("y", y));
+  EXPECT_FALSE(r) << r;
+  EXPECT_NE(r.verdict.find("inconclusive"), std::string::npos) << r;
+}
+
 TEST(DotProductTest, OptionsChooseTheSeed) {
   tg::owned_tensor<float> x({5, 9}), y({5, 9});
   fill(x, 8);

@@ -185,14 +185,27 @@ constexpr int launch_directions() {
   return !agree ? 0 : n == 0 ? 1 : n;
 }
 
-template <class... X>
-struct first_float_tensor {
+template <class X>
+struct marked_type {
   using type = void;
 };
-template <class X, class... Rest>
-struct first_float_tensor<X, Rest...> {
-  using type = std::conditional_t<!std::is_void_v<float_tensor_t<X>>, float_tensor_t<X>,
-                                  typename first_float_tensor<Rest...>::type>;
+template <class T, int N, tangent_role R>
+struct marked_type<tangent_tensor<T, N, R>> {
+  using type = T;
+};
+
+/// The float type of a jvp launch, by vjp's rule (ad::first_float): bf16 when a marked tensor is
+/// bf16; else that of the first marked tensor; else that of the first float tensor (void if none).
+/// So an unmarked bf16 table before a marked float tensor leaves the launch a float one.
+template <class... X>
+struct first_float_tensor {
+  using marked = typename tilegrad::detail::first_non_void<typename marked_type<X>::type...>::type;
+  static constexpr bool bf16_marked =
+      (std::is_same_v<typename marked_type<X>::type, bf16> || ... || false);
+  using type = std::conditional_t<
+      bf16_marked, bf16,
+      std::conditional_t<!std::is_void_v<marked>, marked,
+                         typename tilegrad::detail::first_non_void<float_tensor_t<X>...>::type>>;
 };
 
 template <class A, class B>

@@ -67,66 +67,33 @@ template <class T>
 marked_tensor<T, ad::role::in> in(char const* name, owned_tensor<T> const& t) {
   return in(name, t.cview());
 }
-/// out("y", y, dy): the kernel writes y; dy (same shape) is the cotangent of y.
+/// out("y", y, dy): the kernel writes y; dy (same shape) is the cotangent of y. y and dy are
+/// views or owning tensors, in any mix (dy converts to a const view: a non-deduced parameter).
 template <class T>
-marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t, tensor<T const> cotangent) {
+marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t,
+                                    std::type_identity_t<tensor<T const>> cotangent) {
   static_assert(detail::float_storage_v<T>, "tilegrad::out: only float tensors");
   return {name, t, cotangent};
 }
 template <class T>
 marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
-                                    owned_tensor<T> const& cot) {
-  return out(name, t.view(), cot.cview());
-}
-// Views and owning tensors mixed, as a packed buffer's views meet an owned cotangent.
-template <class T>
-marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t, tensor<T> cotangent) {
-  return out(name, t, tensor<T const>(cotangent));
-}
-template <class T>
-marked_tensor<T, ad::role::out> out(char const* name, tensor<T> t, owned_tensor<T> const& cot) {
-  return out(name, t, cot.cview());
-}
-template <class T>
-marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
-                                    tensor<T const> cotangent) {
+                                    std::type_identity_t<tensor<T const>> cotangent) {
   return out(name, t.view(), cotangent);
-}
-template <class T>
-marked_tensor<T, ad::role::out> out(char const* name, owned_tensor<T> const& t,
-                                    tensor<T> cotangent) {
-  return out(name, t.view(), tensor<T const>(cotangent));
 }
 
 /// inout("y", y, dy): the kernel reads and writes y. Elements read before any store are inputs
 /// (their gradient is wanted); dy is the cotangent of y's final values. An element no program
-/// stores passes its cotangent to its initial value.
+/// stores passes its cotangent to its initial value. y and dy as for out.
 template <class T>
-marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t, tensor<T const> cotangent) {
+marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t,
+                                        std::type_identity_t<tensor<T const>> cotangent) {
   static_assert(detail::float_storage_v<T>, "tilegrad::inout: only float tensors");
   return {name, t, cotangent};
 }
 template <class T>
 marked_tensor<T, ad::role::inout> inout(char const* name, owned_tensor<T>& t,
-                                        owned_tensor<T> const& cot) {
-  return inout(name, t.view(), cot.cview());
-}
-template <class T>
-marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t, tensor<T> cotangent) {
-  return inout(name, t, tensor<T const>(cotangent));
-}
-template <class T>
-marked_tensor<T, ad::role::inout> inout(char const* name, tensor<T> t, owned_tensor<T> const& cot) {
-  return inout(name, t, cot.cview());
-}
-template <class T>
-marked_tensor<T, ad::role::inout> inout(char const* name, owned_tensor<T>& t,
-                                        tensor<T const> cotangent) {
+                                        std::type_identity_t<tensor<T const>> cotangent) {
   return inout(name, t.view(), cotangent);
-}
-template <class T>
-marked_tensor<T, ad::role::inout> inout(char const* name, owned_tensor<T>& t, tensor<T> cotangent) {
-  return inout(name, t.view(), tensor<T const>(cotangent));
 }
 
 /// The gradients of a vjp, by tensor name.
@@ -177,15 +144,28 @@ struct float_of<owned_tensor<T>> {
   using type = T;
 };
 
-// The float type of a launch: that of its first float tensor (void if none).
-template <class... X>
-struct first_float {
+// The float type of a launch: bf16 when a marked tensor is bf16 (a float logsumexp beside bf16
+// tensors then computes in float as they do); else that of the first marked tensor; else that of
+// the first float tensor (void if none). An unmarked bf16 table passed before the marked float or
+// double tensors does not make a launch bf16 (it did: a double launch ran in float).
+template <class X>
+struct marked_float_of {
   using type = void;
 };
-template <class X, class... Rest>
-struct first_float<X, Rest...> {
-  using type = std::conditional_t<!std::is_void_v<typename float_of<X>::type>,
-                                  typename float_of<X>::type, typename first_float<Rest...>::type>;
+template <class T, role R>
+struct marked_float_of<marked_tensor<T, R>> {
+  using type = T;
+};
+template <class... X>
+struct first_float {
+  using marked =
+      typename tilegrad::detail::first_non_void<typename marked_float_of<X>::type...>::type;
+  static constexpr bool bf16_marked =
+      (std::is_same_v<typename marked_float_of<X>::type, bf16> || ... || false);
+  using type = std::conditional_t<bf16_marked, bf16,
+                                  std::conditional_t<!std::is_void_v<marked>, marked,
+                                                     typename tilegrad::detail::first_non_void<
+                                                         typename float_of<X>::type...>::type>>;
 };
 
 [[noreturn]] TILEGRAD_MACHINERY void cotangent_shape_refused(char const* name,

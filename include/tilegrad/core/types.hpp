@@ -95,10 +95,29 @@ template <class A>
 struct promote<A, A> {
   using type = A;
 };
+// bf16 meets another builtin type as float does (bf16 computes in float): Triton's bf16 + fp32 is
+// fp32. (bf16 with bf16 stays bf16, which elementwise operations refuse with a message.)
+template <class A, class B>
+requires(is_builtin_v<A>&& is_builtin_v<B> &&
+         (std::is_same_v<A, bf16> != std::is_same_v<B, bf16>)) struct promote<A, B> {
+  using type = typename promote<float, std::conditional_t<std::is_same_v<A, bf16>, B, A>>::type;
+};
 // bool participates in arithmetic as int32, as in Triton.
 template <>
 struct promote<bool, bool> {
   using type = std::int32_t;
+};
+} // namespace detail
+
+namespace detail {
+/// The first of Ts that is not void (void if none).
+template <class... Ts>
+struct first_non_void {
+  using type = void;
+};
+template <class T, class... Rest>
+struct first_non_void<T, Rest...> {
+  using type = std::conditional_t<!std::is_void_v<T>, T, typename first_non_void<Rest...>::type>;
 };
 } // namespace detail
 
