@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -263,6 +264,57 @@ TEST(BlockSparseAttentionForward, BadBlockTablesAreReportedBeforeAnyProgramRuns)
   EXPECT_EQ(o(1, 1, 99, 15), 42);
   t.count(0, 1, 6) = 2;
   EXPECT_EQ(run(t), "(no error)");
+}
+
+// Tables given as strided views: the index stored transposed (its last axis of stride `rows`),
+// the count as one column of a two-column buffer. The kernels read an entry at a raw element
+// offset, without the stride: the forward and dq read their neighbours' entries with no error
+// (o off by up to 1.5) or past the buffer. Now the same bits as the contiguous table.
+TEST(BlockSparseAttention, StridedTablesReadTheirOwnEntries) {
+  constexpr int BS = 16;
+  int const B = 1, H = 2, N = 100, M = 90;
+  std::int64_t const rows = tg::cdiv(N, BS), cols = tg::cdiv(M, BS);
+  auto const t = random_table(1, H, rows, cols, 0.5, 7, {3});
+  std::int64_t const mx = t.index.size(3);
+  std::vector<std::int32_t> index_t(static_cast<std::size_t>(H * mx * rows), -5),
+      count2(static_cast<std::size_t>(H * rows * 2), 99);
+  for (int h = 0; h < H; ++h)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      count2[static_cast<std::size_t>((h * rows + r) * 2)] = t.count(0, h, r);
+      for (std::int64_t j = 0; j < mx; ++j)
+        index_t[static_cast<std::size_t>((h * mx + j) * rows + r)] = t.index(0, h, r, j);
+    }
+  tg::tensor<std::int32_t const> const index(index_t.data(), {1, H, rows, mx},
+                                             {H * mx * rows, mx * rows, 1, rows}, "kv_index");
+  tg::tensor<std::int32_t const> const count(count2.data(), {1, H, rows},
+                                             {H * rows * 2, rows * 2, 2}, "kv_count");
+  tg::owned_tensor<float> q({B, H, N, 32}, "q"), k({B, H, M, 32}, "k"), v({B, H, M, 32}, "v"),
+      d_o({B, H, N, 32}, "do");
+  fill(q, 1), fill(k, 2), fill(v, 3), fill(d_o, 4);
+  struct result {
+    tg::owned_tensor<float> o, lse, dq, dk, dv;
+  };
+  auto const run = [&](tg::tensor<std::int32_t const> c, tg::tensor<std::int32_t const> x) {
+    result r{tg::owned_tensor<float>({B, H, N, 32}), tg::owned_tensor<float>({B, H, N}),
+             tg::owned_tensor<float>({B, H, N, 32}), tg::owned_tensor<float>({B, H, M, 32}),
+             tg::owned_tensor<float>({B, H, M, 32})};
+    tk::block_sparse_options const opt{.causal = true};
+    tk::block_sparse_attention_forward<float, BS, BS>(q, k, v, c, x, r.o.view(), r.lse.view(), opt);
+    tk::block_sparse_attention_backward<float, BS, BS>(q, k, v, r.o, d_o, r.lse, c, x, r.dq.view(),
+                                                       r.dk.view(), r.dv.view(), opt);
+    return r;
+  };
+  auto const want = run(t.count, t.index);
+  auto const got = run(count, index);
+  auto const same = [](tg::owned_tensor<float> const& a, tg::owned_tensor<float> const& b) {
+    return std::equal(a.begin(), a.end(), b.begin(),
+                      [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; });
+  };
+  EXPECT_TRUE(same(got.o, want.o));
+  EXPECT_TRUE(same(got.lse, want.lse));
+  EXPECT_TRUE(same(got.dq, want.dq));
+  EXPECT_TRUE(same(got.dk, want.dk));
+  EXPECT_TRUE(same(got.dv, want.dv));
 }
 
 } // namespace

@@ -1,5 +1,6 @@
 // The forward kernels of the example ladder (weighted sum, softmax, matmul) against plain
 // loops, in float and double, on shapes that do not divide the tiles, on every executor.
+#include <tilegrad/kernels/layer_norm.hpp>
 #include <tilegrad/kernels/matmul.hpp>
 #include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/kernels/weighted_sum.hpp>
@@ -135,6 +136,37 @@ TEST(ForwardKernels, SoftmaxRowsLongerThanTheBlockAreRefused) {
   EXPECT_NE(ref.find("more than Block = 64"), std::string::npos) << ref;
   // Rows that fit still run.
   EXPECT_NO_THROW(tg::launch(3, tg::kernels::softmax_fwd<128>, x.cview(), y.view()));
+}
+
+// Operands of another shape were zero-padded or cut by the kernels' bounds with no error: a weight
+// of 32 for rows of 40 summed the first 32 columns, a b of 48 rows for an a of 32 columns
+// multiplied b's first 32, a layer-norm weight of 64 for rows of 100 gave y = 0 past column 64.
+TEST(ForwardKernels, OperandsOfAnotherShapeAreRefused) {
+  auto const message = [](auto&& run) {
+    try {
+      run();
+    } catch (std::invalid_argument const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  tg::owned_tensor<float> x({10, 40}, "x"), w({32}, "w"), y({10}, "y");
+  std::string const ws = message([&] {
+    tg::launch(1, tg::kernels::weighted_sum_fwd<16, 32>, x.cview(), w.cview(), y.view());
+  });
+  EXPECT_NE(ws.find("'w' has shape (32), expected (40)"), std::string::npos) << ws;
+  tg::owned_tensor<float> a({20, 32}, "a"), b({48, 24}, "b"), c({20, 24}, "c");
+  std::string const mm = message([&] {
+    tg::launch(1, tg::kernels::matmul_fwd<32, 32, 16, 2>, a.cview(), b.cview(), c.view());
+  });
+  EXPECT_NE(mm.find("'b' has shape (48, 24), expected (32, 24)"), std::string::npos) << mm;
+  tg::owned_tensor<float> xl({4, 100}, "x"), wl({64}, "w"), bl({100}, "b"), yl({4, 100}, "y"),
+      mean({4}, "mean"), rstd({4}, "rstd");
+  std::string const ln = message([&] {
+    tg::launch(4, tg::kernels::layer_norm_fwd<64>, xl.cview(), wl.cview(), bl.cview(), yl.view(),
+               mean.view(), rstd.view(), 1e-5);
+  });
+  EXPECT_NE(ln.find("'w' has shape (64), expected (100)"), std::string::npos) << ln;
 }
 
 TEST(ForwardKernels, OutOfBoundsInKernelNamesProgramTensorAndLine) {

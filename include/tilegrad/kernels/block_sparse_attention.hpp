@@ -56,14 +56,17 @@ struct listed_blocks {
   int count;
   tensor<std::int32_t const> index;
 
-  /// The i-th listed block, read from memory (i < count).
-  int operator[](int i) const { return load(index + i).item(); }
+  /// The i-th listed block, read from memory (i < count). (A pointer offset counts elements of
+  /// memory: the index's stride too, so a strided view of a table reads its own elements; it
+  /// read its neighbours', silently, or past the buffer.)
+  int operator[](int i) const { return load(index + i * index.stride(0)).item(); }
 };
 
 inline listed_blocks listed(tensor<std::int32_t const> count, tensor<std::int32_t const> index,
                             int row, int h, int b) {
   int const bt = count.size(0) == 1 ? 0 : b, ht = count.size(1) == 1 ? 0 : h;
-  return {load(count[bt][ht] + row).item(), index[bt][ht][row]};
+  auto const c = count[bt][ht];
+  return {load(c + row * c.stride(0)).item(), index[bt][ht][row]};
 }
 
 /// What the forward shifts a row's scores by before exp: its running maximum m. Causal, a row

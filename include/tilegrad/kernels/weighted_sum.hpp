@@ -16,19 +16,22 @@ namespace tilegrad::kernels {
 
 /// y[i] = sum_j x[i, j] * w[j]. Grid: cdiv(rows, BR) programs.
 template <int BR, int BD>
-inline constexpr auto weighted_sum_fwd = []<class T>(program const& p, tensor<T const> x,
-                                                     tensor<T const> w, tensor<T> y) {
-  auto xb = make_block_ptr<BR, BD>(x, {p.program_id(0) * std::int64_t{BR}, 0});
-  auto wb = make_block_ptr<BD>(w, {0});
-  auto acc = zeros<fp32<T>, BR>();
-  for (int i = 0; i < cdiv<std::int64_t>(x.size(1), BD); ++i) {
-    // Rows past the end and columns past D read zeros.
-    acc += sum<1>(load(xb, bounds<0, 1>) * row(load(wb, bounds<0>)));
-    xb = xb.advance(0, BD);
-    wb = wb.advance(BD);
-  }
-  store(make_block_ptr<BR>(y, {p.program_id(0) * std::int64_t{BR}}), acc, bounds<0>);
-};
+inline constexpr auto weighted_sum_fwd =
+    []<class T>(program const& p, tensor<T const> x, tensor<T const> w, tensor<T> y) {
+      // A weight or output of another length would be zero-padded or cut by the bounds, silently.
+      expect_shape(w, {x.size(1)});
+      expect_shape(y, {x.size(0)});
+      auto xb = make_block_ptr<BR, BD>(x, {p.program_id(0) * std::int64_t{BR}, 0});
+      auto wb = make_block_ptr<BD>(w, {0});
+      auto acc = zeros<fp32<T>, BR>();
+      for (int i = 0; i < cdiv<std::int64_t>(x.size(1), BD); ++i) {
+        // Rows past the end and columns past D read zeros.
+        acc += sum<1>(load(xb, bounds<0, 1>) * row(load(wb, bounds<0>)));
+        xb = xb.advance(0, BD);
+        wb = wb.advance(BD);
+      }
+      store(make_block_ptr<BR>(y, {p.program_id(0) * std::int64_t{BR}}), acc, bounds<0>);
+    };
 
 /// Backward of weighted_sum_fwd: dx[i, :] = dy[i] * w, and for each tile t of BR rows the
 /// partial sum partial_dw[t, :] = sum over its rows of dy[i] * x[i, :] (programs never add into

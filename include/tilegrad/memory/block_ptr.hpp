@@ -147,6 +147,25 @@ make_block_ptr(tensor<T> base, std::array<std::int64_t, sizeof...(Bs)> shape,
   return bp;
 }
 
+/// The full form with its lists in braces: a list shorter than the block's rank (`{8}` for a
+/// 2-D block) is a compile error, where a std::array would fill the rest with zeros (a shape of
+/// 0 and a stride of 0: every load zeros, with no error).
+template <int... Bs, class T, std::size_t NS, std::size_t NT, std::size_t NO, std::size_t NR>
+block_ptr<T, Bs...>
+make_block_ptr(tensor<T> base, std::int64_t const (&shape)[NS], std::int64_t const (&strides)[NT],
+               std::int64_t const (&offsets)[NO], int const (&order)[NR],
+               std::source_location const& loc = std::source_location::current()) {
+  constexpr std::size_t R = sizeof...(Bs);
+  static_assert(NS == R && NT == R && NO == R && NR == R,
+                "tilegrad::make_block_ptr: give one shape extent, one stride, one offset and one "
+                "order entry per block axis");
+  std::array<std::int64_t, R> sh{}, st{}, of{};
+  std::array<int, R> od{};
+  for (std::size_t a = 0; a < R; ++a)
+    sh[a] = shape[a], st[a] = strides[a], of[a] = offsets[a], od[a] = order[a];
+  return make_block_ptr<Bs...>(base, sh, st, of, od, loc);
+}
+
 namespace detail {
 [[noreturn]] TILEGRAD_NOINLINE inline void
 block_rank_mismatch(char const* name, int block_rank, int rank, std::source_location const& loc) {
@@ -179,6 +198,19 @@ make_block_ptr(tensor<T> const& t, std::array<std::int64_t, sizeof...(Bs)> offse
     if (shape[a] == 0)
       extent = 0;
   return block_ptr<T, Bs...>(t.data(), extent, t.name(), shape, strides, offsets);
+}
+/// The same with the offsets in braces: fewer offsets than block axes (`{row}` for a 2-D block)
+/// is a compile error, where a std::array would take the missing ones as 0.
+template <int... Bs, class T, std::size_t N>
+TILEGRAD_INLINE block_ptr<T, Bs...>
+make_block_ptr(tensor<T> const& t, std::int64_t const (&offsets)[N],
+               std::source_location const& loc = std::source_location::current()) {
+  static_assert(N == sizeof...(Bs), "tilegrad::make_block_ptr: give one offset per block axis "
+                                    "(make_block_ptr<BM, BN>(t, {row, col}))");
+  std::array<std::int64_t, sizeof...(Bs)> o{};
+  for (std::size_t a = 0; a < N; ++a)
+    o[a] = offsets[a];
+  return make_block_ptr<Bs...>(t, o, loc);
 }
 
 namespace detail {
