@@ -30,6 +30,17 @@ std::vector<tg::executor> executors() {
   return e;
 }
 
+// The message of the std::invalid_argument run() throws ("no error" if none).
+template <class Run>
+std::string message(Run&& run) {
+  try {
+    run();
+  } catch (std::invalid_argument const& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 } // namespace
 
 template <class T>
@@ -109,14 +120,6 @@ TEST(ForwardKernels, SoftmaxRowsLongerThanTheBlockAreRefused) {
       dx({3, 100}, "dx"), y_short({3, 99}, "y_short");
   fill(x, 1);
   fill(dy, 2);
-  auto const message = [](auto&& run) {
-    try {
-      run();
-    } catch (std::invalid_argument const& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   std::string const fwd =
       message([&] { tg::launch(3, tg::kernels::softmax_fwd<64>, x.cview(), y.view()); });
   EXPECT_NE(fwd.find("softmax_fwd (program 0): 'x' has rows of 100 columns, more than Block = 64"),
@@ -142,14 +145,6 @@ TEST(ForwardKernels, SoftmaxRowsLongerThanTheBlockAreRefused) {
 // of 32 for rows of 40 summed the first 32 columns, a b of 48 rows for an a of 32 columns
 // multiplied b's first 32, a layer-norm weight of 64 for rows of 100 gave y = 0 past column 64.
 TEST(ForwardKernels, OperandsOfAnotherShapeAreRefused) {
-  auto const message = [](auto&& run) {
-    try {
-      run();
-    } catch (std::invalid_argument const& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   tg::owned_tensor<float> x({10, 40}, "x"), w({32}, "w"), y({10}, "y");
   std::string const ws = message([&] {
     tg::launch(1, tg::kernels::weighted_sum_fwd<16, 32>, x.cview(), w.cview(), y.view());

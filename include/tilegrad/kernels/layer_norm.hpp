@@ -32,11 +32,14 @@ inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T co
   std::int64_t const row_idx = p.program_id(0);
   std::int64_t const n = x.size(1);
   // A weight, bias or output of another shape would be zero-padded or cut by the bounds, silently.
-  expect_shape(w, {n});
-  expect_shape(b, {n});
-  expect_shape(y, {x.size(0), n});
-  expect_shape(mean, {x.size(0)});
-  expect_shape(rstd, {x.size(0)});
+  // (Checked by the first program only, as weighted_sum_fwd does.)
+  if (row_idx == 0) {
+    expect_shape(w, {n});
+    expect_shape(b, {n});
+    expect_shape(y, {x.size(0), n});
+    expect_shape(mean, {x.size(0)});
+    expect_shape(rstd, {x.size(0)});
+  }
   int const col_tiles = static_cast<int>(cdiv<std::int64_t>(n, BlockN));
   // The row is walked as a (1, BlockN) block; columns past N read 0. (The tutorial's pointer
   // tiles with a column mask compute the same; block loads measured about 25 % faster on one core.)
