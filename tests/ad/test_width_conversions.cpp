@@ -132,7 +132,6 @@ TYPED_TEST(WidthConversions, TangentsThroughEveryConversion) {
   }
 }
 
-} // namespace
 
 // A bf16 load assigned to a tile of fp32<T> widens implicitly, as float to double does (it did not
 // compile: bf16 had no promotion with float, and the error spoke of std::common_type). x is the
@@ -176,5 +175,7 @@ TYPED_TEST(WidthConversions, ABf16LoadWidensIntoAFp32Tile) {
     ASSERT_NEAR(t["y"](i), 2 * double(ux(i)) * si, 1e-6) << "dy(" << i << ")";
   }
 }
+
+} // namespace
 
 } // namespace test_width_conversions
