@@ -326,6 +326,39 @@ TEST(UserKernels, TilesMadeFromNumbersInEveryMode) {
   make(tiles_from_numbers, 10).check(20);
 }
 
+// where with a bool number for its condition (tl.where broadcasts a scalar condition): a branch
+// per program, and one per step of a loop, in every mode.
+auto const scalar_conditions = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                           tg::tensor<T const> z, tg::tensor<T> y) {
+  auto const o = p.program_id(0) * B + tg::arange<0, B>();
+  auto const in = o < x.size(0);
+  tg::tile<tg::fp32<T>, B> const v = tg::load(x + o, in);
+  tg::tile<tg::fp32<T>, B> const q = tg::load(z + o, in);
+  tg::tile<tg::fp32<T>, B> acc = tg::where(p.program_id(0) == 1, v * q, v + q);
+  for (int k = 0; k < 3; ++k)
+    acc = tg::where(k % 2 == 0, acc * v, 0.5f) + tg::where(k == 2, 1.0f, q);
+  tg::store(y + o, acc, in);
+};
+
+TEST(UserKernels, WhereTakesABoolNumberForItsCondition) {
+  make(scalar_conditions, 11).check(21);
+  // The values against a plain loop (the check above compares derivatives only).
+  owned<double> const x = uniform(N, 12), z = uniform(N, 13);
+  owned<double> y({N}, "y");
+  tg::launch(tg::cdiv(N, B), scalar_conditions, x.cview(), z.cview(), y.view());
+  owned<float> const xf = to_float(x), zf = to_float(z);
+  owned<float> yf({N}, "y");
+  tg::launch(tg::cdiv(N, B), scalar_conditions, xf.cview(), zf.cview(), yf.view());
+  for (std::int64_t i = 0; i < N; ++i) {
+    double const v = x(i), q = z(i);
+    double acc = i / B == 1 ? v * q : v + q;
+    for (int k = 0; k < 3; ++k)
+      acc = (k % 2 == 0 ? acc * v : 0.5) + (k == 2 ? 1.0 : q);
+    EXPECT_NEAR(y(i), acc, 1e-12) << i;
+    EXPECT_NEAR(yf(i), acc, 1e-5) << i;
+  }
+}
+
 } // namespace
 
 // ---- a float64 reference of a float launch --------------------------------------------------

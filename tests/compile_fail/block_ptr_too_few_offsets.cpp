@@ -1,4 +1,4 @@
-// expect-error: give one offset per block axis
+// expect-error: one offset per block axis
 // A 2-D block given one offset: the second was taken as 0, silently (a std::array parameter fills
 // what the braces leave out).
 #include <tilegrad/tilegrad.hpp>

@@ -540,19 +540,34 @@ TEST_P(Launch, KernelArgHookConvertsArgumentsOncePerLaunch) {
   EXPECT_EQ(conversions, 2);
 }
 
-// Triton refuses program_id(3); it read past the program's ids and gave num_programs(0).
+// Triton refuses program_id(3); it read past the program's ids and gave num_programs(0). The
+// error names the program and the line, as every misuse does.
 TEST(LaunchErrors, AnAxisPastTwoThrows) {
   std::string m;
+  int line = 0;
   try {
-    tg::launch({tg::executor::sequential}, tg::grid(7), [](tg::program const& p) {
-      (void)p.program_id(3);
+    tg::launch({tg::executor::sequential}, tg::grid(7), [&](tg::program const& p) {
+      if (p.program_id() == 4) {
+        line = __LINE__ + 1;
+        (void)p.program_id(3);
+      }
     });
   } catch (std::out_of_range const& e) {
     m = e.what();
   }
   EXPECT_NE(m.find("program_id(3): a grid has axes 0, 1 and 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("program (4, 0, 0)"), std::string::npos) << m;
+  EXPECT_NE(m.find("test_launch.cpp:" + std::to_string(line)), std::string::npos) << m;
   tg::program const p({1, 2, 3}, {4, 5, 6});
   EXPECT_THROW((void)p.num_programs(-1), std::out_of_range);
+  try {
+    (void)p.num_programs(-1);
+  } catch (std::out_of_range const& e) {
+    EXPECT_NE(std::string(e.what()).find("num_programs(-1): a grid has axes 0, 1 and 2 "
+                                         "(program (1, 2, 3)"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(p.program_id(2), 3);
   EXPECT_EQ(p.num_programs(2), 6);
 }

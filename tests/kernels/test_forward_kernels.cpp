@@ -1,5 +1,6 @@
 // The forward kernels of the example ladder (weighted sum, softmax, matmul) against plain
-// loops, in float and double, on shapes that do not divide the tiles, on every executor.
+// loops, in float and double, on shapes that do not divide the tiles, on every executor; and
+// the ladder's kernels refusing operands of another shape.
 #include <tilegrad/kernels/layer_norm.hpp>
 #include <tilegrad/kernels/matmul.hpp>
 #include <tilegrad/kernels/softmax.hpp>
@@ -162,6 +163,57 @@ TEST(ForwardKernels, OperandsOfAnotherShapeAreRefused) {
                mean.view(), rstd.view(), 1e-5);
   });
   EXPECT_NE(ln.find("'w' has shape (64), expected (100)"), std::string::npos) << ln;
+}
+
+// The backward kernels of the ladder cut or zero-padded operands of another shape as the forward
+// ones did: a dy of 64 columns for rows of 100 gave dx = 0 past column 64 and dw, db from the
+// first 64 columns; a partial buffer of fewer row tiles than the grid wrote past it (an error,
+// but one naming the bounds, not the shape) or, with more rows, left rows unsummed.
+TEST(BackwardKernels, OperandsOfAnotherShapeAreRefused) {
+  tg::owned_tensor<float> x({40, 40}, "x"), w({32}, "w"), dy({40}, "dy"), dx({40, 40}, "dx"),
+      partial({3, 40}, "partial_dw"), partial2({2, 40}, "partial_dw"), w40({40}, "w"),
+      dw({32}, "dw");
+  std::string const ws = message([&] {
+    tg::launch(3, tg::kernels::weighted_sum_bwd<16, 32>, x.cview(), w.cview(), dy.cview(),
+               dx.view(), partial.view());
+  });
+  EXPECT_NE(ws.find("'w' has shape (32), expected (40)"), std::string::npos) << ws;
+  std::string const wp = message([&] {
+    tg::launch(3, tg::kernels::weighted_sum_bwd<16, 32>, x.cview(), w40.cview(), dy.cview(),
+               dx.view(), partial2.view());
+  });
+  EXPECT_NE(wp.find("'partial_dw' has shape (2, 40), expected (3, 40)"), std::string::npos) << wp;
+  std::string const wr = message([&] {
+    tg::launch(2, tg::kernels::weighted_sum_reduce_dw<8, 32>, partial.cview(), dw.view());
+  });
+  EXPECT_NE(wr.find("'dw' has shape (32), expected (40)"), std::string::npos) << wr;
+
+  tg::owned_tensor<float> a({20, 32}, "a"), b({32, 20}, "b"), dc({20, 24}, "dc"),
+      da({20, 32}, "da"), dc_short({18, 24}, "dc"), db({32, 24}, "db");
+  std::string const mda = message([&] {
+    tg::launch(tg::grid(1, 2), tg::kernels::matmul_bwd_da<32, 16, 32>, dc.cview(), b.cview(),
+               da.view());
+  });
+  EXPECT_NE(mda.find("'b' has shape (32, 20), expected (32, 24)"), std::string::npos) << mda;
+  std::string const mdb = message([&] {
+    tg::launch(tg::grid(2, 1), tg::kernels::matmul_bwd_db<16, 32, 32>, a.cview(), dc_short.cview(),
+               db.view());
+  });
+  EXPECT_NE(mdb.find("'dc' has shape (18, 24), expected (20, 24)"), std::string::npos) << mdb;
+
+  tg::owned_tensor<float> xl({4, 100}, "x"), wl({100}, "w"), mean({4}, "mean"), rstd({4}, "rstd"),
+      dyl({4, 64}, "dy"), dxl({4, 100}, "dx"), pdw({2, 100}, "partial_dw"),
+      pdb({2, 100}, "partial_db"), dwl({100}, "dw"), dbl({64}, "db");
+  std::string const ln = message([&] {
+    tg::launch(2, tg::kernels::layer_norm_bwd<64, 2>, xl.cview(), wl.cview(), mean.cview(),
+               rstd.cview(), dyl.cview(), dxl.view(), pdw.view(), pdb.view());
+  });
+  EXPECT_NE(ln.find("'dy' has shape (4, 64), expected (4, 100)"), std::string::npos) << ln;
+  std::string const lr = message([&] {
+    tg::launch(2, tg::kernels::layer_norm_reduce_dwdb<2, 64>, pdw.cview(), pdb.cview(), dwl.view(),
+               dbl.view());
+  });
+  EXPECT_NE(lr.find("'db' has shape (64), expected (100)"), std::string::npos) << lr;
 }
 
 TEST(ForwardKernels, OutOfBoundsInKernelNamesProgramTensorAndLine) {

@@ -234,12 +234,63 @@ using writable_t = typename writable<std::remove_cvref_t<A>>::type;
 template <class>
 inline constexpr bool always_false = false;
 
+/// How a launch runs the kernel, from the element types of its tensors: vjp passes tensors of
+/// adjoint<F>, jvp of dual<F, N> (told apart by their tags, so that this header needs neither).
+template <class A>
+struct argument_element {
+  using type = void;
+};
+template <template <class> class View, class E>
+struct argument_element<View<E>> {
+  using type = std::remove_const_t<E>;
+};
+template <class A>
+using argument_element_t = typename argument_element<std::remove_cvref_t<A>>::type;
+template <class E>
+inline constexpr bool is_adjoint_element = requires {
+  typename E::adjoint_tag;
+};
+template <class E>
+inline constexpr bool is_dual_element = requires {
+  typename E::dual_tag;
+};
+
+/// The largest k < sizeof...(A) such that kernel(p, a_0, ..., a_{k-1}) can be called, or -1: a
+/// kernel written with fewer parameters than the launch passes arguments.
+template <class Kernel, class... A>
+consteval int callable_prefix() {
+  using Args = std::tuple<A&...>;
+  int k = -1;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (([&]<std::size_t... I>(std::index_sequence<I...>) {
+       if constexpr (std::is_invocable_v<Kernel&, program const&, std::tuple_element_t<I, Args>...>)
+         k = static_cast<int>(sizeof...(I));
+     }(std::make_index_sequence<K>{})),
+     ...);
+  }
+  (std::make_index_sequence<sizeof...(A)>{});
+  return k;
+}
+
+/// A kernel that takes Takes arguments after `program const&` where the launch passes Passes:
+/// the numbers stand in the instantiation the compiler prints beside the message.
+template <int Takes, int Passes>
+struct kernel_argument_count {
+  static_assert(Takes == Passes,
+                "tilegrad: the kernel takes fewer arguments after `program const&` than the "
+                "launch passes (kernel_argument_count<takes, passes>, in this instantiation): "
+                "give the launch one argument per kernel parameter, in order");
+  static constexpr bool value = false;
+};
+
 /// Whether kernel(p, args...) can be called with the arguments a launch passes (lvalues of types
 /// A...); when not, a compile error that says what to write instead of a bare "no match for
 /// call". A kernel that would take the arguments with every tensor writable has a read-only
 /// tensor meet a parameter declared tensor<T>.
 template <class Kernel, class... A>
 consteval bool kernel_callable() {
+  constexpr bool reverse = (is_adjoint_element<argument_element_t<A>> || ...);
+  constexpr bool forward = (is_dual_element<argument_element_t<A>> || ...);
   if constexpr (std::is_invocable_v<Kernel&, program const&, A&...>) {
     return true;
   } else if constexpr (std::is_invocable_v<Kernel&, program const&, writable_t<A>&...>) {
@@ -248,15 +299,37 @@ consteval bool kernel_callable() {
                   "arrives (tensor<T const>: x.cview(), or a tensor marked in(...) or "
                   "tangent_in(...)): declare that parameter tensor<T const>");
     return false;
+  } else if constexpr (std::is_invocable_v<Kernel&, A&...>) {
+    static_assert(always_false<Kernel>,
+                  "tilegrad: the kernel's first parameter is the program it runs as: "
+                  "[]<class T>(tilegrad::program const& p, tensor<T const> x, ...)");
+    return false;
+  } else if constexpr (constexpr int k = callable_prefix<Kernel, A...>(); k >= 0) {
+    return kernel_argument_count<k, static_cast<int>(sizeof...(A))>::value;
+  } else if constexpr (reverse) {
+    static_assert(always_false<Kernel>,
+                  "tilegrad::vjp: the kernel cannot be called as kernel(program const&, args...) "
+                  "with these arguments: check their number and order. vjp passes in(...) "
+                  "tensors as tensor<adjoint<F> const> and out(...)/inout(...) ones as "
+                  "tensor<adjoint<F>>, F the float type: write the kernel generic over its "
+                  "element type, []<class T>(program const& p, tensor<T const> x, tensor<T> y, "
+                  "...)");
+    return false;
+  } else if constexpr (forward) {
+    static_assert(always_false<Kernel>,
+                  "tilegrad::jvp: the kernel cannot be called as kernel(program const&, args...) "
+                  "with these arguments: check their number and order. jvp passes tensors of "
+                  "dual<F, N>, F the float type: write the kernel generic over its element type, "
+                  "[]<class T>(program const& p, tensor<T const> x, tensor<T> y, ...)");
+    return false;
   } else {
     static_assert(always_false<Kernel>,
-                  "tilegrad: the kernel cannot be called as kernel(program const&, args...) with "
-                  "these arguments. vjp passes in(...) tensors as tensor<adjoint<F> const> and "
-                  "out(...)/inout(...) ones as tensor<adjoint<F>>, jvp dual<F, N> tensors, F the "
-                  "float type: write the kernel generic over its element type, "
-                  "[]<class T>(program const& p, tensor<T const> x, tensor<T> y, ...). On the "
-                  "fast path, an owned_tensor or a writable view passed where the kernel takes "
-                  "tensor<T const> does not deduce T: pass x.cview()");
+                  "tilegrad::launch: the kernel cannot be called as kernel(program const&, "
+                  "args...) with these arguments: check their number, order and types. An "
+                  "owned_tensor or a writable view passed where the kernel takes tensor<T const> "
+                  "does not deduce T: pass x.cview(). (Written for one element type, the kernel "
+                  "also cannot run under vjp or jvp: write it generic, []<class T>(program "
+                  "const& p, tensor<T const> x, tensor<T> y, ...).)");
     return false;
   }
 }

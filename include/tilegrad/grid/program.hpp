@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstdint>
 #include <limits>
+#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -50,9 +51,15 @@ class program {
 public:
   program(std::array<int, 3> id, std::array<int, 3> num) : id_(id), num_(num) {}
 
-  /// @pre 0 <= axis <= 2 (else std::out_of_range, as Triton refuses another axis)
-  int program_id(int axis = 0) const { return id_[checked_axis(axis, "program_id")]; }
-  int num_programs(int axis = 0) const { return num_[checked_axis(axis, "num_programs")]; }
+  /// @pre 0 <= axis <= 2 (else std::out_of_range naming the program and the line, as Triton
+  /// refuses another axis)
+  int program_id(int axis = 0, std::source_location where = std::source_location::current()) const {
+    return id_[checked_axis(axis, "program_id", where)];
+  }
+  int num_programs(int axis = 0,
+                   std::source_location where = std::source_location::current()) const {
+    return num_[checked_axis(axis, "num_programs", where)];
+  }
 
   /// Linear index of this program on its grid (axis 0 fastest).
   std::int64_t linear_id() const {
@@ -71,14 +78,16 @@ public:
 #endif
 
 private:
-  static std::size_t checked_axis(int axis, char const* what) {
+  std::size_t checked_axis(int axis, char const* what, std::source_location const& where) const {
     if (static_cast<unsigned>(axis) > 2u) [[unlikely]]
-      axis_error(axis, what);
+      axis_error(axis, what, where);
     return static_cast<std::size_t>(axis);
   }
-  [[noreturn]] static void axis_error(int axis, char const* what) {
+  [[noreturn]] void axis_error(int axis, char const* what,
+                               std::source_location const& where) const {
     throw std::out_of_range(std::string("tilegrad: ") + what + "(" + std::to_string(axis) +
-                            "): a grid has axes 0, 1 and 2");
+                            "): a grid has axes 0, 1 and 2 (" + describe() + ", at " +
+                            where.file_name() + ":" + std::to_string(where.line()) + ")");
   }
 
   std::array<int, 3> id_;

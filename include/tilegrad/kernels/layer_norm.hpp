@@ -127,6 +127,18 @@ inline constexpr auto layer_norm_bwd =
     []<class T>(program const& p, tensor<T const> x, tensor<T const> w, tensor<T const> mean,
                 tensor<T const> rstd, tensor<T const> dy, tensor<T> dx, tensor<T> partial_dw,
                 tensor<T> partial_db) {
+      // Operands of another shape would be zero-padded or cut by the bounds, silently. (Checked
+      // by the first program only, as layer_norm_fwd does.)
+      if (p.program_id(0) == 0) {
+        std::int64_t const m = x.size(0), n = x.size(1), groups = cdiv<std::int64_t>(m, Rows);
+        expect_shape(w, {n});
+        expect_shape(mean, {m});
+        expect_shape(rstd, {m});
+        expect_shape(dy, {m, n});
+        expect_shape(dx, {m, n});
+        expect_shape(partial_dw, {groups, n});
+        expect_shape(partial_db, {groups, n});
+      }
       std::int64_t const r0 = p.program_id(0) * std::int64_t{Rows};
       int const rows = static_cast<int>(std::min<std::int64_t>(Rows, x.size(0) - r0));
       int const col_tiles = static_cast<int>(cdiv<std::int64_t>(x.size(1), BlockN));
@@ -203,6 +215,11 @@ template <int BG, int BlockN>
 inline constexpr auto layer_norm_reduce_dwdb =
     []<class T>(program const& p, tensor<T const> partial_dw, tensor<T const> partial_db,
                 tensor<T> dw, tensor<T> db) {
+      if (p.program_id(0) == 0) {
+        expect_shape(partial_db, {partial_dw.size(0), partial_dw.size(1)});
+        expect_shape(dw, {partial_dw.size(1)});
+        expect_shape(db, {partial_dw.size(1)});
+      }
       std::int64_t const c0 = p.program_id(0) * std::int64_t{BlockN};
       auto pwb = make_block_ptr<BG, BlockN>(partial_dw, {0, c0});
       auto pbb = make_block_ptr<BG, BlockN>(partial_db, {0, c0});

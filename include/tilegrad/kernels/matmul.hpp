@@ -68,6 +68,12 @@ inline constexpr auto matmul_fwd = []<class T>(program const& p, tensor<T const>
 template <int BM, int BK, int BN>
 inline constexpr auto matmul_bwd_da = []<class T>(program const& p, tensor<T const> dc,
                                                   tensor<T const> b, tensor<T> da) {
+  // Operands of another shape would be zero-padded or cut by the masks, silently. (Checked by the
+  // first program only, as matmul_fwd does.)
+  if (p.linear_id() == 0) {
+    expect_shape(b, {b.size(0), dc.size(1)});
+    expect_shape(da, {dc.size(0), b.size(0)});
+  }
   int const M = static_cast<int>(dc.size(0)), N = static_cast<int>(dc.size(1));
   int const K = static_cast<int>(b.size(0));
   auto const offs_m = p.program_id(0) * BM + arange<0, BM>();
@@ -93,6 +99,10 @@ inline constexpr auto matmul_bwd_da = []<class T>(program const& p, tensor<T con
 template <int BK, int BN, int BM>
 inline constexpr auto matmul_bwd_db = []<class T>(program const& p, tensor<T const> a,
                                                   tensor<T const> dc, tensor<T> db) {
+  if (p.linear_id() == 0) {
+    expect_shape(dc, {a.size(0), dc.size(1)});
+    expect_shape(db, {a.size(1), dc.size(1)});
+  }
   int const M = static_cast<int>(a.size(0)), K = static_cast<int>(a.size(1));
   int const N = static_cast<int>(dc.size(1));
   auto const offs_k = p.program_id(0) * BK + arange<0, BK>();

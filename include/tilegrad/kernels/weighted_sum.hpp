@@ -45,6 +45,14 @@ template <int BR, int BD>
 inline constexpr auto weighted_sum_bwd = []<class T>(program const& p, tensor<T const> x,
                                                      tensor<T const> w, tensor<T const> dy,
                                                      tensor<T> dx, tensor<T> partial_dw) {
+  // Operands of another shape would be zero-padded or cut by the bounds, silently. (Checked by
+  // the first program only, as weighted_sum_fwd does.)
+  if (p.program_id(0) == 0) {
+    expect_shape(w, {x.size(1)});
+    expect_shape(dy, {x.size(0)});
+    expect_shape(dx, {x.size(0), x.size(1)});
+    expect_shape(partial_dw, {cdiv<std::int64_t>(x.size(0), BR), x.size(1)});
+  }
   std::int64_t const r0 = p.program_id(0) * std::int64_t{BR};
   auto const g = load(make_block_ptr<BR>(dy, {r0}), bounds<0>); // zeros past the last row
   auto xb = make_block_ptr<BR, BD>(x, {r0, 0});
@@ -63,17 +71,18 @@ inline constexpr auto weighted_sum_bwd = []<class T>(program const& p, tensor<T 
 
 /// dw[j] = sum over t of partial_dw[t, j], BT rows at a time. Grid: cdiv(D, BD) programs.
 template <int BT, int BD>
-inline constexpr auto weighted_sum_reduce_dw = []<class T>(program const& p,
-                                                           tensor<T const> partial_dw,
-                                                           tensor<T> dw) {
-  std::int64_t const c0 = p.program_id(0) * std::int64_t{BD};
-  auto pb = make_block_ptr<BT, BD>(partial_dw, {0, c0});
-  auto acc = zeros<fp32<T>, BD>();
-  for (int i = 0; i < cdiv<std::int64_t>(partial_dw.size(0), BT); ++i) {
-    acc += sum<0>(load(pb, bounds<0, 1>));
-    pb = pb.advance(BT, 0);
-  }
-  store(make_block_ptr<BD>(dw, {c0}), acc, bounds<0>);
-};
+inline constexpr auto weighted_sum_reduce_dw =
+    []<class T>(program const& p, tensor<T const> partial_dw, tensor<T> dw) {
+      if (p.program_id(0) == 0)
+        expect_shape(dw, {partial_dw.size(1)});
+      std::int64_t const c0 = p.program_id(0) * std::int64_t{BD};
+      auto pb = make_block_ptr<BT, BD>(partial_dw, {0, c0});
+      auto acc = zeros<fp32<T>, BD>();
+      for (int i = 0; i < cdiv<std::int64_t>(partial_dw.size(0), BT); ++i) {
+        acc += sum<0>(load(pb, bounds<0, 1>));
+        pb = pb.advance(BT, 0);
+      }
+      store(make_block_ptr<BD>(dw, {c0}), acc, bounds<0>);
+    };
 
 } // namespace tilegrad::kernels

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -131,39 +132,43 @@ void validate_block_ptr(block_ptr<T, Bs...> const& bp, std::array<int, sizeof...
 }
 } // namespace detail
 
+namespace detail {
+/// A list of make_block_ptr with one entry per block axis, given in braces (`{row, col}`) or as a
+/// std::array. Any other count, an empty `{}` included, is a compile error: a std::array
+/// parameter fills what the braces leave out with zeros (an offset of 0 for `{row}` of a 2-D
+/// block; in the full form a shape and a stride of 0, where every load reads zeros, with no error).
+template <class I, std::size_t R>
+struct axis_list {
+  std::array<I, R> v{};
+  axis_list(std::array<I, R> const& a) : v(a) {} // NOLINT: a std::array converts
+  template <std::integral... A>
+  axis_list(A... a) { // NOLINT: braces convert
+    static_assert(sizeof...(A) == R,
+                  "tilegrad::make_block_ptr: give one entry per block axis in each list: one "
+                  "offset per block axis (make_block_ptr<BM, BN>(t, {row, col})); in the full "
+                  "form one shape extent, one stride, one offset and one order entry per block "
+                  "axis");
+    if constexpr (sizeof...(A) == R)
+      v = {static_cast<I>(a)...};
+  }
+};
+} // namespace detail
+
 /// make_block_ptr<B...>(base, shape, strides, offsets, order): Triton's full form; the base
-/// tensor supplies the data pointer and the name used in errors.
+/// tensor supplies the data pointer and the name used in errors. Each list has one entry per
+/// block axis (a compile error otherwise, `{}` included).
 template <int... Bs, class T>
 block_ptr<T, Bs...>
-make_block_ptr(tensor<T> base, std::array<std::int64_t, sizeof...(Bs)> shape,
-               std::array<std::int64_t, sizeof...(Bs)> strides,
-               std::array<std::int64_t, sizeof...(Bs)> offsets,
-               std::array<int, sizeof...(Bs)> order,
+make_block_ptr(tensor<T> base, detail::axis_list<std::int64_t, sizeof...(Bs)> const& shape,
+               detail::axis_list<std::int64_t, sizeof...(Bs)> const& strides,
+               detail::axis_list<std::int64_t, sizeof...(Bs)> const& offsets,
+               detail::axis_list<int, sizeof...(Bs)> const& order,
                std::source_location const& loc = std::source_location::current()) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
-  block_ptr<T, Bs...> bp(base, shape, strides, offsets);
-  detail::validate_block_ptr(bp, order, loc);
+  block_ptr<T, Bs...> bp(base, shape.v, strides.v, offsets.v);
+  detail::validate_block_ptr(bp, order.v, loc);
   return bp;
-}
-
-/// The full form with its lists in braces: a list shorter than the block's rank (`{8}` for a
-/// 2-D block) is a compile error, where a std::array would fill the rest with zeros (a shape of
-/// 0 and a stride of 0: every load zeros, with no error).
-template <int... Bs, class T, std::size_t NS, std::size_t NT, std::size_t NO, std::size_t NR>
-block_ptr<T, Bs...>
-make_block_ptr(tensor<T> base, std::int64_t const (&shape)[NS], std::int64_t const (&strides)[NT],
-               std::int64_t const (&offsets)[NO], int const (&order)[NR],
-               std::source_location const& loc = std::source_location::current()) {
-  constexpr std::size_t R = sizeof...(Bs);
-  static_assert(NS == R && NT == R && NO == R && NR == R,
-                "tilegrad::make_block_ptr: give one shape extent, one stride, one offset and one "
-                "order entry per block axis");
-  std::array<std::int64_t, R> sh{}, st{}, of{};
-  std::array<int, R> od{};
-  for (std::size_t a = 0; a < R; ++a)
-    sh[a] = shape[a], st[a] = strides[a], of[a] = offsets[a], od[a] = order[a];
-  return make_block_ptr<Bs...>(base, sh, st, of, od, loc);
 }
 
 namespace detail {
@@ -177,10 +182,11 @@ block_rank_mismatch(char const* name, int block_rank, int rank, std::source_loca
 }
 } // namespace detail
 
-/// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides.
+/// make_block_ptr<B...>(t, offsets): the block of t at offsets, with t's shape and strides. One
+/// offset per block axis (`{row, col}`; fewer, `{}` included, is a compile error).
 template <int... Bs, class T>
 TILEGRAD_INLINE block_ptr<T, Bs...>
-make_block_ptr(tensor<T> const& t, std::array<std::int64_t, sizeof...(Bs)> offsets,
+make_block_ptr(tensor<T> const& t, detail::axis_list<std::int64_t, sizeof...(Bs)> const& at,
                std::source_location const& loc = std::source_location::current()) {
   static_assert(sizeof...(Bs) >= 1 && sizeof...(Bs) <= 3, "tilegrad: blocks have rank 1 to 3");
   static_assert(((Bs > 0) && ...), "tilegrad: block extents must be positive");
@@ -197,20 +203,7 @@ make_block_ptr(tensor<T> const& t, std::array<std::int64_t, sizeof...(Bs)> offse
   for (int a = 0; a < R; ++a)
     if (shape[a] == 0)
       extent = 0;
-  return block_ptr<T, Bs...>(t.data(), extent, t.name(), shape, strides, offsets);
-}
-/// The same with the offsets in braces: fewer offsets than block axes (`{row}` for a 2-D block)
-/// is a compile error, where a std::array would take the missing ones as 0.
-template <int... Bs, class T, std::size_t N>
-TILEGRAD_INLINE block_ptr<T, Bs...>
-make_block_ptr(tensor<T> const& t, std::int64_t const (&offsets)[N],
-               std::source_location const& loc = std::source_location::current()) {
-  static_assert(N == sizeof...(Bs), "tilegrad::make_block_ptr: give one offset per block axis "
-                                    "(make_block_ptr<BM, BN>(t, {row, col}))");
-  std::array<std::int64_t, sizeof...(Bs)> o{};
-  for (std::size_t a = 0; a < N; ++a)
-    o[a] = offsets[a];
-  return make_block_ptr<Bs...>(t, o, loc);
+  return block_ptr<T, Bs...>(t.data(), extent, t.name(), shape, strides, at.v);
 }
 
 namespace detail {

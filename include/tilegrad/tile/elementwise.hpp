@@ -326,6 +326,27 @@ TILEGRAD_INLINE auto where(C&& c, A&& a, B&& b) {
         detail::broadcast_as<S>(detail::convert_as<T>(detail::as_node(std::forward<B>(b)))));
 }
 
+/// where(c, a, b) with a bool number for c (tl.where broadcasts a scalar condition): the same as
+/// a rank-0 bool tile.
+template <class C, class A, class B>
+requires std::is_same_v < std::remove_cvref_t<C>,
+bool > &&(tile_expression<A> || tile_expression<B>)&&(tile_expression<A> || scalar_operand<A>)&&(
+           tile_expression<B> || scalar_operand<B>)TILEGRAD_INLINE auto where(C c, A&& a, B&& b) {
+  return where(tile<bool>(c), std::forward<A>(a), std::forward<B>(b));
+}
+
+namespace detail {
+template <class>
+inline constexpr bool where_misuse = false;
+}
+/// A condition tile of another type than bool: a message that says what to write.
+template <tile_expression C, class A, class B>
+requires(!std::is_same_v<value_of_t<C>, bool>) void where(C&&, A&&, B&&) {
+  static_assert(detail::where_misuse<C>,
+                "tilegrad::where: the condition is a bool tile (a comparison such as x > 0, or a "
+                "mask); for a tile of numbers write where(c != 0, a, b)");
+}
+
 namespace detail {
 // Element type of an op on several operands, as binary ops have it: the tile operands' types
 // promote together, then each plain number meets that type (a double constant keeps a float

@@ -13,7 +13,9 @@
 #include "tilegrad/tile/ops.hpp"
 #include "tilegrad/tile/tile.hpp"
 
+#include <concepts>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace tilegrad {
@@ -324,6 +326,37 @@ TILEGRAD_REDUCTION(sum, add_op)
 TILEGRAD_REDUCTION(max, maximum_op)
 TILEGRAD_REDUCTION(min, minimum_op)
 #undef TILEGRAD_REDUCTION
+
+namespace detail {
+template <class>
+inline constexpr bool reduction_misuse = false;
+}
+
+// What a Triton user writes for tl.sum(x, axis) and tl.maximum(a, b): each gets a message that
+// says what to write, where overload resolution would list every candidate.
+#define TILEGRAD_RUNTIME_AXIS(NAME)                                                                \
+  template <tile_expression E, std::integral I>                                                    \
+  void NAME(E&&, I) {                                                                              \
+    static_assert(detail::reduction_misuse<E>,                                                     \
+                  "tilegrad::" #NAME ": the axis is a template argument, known at compile time: "  \
+                  "write " #NAME "<1>(x) for tl." #NAME "(x, axis=1), and " #NAME                  \
+                  "<1>(x, keep_dims) for keep_dims=True");                                         \
+  }
+#define TILEGRAD_NOT_ELEMENTWISE(NAME, ELEMENTWISE)                                                \
+  template <tile_expression E, class B>                                                            \
+  requires(tile_expression<B> || std::is_floating_point_v<std::remove_cvref_t<B>>) void NAME(      \
+      E&&, B&&) {                                                                                  \
+    static_assert(detail::reduction_misuse<E>,                                                     \
+                  "tilegrad::" #NAME " reduces one tile (tl." #NAME "); the elementwise " #NAME    \
+                  " of two operands is " #ELEMENTWISE "(a, b), as tl." #ELEMENTWISE);              \
+  }
+TILEGRAD_RUNTIME_AXIS(sum)
+TILEGRAD_RUNTIME_AXIS(max)
+TILEGRAD_RUNTIME_AXIS(min)
+TILEGRAD_NOT_ELEMENTWISE(max, maximum)
+TILEGRAD_NOT_ELEMENTWISE(min, minimum)
+#undef TILEGRAD_RUNTIME_AXIS
+#undef TILEGRAD_NOT_ELEMENTWISE
 
 /// argmax<Axis>(x): int32 index of the largest element along Axis; the first one on ties.
 template <int Axis, tile_expression E>
