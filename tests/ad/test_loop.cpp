@@ -21,6 +21,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
 namespace test_loop {
@@ -926,6 +927,109 @@ TEST(Loop, ABodyReadingStateItChangesButDoesNotCarryIsRefused) {
     EXPECT_NEAR(g["x"](i), 4.5f * dy(i) * (3 * a * a + 2 * a + 1),
                 1e-4f * (1 + std::abs(g["x"](i))))
         << i;
+  }
+}
+
+// A tile held behind a pointer the body captures, made before the loop and assigned in the body,
+// or made in the body and kept past its iteration in a captured container: once the loop was
+// checkpointed, such a tile pointed at values the loop had rewound (the next iteration's took
+// their place), and where the replay repeated the loss the gradient was wrong with no error.
+// Refused where it is read, naming the loop; under the record budget (no rewind) such a kernel
+// works as the plain loop, and its gradient is that of the same kernel with the tile carried.
+TEST(Loop, ATileKeptThroughAPointerPastARewindIsRefused) {
+  static int line = 0, escape_line = 0;
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y, bool carry,
+                       bool copy) {
+    using F = tg::fp32<T>;
+    auto const i = tg::arange<0, 8>();
+    tg::tile<F, 8> const v = tg::load(x + i, i < x.size(0), 0.0f);
+    auto acc = tg::zeros<F, 8>();
+    if (carry) {
+      tg::tile<F, 8> h = v;
+      tg::loop(0, 3, 1, acc, h, [=](int, auto& acc, auto& h) {
+        h = h * v;
+        acc = acc + h;
+      });
+      tg::store(y + i, acc + h, i < y.size(0));
+      return;
+    }
+    auto const held = std::make_shared<tg::tile<F, 8>>(v);
+    line = __LINE__ + 1;
+    tg::loop(0, 3, 1, acc, [=](int, auto& acc) {
+      if (copy) {
+        tg::tile<F, 8> const next = *held * v;
+        *held = next; // a copy of a tile of the iteration
+      } else {
+        *held = *held * v;
+      }
+      acc = acc + *held;
+    });
+    tg::store(y + i, acc + *held, i < y.size(0));
+  };
+  auto escapes = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    using F = tg::fp32<T>;
+    auto const i = tg::arange<0, 8>();
+    tg::tile<F, 8> const v = tg::load(x + i, i < x.size(0), 0.0f);
+    auto acc = tg::zeros<F, 8>();
+    auto const kept = std::make_shared<std::vector<tg::tile<F, 8>>>();
+    escape_line = __LINE__ + 1;
+    tg::loop(0, 3, 1, acc, [=](int, auto& acc) {
+      acc = acc * v + 1.0f;
+      kept->push_back(acc * v);
+    });
+    tg::store(y + i, acc + kept->back(), i < y.size(0));
+  };
+  owned<double> x({5}, "x"), y({5}, "y"), dy({5}, "dy");
+  test_support::fill(x, 1);
+  test_support::fill(dy, 2);
+  // Carried: y = v^2 + v^3 + 2 v^4. Kept: y = (v^2 + v + 1)(1 + v).
+  auto const carried = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), true, false);
+  for (int j = 0; j < 5; ++j) {
+    double const a = x(j);
+    EXPECT_NEAR(carried["x"](j), dy(j) * (2 * a + 3 * a * a + 8 * a * a * a), 1e-12) << j;
+  }
+  {
+    checkpoint_every_loop const checkpointed;
+    for (bool copy : {false, true}) {
+      std::string const refused = message_of(
+          [&] { (void)tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), false, copy); });
+      EXPECT_NE(refused.find("program (0, 0, 0): a tile made or assigned in the body of tg::loop "
+                             "(at "),
+                std::string::npos)
+          << refused;
+      EXPECT_NE(
+          refused.find("test_loop.cpp:" + std::to_string(line) + ") is read after its iteration"),
+          std::string::npos)
+          << refused;
+    }
+    std::string const stale =
+        message_of([&] { (void)tg::vjp(1, escapes, tg::in("x", x), tg::out("y", y, dy)); });
+    EXPECT_NE(stale.find("test_loop.cpp:" + std::to_string(escape_line) +
+                         ") is read after its iteration"),
+              std::string::npos)
+        << stale;
+    // Carried, the checkpointed loop's gradient is the recorded one's, bitwise.
+    auto const again = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), true, false);
+    for (int j = 0; j < 5; ++j)
+      EXPECT_EQ(again["x"](j), carried["x"](j)) << j;
+  }
+  for (bool copy : {false, true}) {
+    auto const g = tg::vjp(1, k, tg::in("x", x), tg::out("y", y, dy), false, copy);
+    for (int j = 0; j < 5; ++j)
+      EXPECT_NEAR(g["x"](j), carried["x"](j), 1e-12) << j;
+  }
+  auto const ge = tg::vjp(1, escapes, tg::in("x", x), tg::out("y", y, dy));
+  for (int j = 0; j < 5; ++j) {
+    double const a = x(j);
+    EXPECT_NEAR(ge["x"](j), dy(j) * ((2 * a + 1) * (1 + a) + a * a + a + 1), 1e-12) << j;
+  }
+  // The fast path runs the plain loop, pointer and all.
+  owned<float> xf({5}, "x"), yf({5}, "y");
+  test_support::fill(xf, 1);
+  tg::launch(1, k, xf.cview(), yf.view(), false, false);
+  for (int j = 0; j < 5; ++j) {
+    float const a = xf(j);
+    EXPECT_NEAR(yf(j), a * a + a * a * a + 2 * a * a * a * a, 1e-5f) << j;
   }
 }
 

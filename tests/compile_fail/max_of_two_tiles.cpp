@@ -1,4 +1,4 @@
-// expect-error: the elementwise max of two operands is maximum(a, b)
+// expect-error: the elementwise max of two operands is maximum.a, b.
 // max(a, b) for Triton's tl.maximum(a, b): max reduces one tile.
 #include <tilegrad/tilegrad.hpp>
 

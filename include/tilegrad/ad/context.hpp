@@ -19,6 +19,8 @@
 #include <cstring>
 #include <memory>
 #include <source_location>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace tilegrad::ad {
@@ -540,6 +542,24 @@ inline tape& current_tape() {
   if (program_state* s = current_state()) return s->t;
   thread_local tape scratch;
   return scratch;
+}
+
+/// Refuses a read of an adjoint tile made or assigned in an iteration of a tg::loop whose
+/// records the loop has rewound (ad/tile.hpp).
+[[noreturn]] TILEGRAD_NOINLINE inline void read_after_rewind(tape const& tp,
+                                                             std::uint64_t tile_iteration) {
+  program const* p = tilegrad::detail::current_program();
+  std::source_location const* w = tp.loop_of(tile_iteration);
+  throw std::invalid_argument(
+      "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
+      ": a tile made or assigned in the body of tg::loop" +
+      (w ? " (at " + std::string(w->file_name()) + ":" + std::to_string(w->line()) + ")"
+         : std::string()) +
+      " is read after its iteration, kept through a pointer or a container the body captures: "
+      "the loop is checkpointed (its records exceed the record budget, "
+      "tg::set_loop_record_budget) and dropped what the iteration recorded, so the values are "
+      "gone and its gradient would be lost. Carry it: loop(begin, end, step, acc, ..., body), "
+      "the body taking it as auto&.");
 }
 
 } // namespace tilegrad::ad

@@ -319,6 +319,20 @@ inline int loop_index(int begin, int step, int t) {
   return static_cast<int>(std::int64_t{begin} + std::int64_t{t} * step);
 }
 
+/// Runs one iteration of the body as an iteration of its own on the tape: an adjoint tile made
+/// or assigned in it is read after a rewind dropped its records only by mistake (a tile kept
+/// through a pointer, not carried), and is refused then (ad/tile.hpp).
+template <class Body, class... C>
+void run_iteration(tape& tp, std::source_location const& where, Body const& body, int index,
+                   C&... carried) {
+  struct scope {
+    tape& tp;
+    std::uint64_t outer;
+    ~scope() { tp.end_iteration(outer); }
+  } const s{tp, tp.begin_iteration(&where)};
+  body(index, carried...);
+}
+
 /// The record of a whole loop: the body (a copy), its carried values per iteration.
 template <class Body, class... C>
 struct loop_record final : record {
@@ -361,7 +375,7 @@ struct loop_record final : record {
       std::tuple<C...> const start{std::get<I>(slots).restore(t, tp)...};
       std::tuple<C...> cur = start;
       st.load_digest = 0;
-      body(loop_index(begin, step, t), std::get<I>(cur)...);
+      run_iteration(tp, where, body, loop_index(begin, step, t), std::get<I>(cur)...);
       if (st.load_digest != digests[static_cast<std::size_t>(t)])
         loads_changed(where, loop_index(begin, step, t));
       // (Not under whole moves of the rounding jitter: an inner loop recorded whole in the replay
@@ -429,13 +443,13 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
     // (Each iteration's digest is folded into the enclosing one's the same way on every path, so
     // that an enclosing loop's replay, which records this loop, reads what its first run did.)
     st.load_digest = 0;
-    body(loop_index(begin, step, 0), carried...);
+    run_iteration(tp, where, body, loop_index(begin, step, 0), carried...);
     std::size_t const per_iteration = tp.in_use() - before;
     if (per_iteration * static_cast<std::size_t>(n) <= loop_record_budget()) {
       std::uint64_t fold = mix_digest(outer_digest, st.load_digest, 0);
       for (int t = 1; t < n; ++t) {
         st.load_digest = 0;
-        body(loop_index(begin, step, t), carried...);
+        run_iteration(tp, where, body, loop_index(begin, step, t), carried...);
         fold = mix_digest(fold, st.load_digest, t);
       }
       st.load_digest = fold;
@@ -462,7 +476,7 @@ void run_checkpointed(program_state& st, int begin, int step, int n, Body const&
       if (draws.capacity() != 0)
         draws.push_back(st.jitter_state);
       st.load_digest = 0;
-      body(loop_index(begin, step, t), carried...);
+      run_iteration(tp, where, body, loop_index(begin, step, t), carried...);
       if (recording)
         digests[static_cast<std::size_t>(t)] = st.load_digest;
       outer_fold = mix_digest(outer_fold, st.load_digest, t);

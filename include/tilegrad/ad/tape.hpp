@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <source_location>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -98,9 +99,11 @@ public:
 
   /// A point on the tape to come back to: the records and the bytes in use then.
   struct mark_type {
-    std::size_t records = 0, chunk = 0, used = 0, errors = 0;
+    std::size_t records = 0, chunk = 0, used = 0, errors = 0, iterations = 0;
   };
-  mark_type mark() const { return {records_.size(), current_, used_, error_log_.size()}; }
+  mark_type mark() const {
+    return {records_.size(), current_, used_, error_log_.size(), iteration_loops_.size()};
+  }
   /// Runs the backward() of the records made since m, last first.
   void sweep_from(mark_type const& m) {
     for (std::size_t i = records_.size(); i > m.records; --i)
@@ -118,6 +121,7 @@ public:
     for (std::size_t i = m.errors; i < error_log_.size(); ++i)
       errors_.erase(error_log_[i]);
     error_log_.resize(m.errors);
+    std::fill(rewound_.begin() + static_cast<std::ptrdiff_t>(m.iterations), rewound_.end(), 1);
   }
 
   /// Drops the records, keeps the memory for the next program.
@@ -128,6 +132,9 @@ public:
     current_ = 0;
     used_ = 0;
     recording_ = true;
+    iteration_ = 0;
+    iteration_loops_.clear();
+    rewound_.clear();
     if (!error_log_.empty()) {
       errors_.clear();
       error_log_.clear();
@@ -160,6 +167,26 @@ public:
   /// iterations forward: their results are only values, the sweep records them again).
   bool recording() const { return recording_; }
   void set_recording(bool on) { recording_ = on; }
+  /// The tg::loop iteration running now (0 outside every loop body), numbered from 1 in the
+  /// order the program's iterations begin. An adjoint tile keeps the number of the iteration it
+  /// was made or assigned in: once a rewind dropped that iteration's records, reading it is an
+  /// error (ad/tile.hpp).
+  std::uint64_t iteration() const { return iteration_; }
+  /// Whether the records of iteration i were dropped by a rewind.
+  bool rewound(std::uint64_t i) const { return i != 0 && i <= rewound_.size() && rewound_[i - 1]; }
+  /// The source line of the tg::loop that iteration i (from 1) belongs to.
+  std::source_location const* loop_of(std::uint64_t i) const {
+    return i >= 1 && i <= iteration_loops_.size() ? iteration_loops_[i - 1] : nullptr;
+  }
+  /// Begins an iteration of the loop at `where`; returns the one it interrupts, for end_iteration.
+  std::uint64_t begin_iteration(std::source_location const* where) {
+    std::uint64_t const outer = iteration_;
+    iteration_loops_.push_back(where);
+    rewound_.push_back(0);
+    iteration_ = iteration_loops_.size();
+    return outer;
+  }
+  void end_iteration(std::uint64_t outer) { iteration_ = outer; }
   /// Starts a new high-water mark (one per program).
   void reset_peak() { peak_ = in_use(); }
   std::size_t reserved() const {
@@ -188,6 +215,9 @@ private:
   std::vector<chunk> chunks_;
   std::size_t current_ = 0, used_ = 0, peak_ = 0;
   bool recording_ = true;
+  std::uint64_t iteration_ = 0;
+  std::vector<std::source_location const*> iteration_loops_; // per iteration begun
+  std::vector<std::uint8_t> rewound_;                        // per iteration begun
   std::vector<record*> records_;
   std::unordered_map<void const*, void const*> errors_;
   std::vector<void const*> error_log_;

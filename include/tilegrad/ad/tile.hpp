@@ -69,7 +69,10 @@ public:
     return t;
   }
 
-  adjoint_leaf<T, shape_type> as_expr_node() const { return {{}, values_, adj_}; }
+  adjoint_leaf<T, shape_type> as_expr_node() const {
+    check_live();
+    return {{}, values_, adj_};
+  }
 
   T* values() const { return values_; }
   T* adjoints() const { return adj_; }
@@ -80,6 +83,7 @@ public:
     static_assert(sizeof...(I) == rank, "tilegrad: give one index per axis");
     int f = 0, a = 0;
     ((f += static_cast<int>(idx) * shape_type::stride(a++)), ...);
+    check_live();
     return value_type(values_[f]);
   }
   /// The element of a rank-0 tile, still on the tape: it compares as a number, and its
@@ -88,6 +92,7 @@ public:
   adjoint_item<T> item() const
     requires(rank == 0)
   {
+    check_live();
     return adjoint_item<T>(values_, adj_);
   }
 
@@ -100,6 +105,17 @@ public:
 private:
   tile(T* v, T* a, int) : values_(v), adj_(a) {}
 
+  // A tile made or assigned in an iteration of a tg::loop whose records the loop has rewound
+  // (kept past the iteration through a pointer or a container the body captures) holds values
+  // that are gone: refused where it is read, naming the loop.
+  void check_live() const {
+    if (iteration_ != 0) { // (made in a loop body)
+      ad::tape const& tp = ad::current_tape();
+      if (tp.rewound(iteration_)) [[unlikely]]
+        ad::read_after_rewind(tp, iteration_);
+    }
+  }
+
   template <class E>
   void assign_from(E const& e) {
     if constexpr (std::is_same_v<E, adjoint_leaf<T, shape_type>>) {
@@ -107,10 +123,14 @@ private:
       // recorded values, as a copy does, rather than copy them and record an identity.
       values_ = const_cast<T*>(e.values); // (on the tape, never written after they are made)
       adj_ = e.adj;
+      // (The values may be older: taken as this iteration's, a read after its rewind is refused,
+      // as for any tile assigned here.)
+      iteration_ = ad::current_tape().iteration();
       return;
     }
     auto p = detail::convert_as<T>(ad::to_primal(detail::as_node(e)));
     ad::tape& tp = ad::current_tape();
+    iteration_ = tp.iteration();
     T* v = tp.template alloc<T>(size);
     if (ad::jitter_active<T>()) [[unlikely]] {
       if constexpr (std::is_same_v<T, double>)
@@ -131,6 +151,9 @@ private:
 
   T* values_ = nullptr;
   T* adj_ = nullptr;
+  // The tg::loop iteration whose records hold the values (ad::tape::iteration; 0: none). A copy
+  // shares it, as it shares the values.
+  std::uint64_t iteration_ = ad::current_tape().iteration();
 };
 
 /// What item() of a rank-0 adjoint tile returns (see there).
