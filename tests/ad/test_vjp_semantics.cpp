@@ -33,6 +33,21 @@ auto const square_sum_atomic = []<class T>(tg::program const& p, tg::tensor<T co
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+// vjp numbers a launch's programs in an int: a grid of 2^31 programs is refused before any runs,
+// with its size (the message said "grid too large").
+TEST(VjpErrors, AGridPastTheIntRangeNamesItsSize) {
+  tg::owned_tensor<float> x({4}, "x"), y({4}, "y"), dy({4}, "dy");
+  auto k = []<class T>(tg::program const&, tg::tensor<T const>, tg::tensor<T>) {};
+  try {
+    (void)tg::vjp(tg::grid(65536, 32768), k, tg::in("x", x), tg::out("y", y, dy));
+    FAIL() << "expected std::invalid_argument";
+  } catch (std::invalid_argument const& e) {
+    EXPECT_NE(std::string(e.what()).find("a grid of 2147483648 programs (65536 x 32768 x 1)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(VjpAtomics, EveryAtomicAddContributionReceivesTheCotangent) {
   for (auto [n, d] : {std::pair{1, 1}, {21, 13}, {40, 16}}) {
     tg::owned_tensor<float> x({n, d}, "x"), y({d}, "y"), dy({d}, "dy");

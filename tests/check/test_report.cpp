@@ -207,6 +207,27 @@ TEST(CheckReport, WrongDtypeIsReportedEvenWithRightValues) {
   EXPECT_NE(r.str().find("dtype float64, the input's is float32"), std::string::npos) << r;
 }
 
+// A gradient handed back in int32 (truncated): its dtype is the fault; the doubled cotangents'
+// gradient, truncated too, is not twice it, and the report added "not linear in the cotangent",
+// which read as a second bug.
+TEST(CheckReport, AnIntegerGradientIsReportedForItsDtypeOnly) {
+  auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto g = correct(ctx);
+    tg::owned_tensor<std::int32_t> dw({d});
+    for (std::int64_t j = 0; j < d; ++j)
+      dw(j) = static_cast<std::int32_t>(g.dw(j));
+    return {{"x", g.dx}, {"w", dw}};
+  });
+  ASSERT_FALSE(r);
+  auto const* w = r.gradient("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_FALSE(w->ok);
+  EXPECT_EQ(w->dtype, "int32");
+  EXPECT_NE(r.str().find("dtype int32, the input's is float32"), std::string::npos) << r;
+  EXPECT_EQ(r.str().find("not linear"), std::string::npos) << r;
+  EXPECT_TRUE(r.gradient("x")->ok);
+}
+
 TEST(CheckReport, NanIsNamedWithItsCoordinates) {
   auto const r = check([](tg::backward_context<float>& ctx) -> tg::gradient_set {
     auto g = correct(ctx);

@@ -475,7 +475,11 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
   // As launch: a negative extent throws, an extent 0 runs no program.
   detail::validate(opts, g, "tilegrad::vjp");
   ad::check_shared_memory(entries);
-  if (g.size() >= 0x7fffffff) throw std::invalid_argument("tilegrad::vjp: grid too large");
+  if (g.size() >= 0x7fffffff)
+    throw std::invalid_argument("tilegrad::vjp: a grid of " + std::to_string(g.size()) +
+                                " programs (" + std::to_string(g.dims[0]) + " x " +
+                                std::to_string(g.dims[1]) + " x " + std::to_string(g.dims[2]) +
+                                "): vjp numbers programs in an int, at most 2^31 - 2 of them");
 
   gradients<T> result;
   std::vector<ad::gradient_sink> sinks(entries.size());

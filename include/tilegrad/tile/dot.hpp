@@ -127,7 +127,10 @@ TILEGRAD_INLINE decltype(auto) materialize(E&& e) {
 
 template <class A, class B>
 struct dot_shapes_do_not_match {
-  static_assert(A::rank == 2 && B::rank == 2 && A::dim(1) == B::dim(0),
+  static_assert(A::rank == 2 && B::rank == 2,
+                "tilegrad: dot(a, b) multiplies rank-2 tiles (Triton's batched 3-D dot is not "
+                "supported: loop over the batch, or reshape to rank 2)");
+  static_assert(A::rank != 2 || B::rank != 2 || A::dim(1) == B::dim(0),
                 "tilegrad: dot(a, b) needs a (M x K) and b (K x N) with the same K");
   static constexpr bool value = true;
 };

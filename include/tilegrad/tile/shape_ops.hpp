@@ -104,8 +104,11 @@ TILEGRAD_INLINE auto permute(E&& e) {
 template <tile_expression E>
 TILEGRAD_INLINE auto trans(E&& e) {
   static_assert(shape_of_t<E>::rank == 2,
-                "tilegrad: trans(x) transposes a rank-2 tile; use permute<...>(x) for rank 3");
-  return permute<1, 0>(std::forward<E>(e));
+                "tilegrad: trans(x) transposes a rank-2 tile: a rank-1 tile has nothing to "
+                "transpose (col(x) and row(x) make it a column or a row, x[:, None] and "
+                "x[None, :]); for rank 3 use permute<...>(x)");
+  if constexpr (shape_of_t<E>::rank == 2) // (no further errors from permute)
+    return permute<1, 0>(std::forward<E>(e));
 }
 
 } // namespace tilegrad
