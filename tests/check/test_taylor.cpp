@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/tensors.hpp"
+
 #include <cmath>
 #include <random>
 #include <string>
@@ -20,10 +22,7 @@ namespace tg = tilegrad;
 
 namespace {
 void fill(tg::owned_tensor<float>& t, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-2, 2);
-  for (float& v : t)
-    v = d(rng);
+  test_support::fill_float(t, seed, -2, 2);
 }
 } // namespace
 

@@ -19,6 +19,14 @@ void fill(tilegrad::owned_tensor<T>& t, unsigned seed) {
   for (T& v : t) v = static_cast<T>(d(rng));
 }
 
+/// Float values uniform in [lo, hi), drawn as floats (the checker tests' inputs).
+inline void fill_float(tilegrad::owned_tensor<float>& t, unsigned seed, float lo, float hi) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (float& v : t)
+    v = d(rng);
+}
+
 template <class T>
 double tol(double for_float = 1e-5) {
   return std::is_same_v<T, float> ? for_float : 1e-12;
