@@ -994,6 +994,93 @@ TEST(Aliasing, MarkersTakeViewsAndOwnedTensorsMixed) {
                 tg::inout("y", y, {dy.data(), {n, d}})));
 }
 
+// ---------------------------------------------------------------------------------------------
+// One tile in several roles of one operation: both operands of dot, its accumulator, both sides
+// of an expression, a carried tile updated in place by tg::loop (recorded whole and replayed).
+// Each record's backward adds into an adjoint that another operand of the same record also
+// adds into.
+// ---------------------------------------------------------------------------------------------
+
+constexpr int self_rows = 13, self_block = 16; // a 13 x 13 tensor under 16 x 16 blocks
+
+#define TILEGRAD_SELF_KERNEL(...)                                                                  \
+  []<class T>(tg::program const&, tg::tensor<T const> xt, tg::tensor<T const> zt,                  \
+              tg::tensor<T> yt) {                                                                  \
+    using F = tg::fp32<T>;                                                                         \
+    constexpr int Bs = self_block;                                                                 \
+    tg::tile<F, Bs, Bs> a = tg::load(tg::make_block_ptr<Bs, Bs>(xt, {0, 0}), tg::bounds<0, 1>);    \
+    tg::tile<F, Bs, Bs> c = tg::load(tg::make_block_ptr<Bs, Bs>(zt, {0, 0}), tg::bounds<0, 1>);    \
+    tg::tile<F, Bs, Bs> y = tg::zeros<F, Bs, Bs>();                                                \
+    __VA_ARGS__;                                                                                   \
+    tg::store(tg::make_block_ptr<Bs, Bs>(yt, {0, 0}), y, tg::bounds<0, 1>);                        \
+  }
+
+// dx and dz of <w, y> against central differences, and against jvp.
+template <class K>
+void expect_self_aliasing_gradients(char const* what, K kernel) {
+  owned<double> x({self_rows, self_rows}, "x"), z({self_rows, self_rows}, "z");
+  owned<double> w({self_rows, self_rows}, "w"), ux(x), uz(z), y({self_rows, self_rows}, "y");
+  fill(x, 1);
+  fill(z, 2);
+  fill(w, 3);
+  fill(ux, 4);
+  fill(uz, 5);
+  auto const g = tg::vjp(1, kernel, tg::in("x", x), tg::in("z", z), tg::out("y", y, w));
+  auto loss = [&] {
+    owned<double> yy({self_rows, self_rows}, "y");
+    tg::launch(1, kernel, x.cview(), z.cview(), yy.view());
+    return inner(w, yy.cview());
+  };
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    double const dx = central(x.data()[i], loss), dz = central(z.data()[i], loss);
+    EXPECT_NEAR(g["x"].data()[i], dx, 1e-7 * (1 + std::abs(dx))) << what << ": dx, element " << i;
+    EXPECT_NEAR(g["z"].data()[i], dz, 1e-7 * (1 + std::abs(dz))) << what << ": dz, element " << i;
+  }
+  owned<double> yt({self_rows, self_rows}, "y");
+  auto const t = tg::jvp(1, kernel, tg::tangent_in("x", x, ux), tg::tangent_in("z", z, uz),
+                         tg::tangent_out("y", yt));
+  double const jvp_side = inner(w, t["y"].cview());
+  double const vjp_side = inner(ux, g["x"].cview()) + inner(uz, g["z"].cview());
+  EXPECT_NEAR(jvp_side, vjp_side, 1e-11 * (1 + std::abs(jvp_side))) << what;
+}
+
+TEST(Aliasing, OneTileAsBothOperandsOfDotAndAsItsAccumulator) {
+  expect_self_aliasing_gradients("dot(a, trans(a)) + c",
+                                 TILEGRAD_SELF_KERNEL(y = tg::dot(a, tg::trans(a)) + c));
+  expect_self_aliasing_gradients("dot(a, a, a) * c",
+                                 TILEGRAD_SELF_KERNEL(y = tg::dot(a, a, a) * c));
+  expect_self_aliasing_gradients("a = dot(a, a, move(a))",
+                                 TILEGRAD_SELF_KERNEL(a = tg::dot(a, a, std::move(a)); y = a + c));
+  expect_self_aliasing_gradients("dot(trans(a), a, c)",
+                                 TILEGRAD_SELF_KERNEL(y = tg::dot(tg::trans(a), a, c)));
+  expect_self_aliasing_gradients("a = a * a + a; a *= a; a += a",
+                                 TILEGRAD_SELF_KERNEL(a = a * a + a; a *= a; a += a; y = a * c));
+  expect_self_aliasing_gradients("a = trans(a) * a",
+                                 TILEGRAD_SELF_KERNEL(a = tg::trans(a) * a; y = a + tg::trans(c)));
+}
+
+TEST(Aliasing, ACarriedTileAsDotsOperandAndAccumulatorInTgLoop) {
+  auto const kernel = []<class T>(tg::program const&, tg::tensor<T const> xt,
+                                  tg::tensor<T const> zt, tg::tensor<T> yt) {
+    using F = tg::fp32<T>;
+    constexpr int Bs = self_block;
+    tg::tile<F, Bs, Bs> const a =
+        tg::load(tg::make_block_ptr<Bs, Bs>(xt, {0, 0}), tg::bounds<0, 1>);
+    tg::tile<F, Bs, Bs> acc = tg::load(tg::make_block_ptr<Bs, Bs>(zt, {0, 0}), tg::bounds<0, 1>);
+    tg::loop(0, 3, 1, acc, [=](int, auto& s) {
+      s = tg::dot(s, a, s) * 0.5;
+      s = s * a;
+    });
+    tg::store(tg::make_block_ptr<Bs, Bs>(yt, {0, 0}), acc, tg::bounds<0, 1>);
+  };
+  std::size_t const saved = tg::set_loop_record_budget(0); // every iteration replayed
+  expect_self_aliasing_gradients("tg::loop, replayed", kernel);
+  tg::set_loop_record_budget(saved); // recorded whole
+  expect_self_aliasing_gradients("tg::loop, recorded whole", kernel);
+}
+
+#undef TILEGRAD_SELF_KERNEL
+
 } // namespace
 
 } // namespace test_aliasing

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -85,8 +86,11 @@ inline constexpr borrow_t borrow{};
 class borrows {
 public:
   static constexpr int capacity = 32;
+  // A borrower's address is kept as a number: a tile leaves the list before it ends (its
+  // destructor, or a move that relinks it), which a compiler cannot see when a local tile is
+  // listed in thread storage.
   struct entry {
-    void* storage;
+    std::uintptr_t storage;
     void (*own)(void*);
     char const* lo;
     char const* hi;
@@ -94,12 +98,12 @@ public:
 
   TILEGRAD_INLINE bool add(void* storage, void (*own)(void*), void const* lo, void const* hi) {
     if (n_ == capacity) return false;
-    e_[n_++] = {storage, own, static_cast<char const*>(lo), static_cast<char const*>(hi)};
+    e_[n_++] = {address(storage), own, static_cast<char const*>(lo), static_cast<char const*>(hi)};
     return true;
   }
   TILEGRAD_INLINE void remove(void* storage) {
     for (int i = n_ - 1; i >= 0; --i)
-      if (e_[i].storage == storage) {
+      if (e_[i].storage == address(storage)) {
         // The newest entry, the usual case, is dropped without a copy. Copying it onto itself
         // read 32 bytes just written by narrower stores: a load the store buffer cannot
         // forward, which waits for every older store to reach the cache, in a row kernel the
@@ -111,18 +115,18 @@ public:
   /// The borrower at `from` moved to `to`.
   void relink(void* from, void* to) {
     for (int i = n_ - 1; i >= 0; --i)
-      if (e_[i].storage == from) {
-        e_[i].storage = to;
+      if (e_[i].storage == address(from)) {
+        e_[i].storage = address(to);
         return;
       }
   }
   /// Two storages exchanged their states.
   void swap_links(void* a, void* b) {
     for (int i = 0; i < n_; ++i) {
-      if (e_[i].storage == a)
-        e_[i].storage = b;
-      else if (e_[i].storage == b)
-        e_[i].storage = a;
+      if (e_[i].storage == address(a))
+        e_[i].storage = address(b);
+      else if (e_[i].storage == address(b))
+        e_[i].storage = address(a);
     }
   }
   /// Every borrower reading [lo, hi) gets its own copy: the memory is about to change.
@@ -130,11 +134,13 @@ public:
     auto const* l = static_cast<char const*>(lo);
     auto const* h = static_cast<char const*>(hi);
     for (int i = n_ - 1; i >= 0; --i)
-      if (e_[i].lo < h && l < e_[i].hi) e_[i].own(e_[i].storage); // (own removes entry i)
+      if (e_[i].lo < h && l < e_[i].hi)
+        e_[i].own(reinterpret_cast<void*>(e_[i].storage)); // (own removes entry i)
   }
   int live() const { return n_; }
 
 private:
+  static std::uintptr_t address(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
   entry e_[capacity]{};
   int n_ = 0;
 };

@@ -21,6 +21,11 @@ template <class T>
 inline constexpr bool is_floating_v = std::is_floating_point_v<T> || !is_builtin_v<T>;
 
 namespace detail {
+/// False, but only once the template is instantiated: the condition of a static_assert in an
+/// overload that exists to refuse a misuse with a message.
+template <class...>
+inline constexpr bool dependent_false = false;
+
 /// Whether storing values of type V into a tensor of element type T drops forward-mode tangents:
 /// V is a dual number and T a float type that is not (an unmarked bf16 or double tensor in a jvp
 /// of a float launch), where what is loaded back would count as a constant. (An integer takes a

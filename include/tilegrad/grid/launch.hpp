@@ -5,6 +5,7 @@
 
 #include "tilegrad/core/config.hpp"
 #include "tilegrad/core/simd.hpp" // before TBB: immintrin.h is read under simd.hpp's pragmas
+#include "tilegrad/core/types.hpp"
 #include "tilegrad/grid/program.hpp"
 #include "tilegrad/memory/tracking.hpp"
 
@@ -231,9 +232,6 @@ struct writable<View<E const>> {
 template <class A>
 using writable_t = typename writable<std::remove_cvref_t<A>>::type;
 
-template <class>
-inline constexpr bool always_false = false;
-
 /// How a launch runs the kernel, from the element types of its tensors: vjp passes tensors of
 /// adjoint<F>, jvp of dual<F, N> (told apart by their tags, so that this header needs neither).
 template <class A>
@@ -294,20 +292,20 @@ consteval bool kernel_callable() {
   if constexpr (std::is_invocable_v<Kernel&, program const&, A&...>) {
     return true;
   } else if constexpr (std::is_invocable_v<Kernel&, program const&, writable_t<A>&...>) {
-    static_assert(always_false<Kernel>,
+    static_assert(dependent_false<Kernel>,
                   "tilegrad: the kernel takes tensor<T> (writable) where a read-only tensor "
                   "arrives (tensor<T const>: x.cview(), or a tensor marked in(...) or "
                   "tangent_in(...)): declare that parameter tensor<T const>");
     return false;
   } else if constexpr (std::is_invocable_v<Kernel&, A&...>) {
-    static_assert(always_false<Kernel>,
+    static_assert(dependent_false<Kernel>,
                   "tilegrad: the kernel's first parameter is the program it runs as: "
                   "[]<class T>(tilegrad::program const& p, tensor<T const> x, ...)");
     return false;
   } else if constexpr (constexpr int k = callable_prefix<Kernel, A...>(); k >= 0) {
     return kernel_argument_count<k, static_cast<int>(sizeof...(A))>::value;
   } else if constexpr (reverse) {
-    static_assert(always_false<Kernel>,
+    static_assert(dependent_false<Kernel>,
                   "tilegrad::vjp: the kernel cannot be called as kernel(program const&, args...) "
                   "with these arguments: check their number and order. vjp passes in(...) "
                   "tensors as tensor<adjoint<F> const> and out(...)/inout(...) ones as "
@@ -316,14 +314,14 @@ consteval bool kernel_callable() {
                   "...)");
     return false;
   } else if constexpr (forward) {
-    static_assert(always_false<Kernel>,
+    static_assert(dependent_false<Kernel>,
                   "tilegrad::jvp: the kernel cannot be called as kernel(program const&, args...) "
                   "with these arguments: check their number and order. jvp passes tensors of "
                   "dual<F, N>, F the float type: write the kernel generic over its element type, "
                   "[]<class T>(program const& p, tensor<T const> x, tensor<T> y, ...)");
     return false;
   } else {
-    static_assert(always_false<Kernel>,
+    static_assert(dependent_false<Kernel>,
                   "tilegrad::launch: the kernel cannot be called as kernel(program const&, "
                   "args...) with these arguments: check their number, order and types. An "
                   "owned_tensor or a writable view passed where the kernel takes tensor<T const> "

@@ -119,8 +119,6 @@ TILEGRAD_INLINE ptr_tile<T, Off> operator+(ptr_tile<T, Off> p, I n) {
 }
 
 namespace detail {
-template <class>
-inline constexpr bool pointer_misuse = false;
 template <class E>
 concept non_integer_tile = tile_expression<E> && !is_integer_v<value_of_t<E>>;
 } // namespace detail
@@ -129,7 +127,7 @@ concept non_integer_tile = tile_expression<E> && !is_integer_v<value_of_t<E>>;
 // a message that says what an offset is, where overload resolution would list every candidate.
 template <class T, detail::non_integer_tile E>
 void operator+(tensor<T> const&, E&&) {
-  static_assert(detail::pointer_misuse<E>,
+  static_assert(detail::dependent_false<E>,
                 "tilegrad: a tensor plus a tile makes addresses (Triton's x_ptr + offsets): the "
                 "offsets are an integer tile (arange<0, B>(), integer numbers, a load of an int "
                 "tensor, to<int>(x)), not a tile of floats or bools; to add values, load them "
@@ -137,13 +135,13 @@ void operator+(tensor<T> const&, E&&) {
 }
 template <class T, std::floating_point F>
 void operator+(tensor<T> const&, F) {
-  static_assert(detail::pointer_misuse<F>,
+  static_assert(detail::dependent_false<F>,
                 "tilegrad: a tensor plus a number moves its address by that many elements: "
                 "the number is an integer; to add a value, load first: load(x + offs) + 1.0f");
 }
 template <class T, class Off, detail::non_integer_tile E>
 void operator+(ptr_tile<T, Off> const&, E&&) {
-  static_assert(detail::pointer_misuse<E>,
+  static_assert(detail::dependent_false<E>,
                 "tilegrad: a pointer tile plus a tile moves its addresses: the offsets are an "
                 "integer tile, not a tile of floats or bools; to add values, load them first: "
                 "load(ptrs, mask) + y");

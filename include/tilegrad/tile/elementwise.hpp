@@ -335,14 +335,10 @@ bool > &&(tile_expression<A> || tile_expression<B>)&&(tile_expression<A> || scal
   return where(tile<bool>(c), std::forward<A>(a), std::forward<B>(b));
 }
 
-namespace detail {
-template <class>
-inline constexpr bool where_misuse = false;
-}
 /// A condition tile of another type than bool: a message that says what to write.
 template <tile_expression C, class A, class B>
 requires(!std::is_same_v<value_of_t<C>, bool>) void where(C&&, A&&, B&&) {
-  static_assert(detail::where_misuse<C>,
+  static_assert(detail::dependent_false<C>,
                 "tilegrad::where: the condition is a bool tile (a comparison such as x > 0, or a "
                 "mask); for a tile of numbers write where(c != 0, a, b)");
 }

@@ -327,17 +327,12 @@ TILEGRAD_REDUCTION(max, maximum_op)
 TILEGRAD_REDUCTION(min, minimum_op)
 #undef TILEGRAD_REDUCTION
 
-namespace detail {
-template <class>
-inline constexpr bool reduction_misuse = false;
-}
-
 // What a Triton user writes for tl.sum(x, axis) and tl.maximum(a, b): each gets a message that
 // says what to write, where overload resolution would list every candidate.
 #define TILEGRAD_RUNTIME_AXIS(NAME)                                                                \
   template <tile_expression E, std::integral I>                                                    \
   void NAME(E&&, I) {                                                                              \
-    static_assert(detail::reduction_misuse<E>,                                                     \
+    static_assert(detail::dependent_false<E>,                                                      \
                   "tilegrad::" #NAME ": the axis is a template argument, known at compile time: "  \
                   "write " #NAME "<1>(x) for tl." #NAME "(x, axis=1), and " #NAME                  \
                   "<1>(x, keep_dims) for keep_dims=True");                                         \
@@ -346,7 +341,7 @@ inline constexpr bool reduction_misuse = false;
   template <tile_expression E, class B>                                                            \
   requires(tile_expression<B> || std::is_floating_point_v<std::remove_cvref_t<B>>) void NAME(      \
       E&&, B&&) {                                                                                  \
-    static_assert(detail::reduction_misuse<E>,                                                     \
+    static_assert(detail::dependent_false<E>,                                                      \
                   "tilegrad::" #NAME " reduces one tile (tl." #NAME "); the elementwise " #NAME    \
                   " of two operands is " #ELEMENTWISE "(a, b), as tl." #ELEMENTWISE);              \
   }
