@@ -106,6 +106,86 @@ TEST(FlashAttentionForward, HeadDim128) {
   check_forward<float, 128>({1, 1, 90, 90, true}, 2e-6);
 }
 
+// Scores that grow along the key walk: every query has a component 1 along the first axis, and
+// key j one of 0.4 j, so each block of 16 keys raises the queries' maxima by about 6.4 and the
+// forward rescales what it summed by about e^-6.4 at every step (random scores barely move the
+// maxima after the first step), up to scores of 68. Against plain attention in double, in every
+// storage; and its reverse mode, through those rescales, against jvp and central differences.
+template <class T>
+void fill_growing_scores(tg::owned_tensor<T>& q, tg::owned_tensor<T>& k, tg::owned_tensor<T>& v) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-0.3f, 0.3f);
+  for (auto* t : {&q, &k, &v})
+    for (T& x : *t)
+      x = static_cast<T>(d(rng));
+  for (std::int64_t h = 0; h < q.size(1); ++h) {
+    for (std::int64_t i = 0; i < q.size(2); ++i)
+      q(0, h, i, 0) = static_cast<T>(1.0f);
+    for (std::int64_t j = 0; j < k.size(2); ++j)
+      k(0, h, j, 0) = static_cast<T>(0.4f * static_cast<float>(j));
+  }
+}
+
+template <class T>
+void check_growing_scores(bool causal, double tol_o, double rel_lse) {
+  constexpr int D = 16;
+  std::int64_t const n = 150, nk = 170;
+  tg::owned_tensor<T> q({1, 2, n, D}, "q"), k({1, 2, nk, D}, "k"), v({1, 2, nk, D}, "v"),
+      o({1, 2, n, D}, "o");
+  tg::owned_tensor<tg::fp32<T>> lse({1, 2, n}, "lse");
+  fill_growing_scores(q, k, v);
+  tg::kernels::flash_attention_forward<T>(q.cview(), k.cview(), v.cview(), o.view(), lse.view(),
+                                          {.causal = causal, .scale = 1.0});
+  std::vector<double> ro, rl;
+  test_support::reference_attention(
+      q, k, v, 1.0, [&](auto, auto, std::int64_t i, std::int64_t j) { return !causal || j <= i; },
+      ro, rl);
+  double err_o = 0, err_l = 0, top = 0;
+  for (std::int64_t i = 0; i < o.numel(); ++i) {
+    double const d = std::abs(as_double(o.data()[i]) - ro[static_cast<std::size_t>(i)]);
+    err_o = !(d <= err_o) ? d : err_o;
+  }
+  for (std::int64_t i = 0; i < lse.numel(); ++i) {
+    double const want = rl[static_cast<std::size_t>(i)];
+    double const d = std::abs(as_double(lse.data()[i]) - want) / std::abs(want);
+    err_l = !(d <= err_l) ? d : err_l;
+    top = std::max(top, want);
+  }
+  EXPECT_GT(top, 50.0) << "the scores do not grow: a degenerate test";
+  EXPECT_LT(err_o, tol_o) << "causal=" << causal;
+  EXPECT_LT(err_l, rel_lse) << "causal=" << causal;
+}
+
+TEST(FlashAttentionForward, ScoresThatGrowAlongTheWalkMatchPlainAttention) {
+  for (bool causal : {false, true}) {
+    // (float: scores up to 68 are off by u times their size, about 4e-6, and o by as much)
+    check_growing_scores<float>(causal, 8e-6, 4e-7);
+    check_growing_scores<double>(causal, 1e-13, 1e-15);
+    check_growing_scores<tg::bf16>(causal, 4e-3, 4e-3);
+  }
+}
+
+TEST(FlashAttentionForward, ScoresThatGrowAlongTheWalkAreDifferentiated) {
+  constexpr int D = 16, BQ = 16, BK = 16;
+  std::int64_t const n = 70, nk = 90;
+  tg::owned_tensor<float> q({1, 2, n, D}, "q"), k({1, 2, nk, D}, "k"), v({1, 2, nk, D}, "v"),
+      o({1, 2, n, D}, "o"), lse({1, 2, n}, "lse");
+  fill_growing_scores(q, k, v);
+  auto const g = tg::grid(static_cast<int>(tg::cdiv<std::int64_t>(n, BQ)), 2, 1);
+  for (std::size_t budget : {std::size_t{0}, std::size_t{8} << 20}) { // replayed, recorded whole
+    std::size_t const saved = tg::set_loop_record_budget(budget);
+    auto const dp =
+        tg::dot_product_test(g, tg::kernels::flash_attention_fwd<D, BQ, BK, false>, tg::in("q", q),
+                             tg::in("k", k), tg::in("v", v), tg::out("o", o), lse.view(), 1.0);
+    EXPECT_TRUE(dp) << dp;
+    auto const tt =
+        tg::taylor_test(g, tg::kernels::flash_attention_fwd<D, BQ, BK, true>, tg::in("q", q),
+                        tg::in("k", k), tg::in("v", v), tg::out("o", o), lse.view(), 1.0);
+    EXPECT_TRUE(tt) << tt;
+    tg::set_loop_record_budget(saved);
+  }
+}
+
 // The bf16 backward (fp32 compute, bf16 storage of every tensor but lse and the dq buffer, P and
 // dS rounded to bf16 before their products)
 // against the fp32 backward on the same bf16-rounded inputs: both variants, causal and not.
