@@ -293,4 +293,78 @@ TEST(Jitter, ACheckpointedLoopCarriesErrorsAndDrawsAsThePlainLoop) {
   tg::set_loop_record_budget(budget);
 }
 
+// Prefix sums of a loaded (20, 37) block: along the rows (y) and from the end of each column (z),
+// each stored as it is (y) or through an expression that reads it (z + 0).
+constexpr auto prefix_sums = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T> y, tg::tensor<T> z) {
+  using F = tg::fp32<T>;
+  auto const r = p.program_id(0) * 8 + tg::arange<0, 8>();
+  auto const c = tg::arange<0, 37>();
+  auto const rin = tg::col(r < x.size(0));
+  auto const at = tg::col(r) * x.stride(0) + tg::row(c);
+  tg::tile<F, 8, 37> const xv = tg::load(x + at, rin, 0.0);
+  tg::tile<F, 8, 37> const cy = tg::cumsum<1>(xv);
+  tg::tile<F, 8, 37> const cz = tg::cumsum<0, true>(xv);
+  tg::store(y + at, cy, rin);
+  tg::store(z + at, cz + 0.0, rin);
+};
+
+TEST(Jitter, APrefixSumCarriesTheRoundingsOfItsPartialSums) {
+  // A float prefix sum rounds each partial sum y_k by up to u |y_k|, and every later sum carries
+  // those roundings. Whole moves: y_i moves by u sum_{k <= i} |y_k| (exactly), one way per line,
+  // both ways over the lines; half the scale, half the move. Drawn per reader: each value moves
+  // by at most u sqrt(sum_{k <= i} y_k^2), and does move. (Before, a prefix sum moved nothing, and
+  // a check of a kernel that sums 500 positive terms in sequence raised k to 5e7.)
+  tg::owned_tensor<double> x({20, 37}, "x"), y({20, 37}, "y"), z({20, 37}, "z");
+  tg::owned_tensor<double> dy({20, 37}, "dy"), dz({20, 37}, "dz");
+  test_support::fill(x, 20);
+  test_support::fill(dy, 21);
+  test_support::fill(dz, 22);
+  for (std::int64_t i = 0; i < x.numel(); ++i) // (a few lines of one sign: partial sums grow)
+    if (i % 74 < 37)
+      x.data()[i] = std::abs(x.data()[i]);
+  auto run = [&](bool whole, double scale) {
+    tg::ad::jitter_scope const jitter({23, u32, scale, whole});
+    (void)tg::vjp(tg::grid(3), prefix_sums, tg::in("x", x), tg::out("y", y, dy),
+                  tg::out("z", z, dz));
+  };
+  for (double scale : {1.0, 0.5}) {
+    run(true, scale);
+    int up = 0, down = 0;
+    for (std::int64_t i = 0; i < 20; ++i) {
+      double exact = 0, walk = 0;
+      int sign = 0;
+      for (std::int64_t j = 0; j < 37; ++j) {
+        exact += x(i, j);
+        walk += scale * u32 * std::abs(exact);
+        double const move = y(i, j) - exact;
+        EXPECT_NEAR(std::abs(move), walk, 1e-6 * walk) << i << ", " << j;
+        int const s = move > 0 ? 1 : -1;
+        if (j == 0)
+          sign = s;
+        EXPECT_EQ(s, sign) << i << ", " << j << ": one way along a line";
+      }
+      up += sign > 0;
+      down += sign < 0;
+    }
+    EXPECT_GT(up, 2);
+    EXPECT_GT(down, 2);
+  }
+  run(false, 1);
+  double moved = 0;
+  for (std::int64_t j = 0; j < 37; ++j) {
+    double exact = 0, squares = 0;
+    for (std::int64_t i = 19; i >= 0; --i) { // (from the end of each program's 8 rows)
+      if (i % 8 == 7 || i == 19)
+        exact = squares = 0;
+      exact += x(i, j);
+      squares += exact * exact;
+      double const size = u32 * std::sqrt(squares), move = std::abs(z(i, j) - exact);
+      EXPECT_LE(move, size * (1 + 1e-6) + 1e-300) << i << ", " << j;
+      moved = std::max(moved, move / size);
+    }
+  }
+  EXPECT_GT(moved, 0.5);
+}
+
 } // namespace test_jitter

@@ -990,6 +990,75 @@ TEST(CheckerEdges, ASoftmaxBackwardThatRecomputesItsLogsumexpPasses) {
   }
 }
 
+// A prefix sum read by sin: the forward sums each row of x in one block, y = sin(cumsum(x)); the
+// backward, dx_j = sum_{i >= j} dy_i cos(c_i), recomputes c in chunks of 64 with a carried
+// offset (the Triton way over a row longer than a block), so its prefix sums round their own way.
+// With rows of 500 positive terms the partial sums reach 1000, and the fp32 reference, whose
+// sequential sums round at each of them, is up to 5e7 units of u * m off: `k` rose that far, and a
+// backward with four rows of dx negated passed. The first look's jittered reference moves a
+// prefix sum by its partial sums' roundings, which explains that error: `k` stays below 2e3.
+constexpr int ps_row = 512, ps_chunk = 64;
+constexpr auto ps_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+  auto const cols = tg::arange<0, ps_row>();
+  auto const in = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  tg::tile<T, ps_row> const c = tg::cumsum(tg::load(x + r * x.stride(0) + cols, in, 0.0f));
+  tg::store(y + r * y.stride(0) + cols, tg::sin(c), in);
+};
+// dx times `wrong` in rows [wrong_lo, wrong_hi).
+constexpr auto ps_bwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                    tg::tensor<T const> dy, tg::tensor<T> dx, float wrong,
+                                    int wrong_lo, int wrong_hi) {
+  std::int64_t const r = p.program_id(0), n = x.size(1);
+  auto carry = tg::zeros<T>();
+  for (std::int64_t k0 = 0; k0 < n; k0 += ps_chunk) { // dy cos(c), into dx
+    auto const cols = k0 + tg::arange<0, ps_chunk>();
+    auto const in = cols < n;
+    tg::tile<T, ps_chunk> const a = tg::load(x + r * x.stride(0) + cols, in, 0.0f);
+    tg::tile<T, ps_chunk> const c = tg::cumsum(a) + carry;
+    carry = carry + tg::sum(a);
+    tg::tile<T, ps_chunk> const g = tg::load(dy + r * dy.stride(0) + cols, in, 0.0f);
+    tg::store(dx + r * dx.stride(0) + cols, g * tg::cos(c), in);
+  }
+  auto const cols = tg::arange<0, ps_row>();
+  auto const in = cols < n;
+  tg::tile<T, ps_row> const h = tg::load(dx + r * dx.stride(0) + cols, in, 0.0f);
+  float const f = r >= wrong_lo && r < wrong_hi ? wrong : 1.0f;
+  tg::store(dx + r * dx.stride(0) + cols, tg::cumsum<0, true>(h) * f, in);
+};
+
+tg::check_report check_prefix_sums(std::int64_t n, double lo, double hi, float wrong = 1,
+                                   int wrong_lo = 0, int wrong_hi = 64) {
+  std::int64_t const rows = 64;
+  tg::owned_tensor<float> x({rows, n}), y({rows, n});
+  return tg::check_backward(
+      tg::forward(static_cast<int>(rows), ps_fwd, tg::in("x", x), tg::out("y", y)),
+      [&](tg::backward_context<float>& ctx) {
+        tg::owned_tensor<float> dx({rows, n});
+        tg::launch(ctx.options(), static_cast<int>(rows), ps_bwd, ctx.input("x"),
+                   ctx.cotangent("y"), dx.view(), wrong, wrong_lo, wrong_hi);
+        ctx.set_gradient("x", dx);
+      },
+      {.seeds = 3, .inputs = tg::uniform(lo, hi)});
+}
+
+TEST(CheckerEdges, PrefixSumsTheBackwardRecomputesInChunksAreJudgedByTheirRoundings) {
+  for (auto [lo, hi] : {std::pair{0.0, 4.0}, {0.0, 20.0}, {-50.0, 50.0}, {-1.0, 1.0}})
+    for (std::int64_t n : {500, 200})
+      EXPECT_BACKWARD_OK(check_prefix_sums(n, lo, hi)) << n << ": " << lo << ", " << hi;
+  // Each of these passed before (n = 500, x in [0, 4); the last also in [0, 20) and [-50, 50)).
+  for (float wrong : {-1.0f, 2.0f, 1.1f}) {
+    auto const r = check_prefix_sums(500, 0, 4, wrong, 32, 36);
+    EXPECT_FALSE(r) << wrong << "\n" << r;
+    auto const* g = r.gradient("x");
+    ASSERT_NE(g, nullptr) << r;
+    EXPECT_GE(g->bad_row_lo, 32) << r;
+    EXPECT_LE(g->bad_row_hi, 35) << r;
+  }
+  for (auto [lo, hi] : {std::pair{0.0, 4.0}, {0.0, 20.0}, {-50.0, 50.0}})
+    EXPECT_FALSE(check_prefix_sums(500, lo, hi, 1.001f)) << lo << ", " << hi;
+}
+
 TEST(CheckerEdges, AnEmptyProblemPassesWithoutBlamingACapture) {
   // Zero rows: no program runs, no output element depends on w, and the reference never reads it;
   // that is no capture. A backward that hands w's gradient back non-zero still fails.

@@ -225,16 +225,81 @@ struct cumsum_record final : record {
   }
 };
 
+/// Calls f(at) for the elements of each line of C along axis A, in the order a prefix sum (from
+/// the end if Reverse) visits them, and done(at) after each line's last.
+template <class C, int A, bool Reverse, class F>
+void along_prefix(F&& f) {
+  using split = detail::axis_split<C, A>;
+  for (int o = 0; o < split::outer; ++o)
+    for (int i = 0; i < split::inner; ++i)
+      for (int kk = 0; kk < split::extent; ++kk) {
+        int const k = Reverse ? split::extent - 1 - kk : kk;
+        f((o * split::extent + k) * split::inner + i, kk == 0);
+      }
+}
+
+/// y = the prefix sums of x (C along axis A) under rounding jitter. A float prefix sum rounds
+/// each partial sum y_k, by up to u |y_k|, and every later sum carries that rounding on: its
+/// error is a walk of those roundings. Whole moves: the walk drawn (a sign per partial sum, at
+/// the settings' scale) and added to y, which every reader then reads, over x moved once.
+/// Otherwise y keeps, as its errors, what x's errors move it by plus the walk's size,
+/// u sqrt(sum_{k <= i} y_k^2), and is summed over x as this reader sees it.
+template <class C, int A, bool Reverse>
+void cumsum_jittered(tape& tp, double const* x, double* y) {
+  constexpr int n = C::size;
+  double const unit = rounding_jitter().unit;
+  auto prefix = [](double* out, double const* in) {
+    double run = 0;
+    along_prefix<C, A, Reverse>([&](int at, bool first) {
+      run = (first ? 0.0 : run) + in[at];
+      out[at] = run;
+    });
+  };
+  if (whole_moves()) {
+    prefix(y, jittered(tp, x, n));
+    double const scale = rounding_jitter().scale;
+    double walk = 0, sign = 1;
+    along_prefix<C, A, Reverse>([&](int at, bool first) {
+      if (first) {
+        walk = 0;
+        sign = jitter_draw() < 0 ? -scale : scale;
+      }
+      walk += sign * unit * std::abs(y[at]);
+      y[at] += walk;
+    });
+    return;
+  }
+  double* ey = tp.alloc<double>(n);
+  prefix(y, x);
+  if (errors_of(tp, x))
+    prefix(ey, jittered<true>(tp, x, n));
+  else
+    std::copy_n(y, n, ey);
+  errors_from(ey, y, n, 0.0);
+  double squares = 0;
+  along_prefix<C, A, Reverse>([&](int at, bool first) {
+    squares = (first ? 0.0 : squares) + y[at] * y[at];
+    ey[at] += unit * std::sqrt(squares);
+  });
+  prefix(y, jittered(tp, x, n));
+  keep_errors(tp, y, ey, n);
+}
+
 template <int Axis, bool Reverse, class E>
 auto cumsum(E&& e) {
   using C = shape_of_t<E>;
   using T = primal_of_t<value_of_t<E>>;
   constexpr int a = normalize_axis<C, Axis>();
   detail::tile_t<adjoint<T>, C> const x(e);
-  auto const y = tilegrad::cumsum<Axis, Reverse>(tile_ref<T, C>{{}, x.values()});
   tape& tp = current_tape();
   T* yv = tp.alloc<T>(C::size);
-  std::memcpy(yv, y.data(), sizeof(T) * C::size);
+  if (jitter_active<T>()) [[unlikely]] {
+    if constexpr (std::is_same_v<T, double>)
+      cumsum_jittered<C, a, Reverse>(tp, x.values(), yv);
+  } else {
+    auto const y = tilegrad::cumsum<Axis, Reverse>(tile_ref<T, C>{{}, x.values()});
+    std::memcpy(yv, y.data(), sizeof(T) * C::size);
+  }
   T* ya = nullptr;
   if (x.active() && tp.recording()) {
     ya = tp.alloc_zero<T>(C::size);
