@@ -242,8 +242,8 @@ void along_prefix(F&& f) {
 /// each partial sum y_k, by up to u |y_k|, and every later sum carries that rounding on: its
 /// error is a walk of those roundings. Whole moves: the walk drawn (a sign per partial sum, at
 /// the settings' scale) and added to y, which every reader then reads, over x moved once.
-/// Otherwise y keeps, as its errors, what x's errors move it by plus the walk's size,
-/// u sqrt(sum_{k <= i} y_k^2), and is summed over x as this reader sees it.
+/// Otherwise y keeps, as its errors, what x's errors move it by plus the walk's bound,
+/// u sum_{k <= i} |y_k|, and is summed over x as this reader sees it.
 template <class C, int A, bool Reverse>
 void cumsum_jittered(tape& tp, double const* x, double* y) {
   constexpr int n = C::size;
@@ -276,10 +276,10 @@ void cumsum_jittered(tape& tp, double const* x, double* y) {
   else
     std::copy_n(y, n, ey);
   errors_from(ey, y, n, 0.0);
-  double squares = 0;
+  double walk = 0;
   along_prefix<C, A, Reverse>([&](int at, bool first) {
-    squares = (first ? 0.0 : squares) + y[at] * y[at];
-    ey[at] += unit * std::sqrt(squares);
+    walk = (first ? 0.0 : walk) + std::abs(y[at]);
+    ey[at] += unit * walk;
   });
   prefix(y, jittered(tp, x, n));
   keep_errors(tp, y, ey, n);
