@@ -586,6 +586,19 @@ auto load_ptr(ptr_tile<A, Off> const& p, Mask const& mask, Other const& other,
   return loaded;
 }
 
+/// The values a store writes: the tile's own, or under rounding jitter the values as a reader
+/// sees them (moved by their rounding errors), so that a program that reloads what it stored
+/// reads them moved, as it reads them moved where it reads the tile (the reload carries no error
+/// estimate of its own).
+template <class Tile>
+auto const* as_stored(Tile const& v) {
+  using T = std::remove_cvref_t<decltype(*v.values())>;
+  if constexpr (std::is_same_v<T, double>)
+    if (jitter_active<T>()) [[unlikely]]
+      return jittered(current_tape(), v.values(), Tile::size);
+  return static_cast<T const*>(v.values());
+}
+
 template <class A, class Off, class Val, class Mask>
 void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
                std::source_location const& loc) {
@@ -600,7 +613,7 @@ void store_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask,
   std::optional<run_builder> lanes;
   if (e)
     lanes.emplace(st->scratch);
-  detail::store_from<S>(fp, tile_ref<T, S>{{}, v.values()}, detail::broadcast_mask<S>(mask), loc,
+  detail::store_from<S>(fp, tile_ref<T, S>{{}, as_stored(v)}, detail::broadcast_mask<S>(mask), loc,
                         true, gather_lanes(lanes));
   if (!e)
     return;
@@ -753,7 +766,7 @@ void store_block(block_ptr<A, Bs...> const& bp, E&& value, boundary_check<Axes..
     lanes.emplace(st->scratch);
   std::int64_t const sc = fbp.strides()[S::rank - 1];
   detail::store_block_from<boundary_check<Axes...>>(
-      fbp, v.values(), loc, true, [&](int r, std::int64_t mem, int lo, int hi) {
+      fbp, as_stored(v), loc, true, [&](int r, std::int64_t mem, int lo, int hi) {
         if (!lanes || lo >= hi)
           return;
         if (sc == 1)
