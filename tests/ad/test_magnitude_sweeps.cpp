@@ -1,9 +1,10 @@
 // The reference's magnitude sweeps (ad::magnitude_scope), which weigh check_backward's pass rule,
 // against plain scalar loops over the terms of each gradient element (a term: the product of the
 // partials along one path from a cotangent to the input): of absolute values, sum |term|
-// (|J|^T |w|), and of squares, sum term^2 (|J|^2^T w^2, the bf16 rule's random walk). The kernel
+// (|J|^T |w|), of squares, sum term^2 (|J|^2^T w^2, the bf16 rule's random walk), and of counts,
+// the number of nonzero terms (how many roundings a long sum of them takes). The kernel
 // has a dot, an elementwise chain, a row broadcast, a sum over each row and an operand read twice
-// (x * x: two terms), on shapes that do not fill the tiles; both sweeps in float64 and float32.
+// (x * x: two terms), on shapes that do not fill the tiles; every sweep in float64 and float32.
 #include <tilegrad/tilegrad.hpp>
 
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@ namespace tg = tilegrad;
 namespace {
 
 constexpr int BM = 16, BK = 32, BN = 32;
+using kind = tg::ad::magnitude_kind;
 constexpr std::int64_t M = 37, K = 20, N = 24;
 
 // y = tanh(x @ w) * b (b broadcast down the rows), z = sum over each row of x * x.
@@ -52,28 +54,32 @@ struct sweeps {
     test_support::fill(b, 3);
     test_support::fill(dy, 4);
     test_support::fill(dz, 5);
+    x(3, 4) = T(0); // terms of zero: not counted, nothing in the other sums
   }
-  // The sweep, seeded with |cotangents| or their squares.
-  tg::gradients<T> run(bool squares) {
+  // The sweep, seeded with |cotangents|, their squares, or 1 where nonzero.
+  tg::gradients<T> run(kind k) {
+    auto const seed = [k](T v) {
+      return k == kind::squares ? v * v : k == kind::counts ? T(v != 0) : std::abs(v);
+    };
     tg::owned_tensor<T> sy{{M, N}}, sz{{M}};
     for (std::int64_t i = 0; i < dy.numel(); ++i)
-      sy.data()[i] = squares ? dy.data()[i] * dy.data()[i] : std::abs(dy.data()[i]);
+      sy.data()[i] = seed(dy.data()[i]);
     for (std::int64_t i = 0; i < dz.numel(); ++i)
-      sz.data()[i] = squares ? dz.data()[i] * dz.data()[i] : std::abs(dz.data()[i]);
-    tg::ad::magnitude_scope const sweep(true, squares);
+      sz.data()[i] = seed(dz.data()[i]);
+    tg::ad::magnitude_scope const sweep(true, k);
     return tg::vjp(static_cast<int>(tg::cdiv(M, std::int64_t{BM})), kernel, tg::in("x", x),
                    tg::in("w", w), tg::in("b", b), tg::out("y", y, sy), tg::out("z", z, sz));
   }
 };
 
-// The terms, in double, summed as |term| or term^2.
+// The terms, in double, summed as |term|, term^2 or counted.
 struct expected {
   std::vector<double> x, w, b;
 };
 template <class T>
-expected by_terms(sweeps<T> const& s, bool squares) {
-  auto const acc = [squares](double& a, double term) {
-    a += squares ? term * term : std::abs(term);
+expected by_terms(sweeps<T> const& s, kind k) {
+  auto const acc = [k](double& a, double term) {
+    a += k == kind::squares ? term * term : k == kind::counts ? double(term != 0) : std::abs(term);
   };
   expected e{std::vector<double>(M * K), std::vector<double>(K * N), std::vector<double>(N)};
   for (std::int64_t i = 0; i < M; ++i) {
@@ -101,16 +107,16 @@ expected by_terms(sweeps<T> const& s, bool squares) {
 template <class T>
 void expect_sweeps_match(double rel) {
   sweeps<T> s;
-  for (bool squares : {false, true}) {
-    auto const g = s.run(squares);
-    auto const e = by_terms(s, squares);
+  for (kind k : {kind::absolute, kind::squares, kind::counts}) {
+    auto const g = s.run(k);
+    auto const e = by_terms(s, k);
     auto const check = [&](char const* name, std::vector<double> const& want) {
       auto const& got = g[name];
       ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size()));
       for (std::size_t i = 0; i < want.size(); ++i) {
         ASSERT_GT(want[i], 0) << name << " " << i;
         EXPECT_NEAR(double(got.data()[i]), want[i], rel * want[i])
-            << name << " " << i << (squares ? " squares" : " magnitudes");
+            << name << " " << i << " sweep " << static_cast<int>(k);
       }
     };
     check("x", e.x);
@@ -121,7 +127,7 @@ void expect_sweeps_match(double rel) {
 
 } // namespace
 
-TEST(MagnitudeSweeps, SumTheTermsOfEachElementByAbsoluteValueOrSquare) {
+TEST(MagnitudeSweeps, SumTheTermsOfEachElementByAbsoluteValueOrSquareOrCountThem) {
   expect_sweeps_match<double>(1e-12);
   expect_sweeps_match<float>(1e-5);
 }
@@ -130,7 +136,7 @@ TEST(MagnitudeSweeps, SquaresAreAtMostTheSquareOfTheMagnitudes) {
   // sum term^2 <= (sum |term|)^2, with room for a random walk: over 20 terms of the dot, x's
   // squares are well below the square of its magnitudes.
   sweeps<double> s;
-  auto const m = s.run(false), q = s.run(true);
+  auto const m = s.run(kind::absolute), q = s.run(kind::squares);
   double ratio = 0;
   for (std::int64_t i = 0; i < m["x"].numel(); ++i) {
     double const a = m["x"].data()[i], sq = q["x"].data()[i];

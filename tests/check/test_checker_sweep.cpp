@@ -13,6 +13,10 @@
 //   TILEGRAD_SWEEP_RUNS=2000 TILEGRAD_SWEEP_MAX_N=4096 build/default/tests/check_tests
 //     --gtest_filter='CheckerSweep.*'
 // (TILEGRAD_SWEEP_SHOW_WORST=1 prints the report of each kernel's closest run;
+// TILEGRAD_SWEEP_SEED=s draws other shapes, so that processes side by side sweep different runs;
+// TILEGRAD_SWEEP_SECONDS=t ends each family's runs after t seconds, its summary printed;
+// TILEGRAD_SWEEP_LOG=1 prints every run's kernel, shape and err/bound, to compare two trees;
+// TILEGRAD_SWEEP_ONLY='<shape>' checks only the attention run of that shape, as the log names it;
 // TILEGRAD_SWEEP_UNEVEN_HI=2 scales the uneven sweep's attention query rows by up to 100, not 20).
 #include <tilegrad/check/gtest.hpp>
 #include <tilegrad/kernels/block_sparse_attention.hpp>
@@ -26,6 +30,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -63,6 +68,17 @@ double uneven_attention_hi() {
   return v ? std::atof(v) : 1.3;
 }
 
+// Whether to check the attention run of this shape (all unless TILEGRAD_SWEEP_ONLY names one).
+bool wanted(std::string const& shape) {
+  char const* only = std::getenv("TILEGRAD_SWEEP_ONLY");
+  return !only || shape == only;
+}
+
+// The random stream of a family's shapes: `family` unless TILEGRAD_SWEEP_SEED is set.
+std::mt19937 shapes(unsigned family) {
+  return std::mt19937(family + 7919u * static_cast<unsigned>(env_int("TILEGRAD_SWEEP_SEED", 0)));
+}
+
 std::int64_t max_n() {
   return env_int("TILEGRAD_SWEEP_MAX_N", 160);
 }
@@ -84,6 +100,11 @@ double worst_ratio(tg::check_report const& r) {
 // run's shape and report.
 class sweep {
 public:
+  // Whether to go on: false once TILEGRAD_SWEEP_SECONDS have passed since the family began.
+  bool on() const {
+    static int const limit = env_int("TILEGRAD_SWEEP_SECONDS", 0);
+    return limit <= 0 || std::chrono::steady_clock::now() - start_ < std::chrono::seconds(limit);
+  }
   void record(std::string const& kernel, std::string const& shape, tg::check_report const& r) {
     auto& w = worst_[kernel];
     double const ratio = worst_ratio(r);
@@ -99,6 +120,9 @@ public:
     }
     ++w.runs;
     ++runs_;
+    static bool const log = env_int("TILEGRAD_SWEEP_LOG", 0) != 0;
+    if (log)
+      std::printf("run: %s | %s | %.4f\n", kernel.c_str(), shape.c_str(), ratio);
     if (!r) {
       ++failures_;
       ADD_FAILURE() << kernel << ", " << shape << "\n" << r;
@@ -132,6 +156,7 @@ private:
   };
   std::map<std::string, worst> worst_;
   int runs_ = 0, failures_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 template <class T>
@@ -390,20 +415,24 @@ tg::check_report check_layer_norm(std::int64_t m, std::int64_t n, unsigned seed,
 } // namespace
 
 TEST(CheckerSweep, FlashAttentionBackwardsPassEveryRun) {
-  std::mt19937 rng(2026);
+  std::mt19937 rng = shapes(2026);
   sweep s;
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     auto const c = draw_attention(rng, {32, 64, 128}, static_cast<unsigned>(i));
+    if (!wanted(c.name()))
+      continue;
     s.record(attention_kernel(c, "fp32"), c.name(), check_attention(c));
   }
   s.finish();
 }
 
 TEST(CheckerSweep, Bf16FlashAttentionBackwardsPassEveryRun) {
-  std::mt19937 rng(2027);
+  std::mt19937 rng = shapes(2027);
   sweep s;
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     auto const c = draw_attention(rng, {64}, static_cast<unsigned>(i));
+    if (!wanted(c.name()))
+      continue;
     s.record(attention_kernel(c, "bf16"), c.name(), check_attention<tg::bf16, 64>(c, {}));
   }
   s.finish();
@@ -524,9 +553,9 @@ TEST(CheckerSweep, Bf16FlashAttentionOffAlongItsReferenceAllOverFails) {
 }
 
 TEST(CheckerSweep, BlockSparseAttentionBackwardsPassEveryRun) {
-  std::mt19937 rng(2028);
+  std::mt19937 rng = shapes(2028);
   sweep s;
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     int const d = coin(rng) ? 16 : 64;
     bool const causal = coin(rng);
     std::int64_t const batch = std::uniform_int_distribution<int>(1, 3)(rng);
@@ -570,7 +599,7 @@ TEST(CheckerSweep, BlockSparseAttentionBackwardsPassEveryRun) {
 
 TEST(CheckerSweep, SoftmaxBackwardsPassEveryRun) {
   // One row per program; the row lies in one block of 64 lanes, so its length runs up to 64.
-  std::mt19937 rng(2029);
+  std::mt19937 rng = shapes(2029);
   sweep s;
   auto run = [&]<class T>(int i, char const* dtype) {
     std::int64_t const rows = pick_size(rng, {1}, max_n());
@@ -591,7 +620,7 @@ TEST(CheckerSweep, SoftmaxBackwardsPassEveryRun) {
     s.record(std::string("softmax ") + dtype,
              dims({{"rows", rows}, {"cols", cols}, {"seed", seed}}), r);
   };
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     run.template operator()<float>(i, "fp32");
     run.template operator()<tg::bf16>(i, "bf16");
   }
@@ -626,9 +655,9 @@ TEST(CheckerSweep, SoftmaxFromOneColumnPasses) {
 }
 
 TEST(CheckerSweep, LayerNormBackwardPassesEveryRun) {
-  std::mt19937 rng(2030);
+  std::mt19937 rng = shapes(2030);
   sweep s;
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     // Rows in groups of 8, whose partial sums reduce 4 at a time; columns in blocks of 32.
     std::int64_t m = pick_size(rng, {LnRows, LnRows * LnGroups}, max_n());
     std::int64_t n = pick_size(rng, {LnBlockN}, max_n());
@@ -644,9 +673,9 @@ TEST(CheckerSweep, RowsOfUnevenConditioningPassEveryRun) {
   // Correct backwards where the fp32 reference is thousands of units off in a few rows and within
   // a few in the rest: layer norm with rows of sizes 1e-2 to 10 and one in four shifted by up to
   // 1e4, softmax with rows scaled up to 20, attention with query rows scaled 0.1 to 6.
-  std::mt19937 rng(2033);
+  std::mt19937 rng = shapes(2033);
   sweep s;
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     auto const seed = static_cast<unsigned>(i);
     std::int64_t m = pick_size(rng, {LnRows, LnRows * LnGroups}, max_n());
     std::int64_t n = pick_size(rng, {LnBlockN}, max_n());
@@ -817,7 +846,7 @@ TEST(CheckerSweep, PrefixSumsRecomputedInChunksPassEveryRun) {
   // and 256. The checker judged the recomputed sums by the reference's own roundings only after
   // prefix sums moved under rounding jitter: before, 22 of 3,000 such runs failed (err/bound up to
   // 19.5), and a backward with rows of dx negated passed (docs/checking.md).
-  std::mt19937 rng(2039);
+  std::mt19937 rng = shapes(2039);
   sweep s;
   std::int64_t const longest = std::min<std::int64_t>(PsRow, max_n());
   auto const chunked = [](int chunk, auto&& go) {
@@ -828,7 +857,7 @@ TEST(CheckerSweep, PrefixSumsRecomputedInChunksPassEveryRun) {
     else
       go(std::integral_constant<int, 256>{});
   };
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     std::int64_t const n = pick_size(rng, {32, 64, 256}, longest);
     std::int64_t const rows = std::uniform_int_distribution<std::int64_t>(1, 40)(rng);
     int const kind = std::uniform_int_distribution<int>(0, 3)(rng);
@@ -876,9 +905,9 @@ TEST(CheckerSweep, PrefixSumsRecomputedInChunksPassEveryRun) {
 
 TEST(CheckerSweep, MatmulBackwardPassesEveryRun) {
   constexpr int BM = 32, BN = 32, BK = 16;
-  std::mt19937 rng(2031);
+  std::mt19937 rng = shapes(2031);
   sweep s;
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     std::int64_t m = pick_size(rng, {BM}, max_n()), k = pick_size(rng, {BK}, max_n()),
                  n = pick_size(rng, {BN}, max_n());
     fit({&m, &k, &n}, 1 << 24);
@@ -907,9 +936,9 @@ TEST(CheckerSweep, MatmulBackwardPassesEveryRun) {
 
 TEST(CheckerSweep, WeightedSumBackwardPassesEveryRun) {
   constexpr int BR = 16, BD = 32, BT = 8;
-  std::mt19937 rng(2032);
+  std::mt19937 rng = shapes(2032);
   sweep s;
-  for (int i = 0; i < runs(); ++i) {
+  for (int i = 0; i < runs() && s.on(); ++i) {
     // Rows in tiles of 16, whose partial dw rows reduce 8 at a time; columns in tiles of 32.
     std::int64_t n = pick_size(rng, {BR, BR * BT}, max_n()), d = pick_size(rng, {BD}, max_n());
     fit({&n, &d}, 1 << 20);

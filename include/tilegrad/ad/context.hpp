@@ -475,26 +475,48 @@ inline bool& squares_sweep() {
   return s;
 }
 
+/// In a magnitude sweep, whether it counts terms: every rule's contribution is g where its partial
+/// is nonzero (dot's operands are taken as 1 where nonzero), so that, seeded with 1 where a
+/// cotangent is nonzero, the sweep yields per element the number of terms of its gradient (the
+/// paths along which every partial is nonzero): how many roundings a sum of them in sequence
+/// takes, however unequal the terms (check_backward's allowance for long sums).
+inline bool& counts_sweep() {
+  thread_local bool c = false;
+  return c;
+}
+
+/// What a magnitude sweep sums per term: |partials| (the default), their squares, or counts.
+enum class magnitude_kind { absolute, squares, counts };
+
 /// While it lives, the sweeps on this thread (and the vjp calls made from it, which pass the
 /// choice on to their worker threads) sweep magnitudes or not (see magnitude_sweep), of absolute
-/// values or of squares (squares_sweep); the flags are restored after, so a worker thread never
-/// keeps them.
+/// values, of squares (squares_sweep) or counts (counts_sweep); the flags are restored after, so
+/// a worker thread never keeps them.
 class magnitude_scope {
 public:
-  explicit magnitude_scope(bool on = true, bool squares = false)
-      : saved_(magnitude_sweep()), saved_squares_(squares_sweep()) {
+  explicit magnitude_scope(bool on = true, magnitude_kind kind = magnitude_kind::absolute)
+      : saved_(magnitude_sweep()), saved_squares_(squares_sweep()), saved_counts_(counts_sweep()) {
     magnitude_sweep() = on;
-    squares_sweep() = on && squares;
+    squares_sweep() = on && kind == magnitude_kind::squares;
+    counts_sweep() = on && kind == magnitude_kind::counts;
   }
   ~magnitude_scope() {
     magnitude_sweep() = saved_;
     squares_sweep() = saved_squares_;
+    counts_sweep() = saved_counts_;
   }
   magnitude_scope(magnitude_scope const&) = delete;
   magnitude_scope& operator=(magnitude_scope const&) = delete;
 
+  /// The kind of the sweep running on this thread.
+  static magnitude_kind current() {
+    return squares_sweep()  ? magnitude_kind::squares
+           : counts_sweep() ? magnitude_kind::counts
+                            : magnitude_kind::absolute;
+  }
+
 private:
-  bool saved_, saved_squares_;
+  bool saved_, saved_squares_, saved_counts_;
 };
 
 /// A reference run with rounding jitter (check_backward's second look): the float64 forward

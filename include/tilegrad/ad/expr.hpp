@@ -357,7 +357,8 @@ TILEGRAD_INLINE bool has_nan(V const& v) {
 /// an overflowed exp, a division by an empty count) into NaN. Rules that are +-g or a select
 /// of g need no guard.
 /// In a magnitude sweep (magnitude_sweep()), the contribution's absolute value; in a sweep of
-/// squares (squares_sweep()), that of the rule applied twice, g * d^2 (rules are linear in g).
+/// squares (squares_sweep()), that of the rule applied twice, g * d^2 (rules are linear in g); in
+/// one of counts (counts_sweep()), g where the partial is nonzero.
 template <class Op, class V, class Rule>
 TILEGRAD_INLINE V zero_stays_zero(V const& g, Rule const& rule) {
   V c = rule(g);
@@ -373,6 +374,8 @@ TILEGRAD_INLINE V zero_stays_zero(V const& g, Rule const& rule) {
   if (magnitude_sweep()) [[unlikely]] {
     if (squares_sweep())
       c = ops::detail::select(c == V(0), V(0), rule(c));
+    else if (counts_sweep())
+      c = ops::detail::select(c == V(0), V(0), g); // g counts the terms below: as many here
     c = ops::abs_op::apply(c);
   }
   return c;

@@ -361,11 +361,16 @@ struct dot_record final : record {
     T const* av = this->av;
     T const* bv = this->bv;
     if (magnitude_sweep()) { // |dC| @ |B|^T and |A|^T @ |dC| (dC is already non-negative),
-      T* a = tp.alloc<T>(M * K); // or dC @ (B^2)^T and (A^2)^T @ dC summing squares
+      T* a = tp.alloc<T>(M * K); // or dC @ (B^2)^T and (A^2)^T @ dC summing squares, or counts
       T* b = tp.alloc<T>(K * N);
       if (squares_sweep()) {
         for (int i = 0; i < M * K; ++i) a[i] = av[i] * av[i];
         for (int i = 0; i < K * N; ++i) b[i] = bv[i] * bv[i];
+      } else if (counts_sweep()) { // a term where both factors are nonzero
+        for (int i = 0; i < M * K; ++i)
+          a[i] = av[i] != T(0) ? T(1) : T(0);
+        for (int i = 0; i < K * N; ++i)
+          b[i] = bv[i] != T(0) ? T(1) : T(0);
       } else {
         for (int i = 0; i < M * K; ++i) a[i] = std::abs(av[i]);
         for (int i = 0; i < K * N; ++i) b[i] = std::abs(bv[i]);

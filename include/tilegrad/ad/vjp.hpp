@@ -461,7 +461,8 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
         " of another vjp (or check_backward). A program of a vjp cannot run a vjp of its own: "
         "take the inner gradients before or after the outer vjp, or in a plain launch's program");
   }
-  bool const magnitudes = ad::magnitude_sweep(), squares = ad::squares_sweep();
+  bool const magnitudes = ad::magnitude_sweep();
+  ad::magnitude_kind const kind = ad::magnitude_scope::current();
   ad::jitter_settings const jitter = ad::rounding_jitter();
   // Names find gradients and cotangents: two marked tensors may not share one. Unmarked tensors
   // keep their views' names, which repeat (a tensor passed twice, rows t[0] and t[1] of one
@@ -603,7 +604,7 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
         }
         {
           // the caller's choice, on this thread
-          ad::magnitude_scope const sweeping(magnitudes, squares);
+          ad::magnitude_scope const sweeping(magnitudes, kind);
           state.t.sweep();
         }
         if (any_stream && state.direct)

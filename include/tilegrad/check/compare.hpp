@@ -175,18 +175,23 @@ struct tolerance {
   std::shared_ptr<std::vector<double> const> explained;
   double k_explained = 0;
   /// error_bound, a long sum of one sign run in sequence: element i may be off by
-  /// 2 sqrt(n_i) u' |g_ref64|, u' the arithmetic's unit roundoff, n_i the effective number of
-  /// terms of the element's sum, (|J|^T |w|)^2 / |J|^2^T w^2 (`terms`; null where the sweep did
-  /// not run, as 2 sqrt(sequence_n) u' cannot exceed k u there), at most sequence_n: the longest
+  /// 3 sqrt(n_i) u' |g_ref64|, u' the arithmetic's unit roundoff, n_i the number of terms of the
+  /// element's sum, counted by a sweep of the reference (`terms`; null where the sweep did not
+  /// run, as 3 sqrt(sequence_n) u' cannot exceed k u there), at most sequence_n: the longest
   /// axis of the launch's tensors, or their most elements per element of this gradient.
   double compute_unit = 0;
   std::int64_t sequence_n = 0;
   std::shared_ptr<std::vector<double> const> terms;
-  /// 2 sqrt(n_i) u' of element i (-1: of sequence_n).
+  /// The allowance of a long sum in sequence, in its standard deviations' units: a sum of n terms
+  /// whose partial sums are about its result g is off by about sqrt(n / 3) u' |g| (one standard
+  /// deviation: a random walk of n roundings, each at most u' |g|), so 3 sqrt(n) u' |g| is five
+  /// of them at least.
+  static constexpr double sequence_factor = 3;
+  /// 3 sqrt(n_i) u' of element i (-1: of sequence_n).
   double sequence_at(std::int64_t i) const {
     double const n = i < 0 || !terms ? static_cast<double>(sequence_n)
                                      : (*terms)[static_cast<std::size_t>(i)];
-    return 2 * std::sqrt(n) * compute_unit;
+    return sequence_factor * std::sqrt(n) * compute_unit;
   }
 
   /// The largest error allowed at element i (flat index; -1: the tensor's largest) where the
@@ -241,10 +246,10 @@ struct tolerance {
            << " (the fp32 reference is " << (*band_units)[b_max] << " units off there)";
       }
       if (sequence_at(-1) > k_min * unit) {
-        os << ", or 2 sqrt(n) * u' * |g_ref64| where larger (sums of one sign run in sequence; ";
+        os << ", or 3 sqrt(n) * u' * |g_ref64| where larger (long sums run in sequence; ";
         if (terms)
-          os << "n per element: the effective number of terms of its sum, (|J|^T |w|)^2 / "
-                "|J|^2^T w^2, at most "
+          os << "n per element: the number of terms of its sum, counted by a float64 sweep of the "
+                "reference, at most "
              << sequence_n;
         else
           os << "n = " << sequence_n;
@@ -300,6 +305,9 @@ struct gradient_report {
   double worst_ratio_saved = 0; ///< the saved values' share of that bound (second look), if any
   double worst_ratio_explained = 0; ///< the reference's moves' share of it (first look), if any
   double worst_ratio_k = 0;     ///< error_bound: the k of that element's band
+  /// error_bound: where the allowance of a long sum, 3 sqrt(n) u' |g_ref64|, was that element's
+  /// (larger than k u m), its n; else 0
+  double worst_ratio_terms = 0;
   element_error at_worst_ratio;
   std::int64_t mismatches = 0, nonfinite = 0;
   std::vector<element_error> worst; ///< the largest errors first
@@ -505,7 +513,7 @@ inline double explained_units_cap(check_options const& o, dtype_rules const& dty
 ///   reads from the forward moved by their rounding errors (the second look; null: none)
 /// @param explained error_bound: per element, how far the float64 reference moved when the values
 ///   its forward computes moved by their whole rounding errors (null or empty: not run)
-/// @param terms error_bound: per element, the effective number of terms of its sum (null: not
+/// @param terms error_bound: per element, the number of terms of its sum (null: not
 ///   swept, sequence_n stands for it)
 /// @param sequence_n error_bound: the most terms a sum may count (-1: the dtype's longest axis)
 inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
@@ -658,6 +666,14 @@ inline gradient_report compare_gradient(erased_gradient const& got,
       r.worst_ratio_explained =
           tol.k_explained * (*tol.explained)[static_cast<std::size_t>(i_ratio)];
     r.worst_ratio_k = tol.k_at(i_ratio);
+    if (tol.rule == pass_rule::error_bound) {
+      double const want = std::abs(ref64[static_cast<std::size_t>(i_ratio)]);
+      double const m = tol.magnitude ? r.worst_ratio_magnitude : tol.max_magnitude;
+      if (tol.sequence_at(i_ratio) * want > r.worst_ratio_k * (tol.unit * m + tol.underflow)) {
+        double const c = tol.sequence_at(i_ratio) / (tol.sequence_factor * tol.compute_unit);
+        r.worst_ratio_terms = c * c;
+      }
+    }
   }
   auto const k =
       std::min<std::size_t>(static_cast<std::size_t>(std::max(o.worst, 0)), order.size());

@@ -58,8 +58,8 @@ struct dtype_rules {
   /// The unit roundoff of the arithmetic (float's for bf16 storage): a sum of n terms of one sign
   /// run one after another (a loop over 8192 rows, per-row atomics) is off by about sqrt(n) / 3
   /// of it times the sum (one standard deviation; past k_bound units at n of a few thousand in
-  /// the worst of many elements); an element may be off by 2 sqrt(n) compute_unit |g_ref64|, n
-  /// the effective number of terms of its sum (at most the longest axis of the launch's tensors,
+  /// the worst of many elements); an element may be off by 3 sqrt(n) compute_unit |g_ref64|, n
+  /// the number of terms of its sum (at most the longest axis of the launch's tensors,
   /// or their most elements per element of the gradient; set by the checker).
   double compute_unit;
   std::int64_t longest_axis = 0;

@@ -139,8 +139,14 @@ private:
       if (!g.at_worst_ratio.at.empty()) {
         os << "      closest to its bound: " << g.at_worst_ratio.where() << " err "
            << g.at_worst_ratio.abs_err() << (g.worst_ratio <= 1 ? " <= " : " > ") << "bound "
-           << g.worst_ratio_bound << " = " << g.worst_ratio_k << " * " << g.tol.unit << " * "
-           << g.worst_ratio_magnitude << " (" << g.tol.weight() << " there)";
+           << g.worst_ratio_bound << " = ";
+        if (g.worst_ratio_terms > 0) // the long sum's allowance, larger there than k u m
+          os << g.tol.sequence_factor << " sqrt(" << g.worst_ratio_terms << " terms) * "
+             << g.tol.compute_unit << " * " << std::abs(g.at_worst_ratio.want)
+             << " (|g_ref64| there: a long sum in sequence)";
+        else
+          os << g.worst_ratio_k << " * " << g.tol.unit << " * " << g.worst_ratio_magnitude << " ("
+             << g.tol.weight() << " there)";
         if (g.worst_ratio_explained > 0)
           os << " + " << g.worst_ratio_explained << " (the forward's roundings, first look)";
         if (g.worst_ratio_saved > 0)
