@@ -1686,7 +1686,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           "the cotangent given for '" + n.name +
           "' is of one sign: sums the backward makes of it "
           "are sums of terms of one sign, allowed 3 sqrt(n) u |g| for their roundings in sequence "
-          "(1.2e-4 of an element that sums 2^20 terms), so a reduction that misses a few of its "
+          "(1.8e-4 of an element that sums 2^20 terms), so a reduction that misses a few of its "
           "terms can pass; cotangents of mixed signs (drawn at random when none is given) hold "
           "such sums about ten times tighter");
   }
