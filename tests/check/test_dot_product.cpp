@@ -1,7 +1,9 @@
 // dot_product_test: jvp and vjp of the float64 instantiation agree on <J u, w> = <u, J^T w> for
 // correct references (softmax, causal FlashAttention with N != Nk and two heads, a work queue of
-// atomics, relu with inputs on the kink), and differ where one mode's derivative is wrong.
+// atomics, relu with inputs on the kink), and differ where one mode's derivative is wrong; and
+// check_backward runs the same test on its reference.
 #include <tilegrad/check/dot_product.hpp>
+#include <tilegrad/check/gtest.hpp>
 #include <tilegrad/kernels/flash_attention.hpp>
 #include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/tilegrad.hpp>
@@ -140,6 +142,113 @@ TEST(DotProductTest, OptionsChooseTheSeed) {
   EXPECT_TRUE(a) << a;
   EXPECT_TRUE(b) << b;
   EXPECT_NE(a.forward_side, b.forward_side);
+}
+
+// y = exp(x) * x over rows of 40; its reverse-mode instantiation in float64 (the reference of
+// check_backward) computes the same function another way.
+constexpr auto exp_times_x = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                         tg::tensor<T> y) {
+  auto const cols = tg::arange<0, 64>();
+  auto const m = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  auto const v = tg::load(x + r * x.stride(0) + cols, m, 0.0f);
+  if constexpr (std::is_same_v<T, tg::adjoint<double>>)
+    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v * 1.01 - 0.01 * tg::exp(v) * v, m);
+  else
+    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v, m);
+};
+// ... and one that is not: its reverse mode 1 % off (its value too, which no check reads: the
+// checker compares gradients, and the float forward computes the outputs).
+constexpr auto exp_times_x_wrong_reverse = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                                       tg::tensor<T> y) {
+  auto const cols = tg::arange<0, 64>();
+  auto const m = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  auto const v = tg::load(x + r * x.stride(0) + cols, m, 0.0f);
+  if constexpr (std::is_same_v<T, tg::adjoint<double>>)
+    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v * 1.01, m);
+  else
+    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v, m);
+};
+
+// dx = dy * exp(x) * (1 + x), times `factor`, on the host.
+auto exp_times_x_bwd(double factor) {
+  return [factor](tg::backward_context<float>& ctx) {
+    auto const x = ctx.input("x");
+    auto const dy = ctx.cotangent("y");
+    tg::owned_tensor<float> dx({x.size(0), x.size(1)});
+    for (std::int64_t i = 0; i < x.size(0); ++i)
+      for (std::int64_t j = 0; j < x.size(1); ++j) {
+        double const v = x(i, j);
+        dx(i, j) = static_cast<float>(factor * dy(i, j) * std::exp(v) * (1 + v));
+      }
+    return tg::gradient_set{{"x", dx}};
+  };
+}
+
+tg::check_report check_exp_times_x(auto kernel, double factor, tg::check_options o = {}) {
+  tg::owned_tensor<float> x({5, 40}), y({5, 40});
+  return tg::check_backward(tg::forward(5, kernel, tg::in("x", x), tg::out("y", y)),
+                            exp_times_x_bwd(factor), o);
+}
+
+// A correct reference: the report says forward mode agrees, with both sides.
+TEST(CheckBackwardReference, AgreesWithForwardModeAndSaysSo) {
+  auto const r = check_exp_times_x(exp_times_x, 1.0);
+  EXPECT_TRUE(r) << r;
+  EXPECT_NE(r.reference.find("agrees with forward mode"), std::string::npos) << r;
+  EXPECT_NE(r.str().find("  reference: agrees with forward mode (float64, seed 0"),
+            std::string::npos)
+      << r;
+  auto const softmax = [] {
+    tg::owned_tensor<float> x({7, 37}), y({7, 37});
+    return tg::check_backward(
+        tg::forward(7, tg::kernels::softmax_fwd<64>, tg::in("x", x), tg::out("y", y)),
+        [](tg::backward_context<float>& ctx) {
+          auto const y = ctx.output("y");
+          auto const dy = ctx.cotangent("y");
+          tg::owned_tensor<float> dx({7, 37});
+          for (std::int64_t i = 0; i < 7; ++i) {
+            double dot = 0;
+            for (std::int64_t j = 0; j < 37; ++j)
+              dot += double(dy(i, j)) * y(i, j);
+            for (std::int64_t j = 0; j < 37; ++j)
+              dx(i, j) = static_cast<float>(y(i, j) * (dy(i, j) - dot));
+          }
+          return tg::gradient_set{{"x", dx}};
+        });
+  }();
+  EXPECT_TRUE(softmax) << softmax;
+  EXPECT_NE(softmax.reference.find("agrees with forward mode"), std::string::npos) << softmax;
+}
+
+// A reference whose reverse mode is 1 % off: a backward that matches it passed every comparison
+// before the reference was checked; now the check fails and says the reference is wrong. With
+// the check off it passes again (the check is what catches it), and the correct backward fails
+// against the wrong reference with the same problem named.
+TEST(CheckBackwardReference, AReverseModeOnePercentOffFailsAsAWrongReference) {
+  auto const wrong = check_exp_times_x(exp_times_x_wrong_reverse, 1.01);
+  EXPECT_FALSE(wrong) << wrong;
+  EXPECT_NE(wrong.reference.find("DISAGREES with forward mode"), std::string::npos) << wrong;
+  EXPECT_TRUE(wrong.mentions("the reference is wrong: reverse mode (vjp) and forward mode (jvp)"))
+      << wrong;
+  EXPECT_TRUE(wrong.mentions("please report the kernel")) << wrong;
+  ASSERT_EQ(wrong.seeds.size(), 3u);
+  EXPECT_FALSE(wrong.seeds[0].problems.empty()) << wrong;
+  EXPECT_TRUE(wrong.seeds[1].ok()) << wrong; // the other seeds compare and pass, as before
+
+  auto const unchecked =
+      check_exp_times_x(exp_times_x_wrong_reverse, 1.01, {.check_reference = false});
+  EXPECT_TRUE(unchecked) << unchecked;
+  EXPECT_TRUE(unchecked.reference.empty()) << unchecked;
+
+  auto const correct = check_exp_times_x(exp_times_x_wrong_reverse, 1.0);
+  EXPECT_FALSE(correct) << correct;
+  EXPECT_TRUE(correct.mentions("the reference is wrong")) << correct;
+
+  // A reverse mode that computes the same function another way is no error.
+  auto const same = check_exp_times_x(exp_times_x, 1.0);
+  EXPECT_TRUE(same) << same;
 }
 
 } // namespace test_dot_product

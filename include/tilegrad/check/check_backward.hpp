@@ -8,6 +8,7 @@
 #include "tilegrad/check/compare.hpp"
 #include "tilegrad/check/context.hpp"
 #include "tilegrad/check/determinism.hpp"
+#include "tilegrad/check/dot_product.hpp"
 #include "tilegrad/check/forward.hpp"
 #include "tilegrad/check/gradient_set.hpp"
 #include "tilegrad/check/options.hpp"
@@ -197,6 +198,14 @@ private:
 /// of each element (ad::magnitude_scope).
 enum class sweep { plain, magnitudes, squares, counts };
 
+/// What a float64 jvp of the forward gives the reference's self-check: <J u, w> for the seed's
+/// cotangents w, the sum of its terms' magnitudes, and the direction u of each input marked in
+/// (row-major).
+struct forward_mode_side {
+  double value = 0, scale = 0;
+  std::vector<std::vector<double>> u;
+};
+
 /// What check_backward needs of a forward launch, with the kernel and argument types erased:
 /// the checker's body (reports, comparisons, structural checks) then depends on the working
 /// dtype only, and is compiled once per dtype, not once per forward kernel.
@@ -211,6 +220,9 @@ struct forward_parts {
   callable_ref<gradients<double>(std::vector<owned_tensor<T>> const&,
                                  std::deque<owned_tensor<double>>&, sweep)>
       reference64;
+  /// jvp in float64 on copies of the inputs along directions drawn from the seed given, with
+  /// the cotangents given (check_options::check_reference)
+  callable_ref<forward_mode_side(std::vector<owned_tensor<T>> const&, unsigned)> reference_jvp64;
   /// vjp at the working precision fp32<T>
   callable_ref<gradients<fp32<T>>(std::vector<owned_tensor<T>> const&,
                                   std::deque<owned_tensor<fp32<T>>>&)>
@@ -386,6 +398,54 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
     return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
                       args);
   };
+  // jvp of the forward in float64 on copies of the inputs, along a direction u drawn from
+  // `seed` (uniform in [-1, 1) per element of each input marked in), and <J u, w> for the
+  // cotangents `cots`: forward mode's side of the reference's dot-product test.
+  auto reference_jvp64 = [&](std::vector<owned_tensor<T>> const& cots, unsigned seed) {
+    unmarked_as_given const as_given(unmarked_initial, fwd);
+    std::deque<owned_tensor<double>> keep, cot_copies, us;
+    for (auto const& c : cots)
+      cot_copies.push_back(detail::copy_as<double>(c.cview()));
+    auto cot = [&](std::string const& name) -> owned_tensor<double> const& {
+      for (std::size_t j = 0; j < outs.size(); ++j)
+        if (outs[j].name == name)
+          return cot_copies[j];
+      return cot_copies.front(); // unreachable: every out has a cotangent
+    };
+    auto args = std::apply(
+        [&](auto const&... a) { return std::tuple{detail::rebind<double>(a, keep, cot)...}; },
+        fwd.args);
+    std::mt19937_64 gen(detail::mix64(std::uint64_t{seed} << 8 | 0x51u));
+    std::uniform_real_distribution<double> d(-1, 1);
+    forward_mode_side side;
+    auto const tangents = std::apply(
+        [&](auto const&... a) {
+          auto arg = [&]<class X>(X const& x) {
+            owned_tensor<double> const* u = nullptr;
+            if constexpr (detail::arg_kind<X>::in) {
+              auto& t = us.emplace_back(x.t.shape().data(), static_cast<std::size_t>(x.t.rank()));
+              for (double& v : t)
+                v = d(gen);
+              side.u.emplace_back(t.begin(), t.end());
+              u = &t;
+            }
+            return detail::tangent_arg(x, u);
+          };
+          // (braces: the directions are drawn in the order of the arguments)
+          return std::apply([&](auto&&... b) { return jvp(o.launch, fwd.g, fwd.kernel, b...); },
+                            std::tuple{arg(a)...});
+        },
+        args);
+    for (std::size_t j = 0; j < outs.size(); ++j) {
+      auto const& jw = tangents[outs[j].name];
+      for (std::int64_t i = 0; i < jw.numel(); ++i) {
+        double const term = jw.data()[i] * cot_copies[j].data()[i];
+        side.value += term;
+        side.scale += std::abs(term);
+      }
+    }
+    return side;
+  };
   // The tensors the forward writes that the backward may read: its outputs and the unmarked
   // tensors it writes (a logsumexp, a mean, an rstd), with their float64 forward values, which
   // the float64 reference left in `keep` (one copy per float tensor argument, in order).
@@ -487,9 +547,19 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   auto reference32 = [&](std::vector<owned_tensor<T>> const& cots,
                          std::deque<owned_tensor<fp32<T>>>& keep) { return reference(cots, keep); };
   // Copies: `reference` reads `outs`.
-  forward_parts<T> parts{ins,         passives,    outs,        others,
-                         std::move(unmarked), run_forward, reference64, reference32,
-                         saved_of,    inputs_of,   keep_all,    nonfinite_written};
+  forward_parts<T> parts{ins,
+                         passives,
+                         outs,
+                         others,
+                         std::move(unmarked),
+                         run_forward,
+                         reference64,
+                         reference_jvp64,
+                         reference32,
+                         saved_of,
+                         inputs_of,
+                         keep_all,
+                         nonfinite_written};
   return check_backward_core(fwd.g, parts, backward, o);
 }
 
@@ -836,6 +906,68 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           v = static_cast<T>(d(rng));
     }
     return cots;
+  };
+
+  // The reference against forward mode (check_options::check_reference): <J u, w> from a float64
+  // jvp, <u, J^T w> from the float64 reference's gradients g64. They add the same terms in
+  // another order, so they agree to round-off of the terms' magnitudes; a derivative rule or a
+  // memory semantic (a masked lane, a reload, an atomic) that reverse mode gets wrong in this
+  // kernel shows as a difference of the size of its error (dot_product_test).
+  auto check_reference = [&](seed_report& sr, std::vector<owned_tensor<T>> const& cots,
+                             gradients<double> const& g64) {
+    std::optional<forward_mode_side> fm;
+    try {
+      fm.emplace(f.reference_jvp64(cots, sr.seed));
+    } catch (std::exception const& e) {
+      sr.problems.push_back(
+          std::string("the reference's check against forward mode (jvp of the forward) threw: ") +
+          e.what());
+      return;
+    }
+    double reverse = 0, scale = fm->scale;
+    for (std::size_t q = 0; q < ins.size() && q < fm->u.size(); ++q) {
+      auto const gq = detail::values_of(g64[ins[q].name]);
+      for (std::size_t i = 0; i < gq.size() && i < fm->u[q].size(); ++i) {
+        double const term = gq[i] * fm->u[q][i];
+        reverse += term;
+        scale += std::abs(term);
+      }
+    }
+    double const diff = std::abs(fm->value - reverse), bound = o.reference_tolerance * scale;
+    char text[400];
+    if (!std::isfinite(fm->value) || !std::isfinite(reverse)) {
+      std::snprintf(text, sizeof text,
+                    "not checked against forward mode: <J u, w> = %g (jvp), <u, J^T w> = %g "
+                    "(vjp), not finite",
+                    fm->value, reverse);
+    } else if (scale == 0) {
+      std::snprintf(text, sizeof text,
+                    "not checked against forward mode: every term of <J u, w> and <u, J^T w> "
+                    "is 0");
+    } else {
+      std::snprintf(text, sizeof text,
+                    "%s (float64, seed %u, a random direction u of the inputs marked in): "
+                    "<J u, w> = %.17g (jvp), <u, J^T w> = %.17g (vjp), %.3g of their terms' "
+                    "magnitudes apart (at most %g)",
+                    diff <= bound ? "agrees with forward mode" : "DISAGREES with forward mode",
+                    sr.seed, fm->value, reverse, diff / scale, o.reference_tolerance);
+      if (!(diff <= bound)) {
+        char problem[400];
+        std::snprintf(problem, sizeof problem,
+                      "the reference is wrong: reverse mode (vjp) and forward mode (jvp) of the "
+                      "forward differ by %.3g of their terms' magnitudes along a random direction, "
+                      "where they add the same terms (at most %g)",
+                      diff / scale, o.reference_tolerance);
+        sr.problems.push_back(problem);
+        rep.hints.push_back(
+            "the reference gradients themselves are off (see 'reference:' above), so the "
+            "comparisons with them say nothing: a derivative rule or a memory semantic that "
+            "tilegrad's reverse mode gets wrong in this kernel, or a kernel that computes "
+            "differently per scalar type (if constexpr on T). tg::dot_product_test runs the same "
+            "check alone; please report the kernel");
+      }
+    }
+    rep.reference = text;
   };
 
   // bf16 tensors in which the backward keeps sums, as (launch, argument): seen on the first seed.
@@ -1266,6 +1398,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       else
         rep.warnings.push_back(msg);
     }
+
+    if (si == 0 && o.check_reference && !ins.empty() && !outs.empty())
+      check_reference(sr, cots, *g64);
 
     pending& pd = later.emplace_back();
     pd.seed_index = rep.seeds.size() - 1;

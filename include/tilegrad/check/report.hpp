@@ -33,6 +33,9 @@ class check_report {
 public:
   std::string launch; ///< grid and tensors: role, name, dtype, shape
   std::string rule;   ///< the pass rule in words
+  /// The reference's own check against forward mode (check_options::check_reference): both
+  /// sides of <J u, w> = <u, J^T w> on the first seed, and how far apart; empty where not run.
+  std::string reference;
   std::vector<seed_report> seeds;
   std::vector<std::string> warnings; ///< printed; they do not fail the check
   std::vector<std::string> notes;    ///< what was seen and found harmless (atomic reordering)
@@ -95,6 +98,8 @@ public:
   {
     os << "check_backward: " << (r.ok() ? "PASS" : "FAIL") << "\n  launch: " << r.launch
        << "\n  rule:   " << r.rule << "\n";
+    if (!r.reference.empty())
+      os << "  reference: " << r.reference << "\n";
     for (auto const& w : r.warnings)
       os << "  warning: " << w << "\n";
     for (auto const& n : r.notes)
