@@ -78,8 +78,8 @@ double backward_seconds(problem& p, bool causal, int threads, tk::attention_back
 }
 
 template <bool Causal>
-tg::check_report check(tk::attention_backward variant, int threads, std::int64_t H,
-                       std::int64_t N) {
+tg::check_report check(tk::attention_backward variant, int threads, std::int64_t H, std::int64_t N,
+                       bool check_reference) {
   tg::owned_tensor<float> q({B, H, N, D}), k({B, H, N, D}), v({B, H, N, D}), o({B, H, N, D}),
       lse({B, H, N}, "lse");
   auto const g = tg::grid(tg::cdiv<int>(int(N), BQ), int(H), int(B));
@@ -98,7 +98,9 @@ tg::check_report check(tk::attention_backward variant, int threads, std::int64_t
         ctx.set_gradient("k", dk);
         ctx.set_gradient("v", dv);
       },
-      {.inputs = tg::uniform(-2, 2), .launch = launch(threads)});
+      {.inputs = tg::uniform(-2, 2),
+       .check_reference = check_reference,
+       .launch = launch(threads)});
 }
 
 // Args: variant (0 atomic dQ, 1 two-pass), causal (0, 1), threads, H, N.
@@ -115,15 +117,18 @@ void BM_backward(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
+// Args: those of BM_backward, then whether the reference is checked against forward mode
+// (check_options::check_reference; 0: its cost, by difference).
 void BM_check_backward(benchmark::State& state) {
   auto const variant = variant_of(state.range(0));
   bool const causal = state.range(1) != 0;
   int const threads = int(state.range(2));
   std::int64_t const H = state.range(3), N = state.range(4);
+  bool const reference = state.range(5) != 0;
   double const t0 = now();
   for (auto _ : state) {
-    auto const r =
-        causal ? check<true>(variant, threads, H, N) : check<false>(variant, threads, H, N);
+    auto const r = causal ? check<true>(variant, threads, H, N, reference)
+                          : check<false>(variant, threads, H, N, reference);
     if (!r) {
       state.SkipWithError("check_backward failed on a library backward");
       return;
@@ -144,6 +149,18 @@ void args(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+/// args, with the reference checked; and on one thread, not checked.
+void check_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"two_pass", "causal", "threads", "H", "N", "reference"});
+  for (std::int64_t threads : bench::thread_counts())
+    for (std::int64_t causal : {1, 0})
+      for (std::int64_t variant : {0, 1})
+        for (std::int64_t reference : {1, 0})
+          if (reference || threads == 1)
+            b->Args({variant, causal, threads, 2, 512, reference});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 /// The larger case: causal, the default (two-pass) backward, on every thread.
 void large_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"two_pass", "causal", "threads", "H", "N"});
@@ -151,11 +168,18 @@ void large_args(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+void large_check_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"two_pass", "causal", "threads", "H", "N", "reference"});
+  for (std::int64_t reference : {1, 0})
+    b->Args({1, 1, bench::thread_counts().back(), 16, 4096, reference});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 } // namespace
 
 BENCHMARK(BM_backward)->Apply(args);
 BENCHMARK(BM_backward)->Apply(large_args);
-BENCHMARK(BM_check_backward)->Apply(args)->Iterations(3);
-BENCHMARK(BM_check_backward)->Apply(large_args)->Iterations(1);
+BENCHMARK(BM_check_backward)->Apply(check_args)->Iterations(3);
+BENCHMARK(BM_check_backward)->Apply(large_check_args)->Iterations(1);
 
 BENCHMARK_MAIN();

@@ -2,6 +2,7 @@
 // whole vjp (forward recording, seeding, reverse sweep, accumulation) and the peak tape size,
 // at two grid sizes, and with a subset of the gradients asked for. Each vjp benchmark also times
 // the float forward on the same data just before, and reports `ratio`: vjp time / forward time.
+// Matmul also runs forward mode (jvp along both inputs), with its ratio to the forward.
 #include "kernel_bench.hpp"
 
 #include <chrono>
@@ -97,10 +98,13 @@ void BM_softmax(benchmark::State& state) {
 void BM_matmul(benchmark::State& state) {
   std::int64_t const n = state.range(0);
   int const which = static_cast<int>(state.range(1));
-  tg::owned_tensor<float> a({n, n}, "a"), b({n, n}, "b"), c({n, n}, "c"), dc({n, n}, "dc");
+  tg::owned_tensor<float> a({n, n}, "a"), b({n, n}, "b"), c({n, n}, "c"), dc({n, n}, "dc"),
+      ua({n, n}, "ua"), ub({n, n}, "ub");
   bench::fill(a, 1);
   bench::fill(b, 2);
   bench::fill(dc, 3);
+  bench::fill(ua, 4);
+  bench::fill(ub, 5);
   tg::launch_options opts{tg::executor::tbb, 1};
   int const grid = tg::cdiv<int>(n, 64) * tg::cdiv<int>(n, 64);
   auto const k = tg::kernels::matmul_fwd<64, 64, 32, 2>;
@@ -113,18 +117,25 @@ void BM_matmul(benchmark::State& state) {
       forward();
     else if (which == 1)
       tape = tg::vjp(opts, grid, k, tg::in("a", a), tg::in("b", b), tg::out("c", c, dc)).peak_tape_bytes();
-    else
+    else if (which == 2)
       tape = tg::vjp(opts, grid, k, tg::in("a", a), b.cview(), tg::out("c", c, dc)).peak_tape_bytes();
+    else // forward mode: the tangent of c along (ua, ub)
+      benchmark::DoNotOptimize(tg::jvp(opts, grid, k, tg::tangent_in("a", a.cview(), ua.cview()),
+                                       tg::tangent_in("b", b.cview(), ub.cview()),
+                                       tg::tangent_out("c", c.view())));
     benchmark::ClobberMemory();
   }
   state.counters["tape_bytes"] = static_cast<double>(tape);
   if (which != 0) report_ratio(state, t0, fwd);
-  state.SetLabel(which == 0 ? "forward" : which == 1 ? "vjp da,db" : "vjp da");
+  state.SetLabel(which == 0   ? "forward"
+                 : which == 1 ? "vjp da,db"
+                 : which == 2 ? "vjp da"
+                              : "jvp along da,db");
 }
 
 } // namespace
 
 BENCHMARK(BM_weighted_sum)->ArgsProduct({{1024, 8192}, {0, 1, 2, 3}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_softmax)->ArgsProduct({{256, 2048}, {0, 1}})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_matmul)->ArgsProduct({{256, 512}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul)->ArgsProduct({{256, 512}, {0, 1, 2, 3}})->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

@@ -333,6 +333,34 @@ TEST(JvpMemory, MaskedLanesAndOtherHaveZeroTangent) {
   }
 }
 
+// Rows of 64 lanes over a 5 x 37 tensor, read contiguously (runs of 16 lanes that the mask turns
+// on whole are copied as runs, the rest lane by lane) and every other element (no runs), masked
+// by row and column: y = x * x[:, ::2 of the row's first 19] + 3, with `other` 0.5.
+constexpr auto rows_and_strides = []<class T>(tg::program const&, tg::tensor<T const> x,
+                                              tg::tensor<T> y) {
+  auto const r = tg::arange<0, 8>();
+  auto const c = tg::arange<0, 64>();
+  auto const m = tg::col(r < x.size(0)) & tg::row(c < x.size(1));
+  auto const at = tg::col(r) * x.stride(0) + tg::row(c);
+  auto const v = tg::load(x + at, m, 0.5);
+  auto const half = tg::col(r < x.size(0)) & tg::row(c < (x.size(1) + 1) / 2);
+  auto const w = tg::load(x + tg::col(r) * x.stride(0) + tg::row(c * 2), half, 0.5);
+  tg::store(y + tg::col(r) * y.stride(0) + tg::row(c), v * w + 3, m);
+};
+
+TEST(JvpMemory, RowsReadAsRunsAndLaneByLaneAgreeWithAPlainLoop) {
+  owned<double> x({5, 37}), u({5, 37}), y({5, 37});
+  fill(x, 31), fill(u, 32);
+  auto const r = tg::jvp(1, rows_and_strides, tg::tangent_in("x", x, u), tg::tangent_out("y", y));
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 37; ++j) {
+      bool const in = j < 19;
+      double const w = in ? x(i, 2 * j) : 0.5, dw = in ? u(i, 2 * j) : 0.0;
+      ASSERT_EQ(y(i, j), x(i, j) * w + 3) << i << ", " << j;
+      ASSERT_NEAR(r["y"](i, j), u(i, j) * w + x(i, j) * dw, 1e-15) << i << ", " << j;
+    }
+}
+
 // 4 x 4 blocks of a 5 x 7 tensor, padded past its edges, stored whole into 8 x 8 outputs: the
 // block itself, and exp(b) + b.
 template <tg::padding Pad>

@@ -227,6 +227,18 @@ inline constexpr int access_width =
         ? simd::native_width<T>
         : 1;
 
+// Width of the runs a load copies from contiguous rows: access_width where T has SIMD; for an
+// element type without (forward mode's dual numbers), runs of 16 lanes that the mask, read 16 at a
+// time, turns on whole, copied as they lie (one lane at a time, with the mask read per lane, took
+// half of a matmul's jvp).
+template <class T, class Mask>
+inline constexpr int load_run_width = access_width<T, Mask, no_mask> > 1
+                                          ? access_width<T, Mask, no_mask>
+                                      : (!is_builtin_v<T> && std::is_trivially_copyable_v<T> &&
+                                         vectorizes_or_absent<Mask, simd::native_width<float>>())
+                                          ? simd::native_width<float>
+                                          : 1;
+
 // Shape of an access: the pointers' shape, broadcast with the mask's.
 template <class Off, class Mask>
 struct access_shape {
@@ -317,7 +329,9 @@ TILEGRAD_INLINE void load_into(V* o, ptr_tile<T, Off> const& p, Mask const& mask
                                Other const& other_in, std::source_location const& loc, bool chk,
                                Lane&& lane) {
   T* base = p.base.data();
-  constexpr int W = access_width<V, Mask, no_mask>;
+  constexpr bool same = std::is_same_v<V, std::remove_const_t<T>>;
+  constexpr bool simd = access_width < V, Mask, no_mask >> 1;
+  constexpr int W = same ? load_run_width<V, Mask> : access_width<V, Mask, no_mask>;
   if constexpr (!std::is_same_v<Mask, no_mask>) {
     // Masked-off lanes read `other` (zero without one).
     if constexpr (!std::is_same_v<Other, no_mask>)
@@ -334,7 +348,10 @@ TILEGRAD_INLINE void load_into(V* o, ptr_tile<T, Off> const& p, Mask const& mask
       },
       [&](int r, int c, std::int64_t e) {
         if (chk) check_run(p.base, e, W, "load", loc);
-        simd::store<V, W>(o + r * S::inner + c, simd::load<V, W>(base + e));
+        if constexpr (simd)
+          simd::store<V, W>(o + r * S::inner + c, simd::load<V, W>(base + e));
+        else // (a copy of a known size: inlined, where copy_n called memmove per run)
+          std::memcpy(static_cast<void*>(o + r * S::inner + c), base + e, W * sizeof(V));
         lane(r * S::inner + c, e, W);
       });
 }

@@ -16,8 +16,10 @@
 #include "tilegrad/tile/tile.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace tilegrad {
 
@@ -81,8 +83,71 @@ TILEGRAD_INLINE void gemm_columns(T* c, T const* a, T const* b, int j0) {
 /// A's transpose (K x M). With Zero, C = A @ B: C's elements are not read (they may be
 /// uninitialised).
 template <class T, int M, int N, int K, bool TransA = false, bool Zero = false>
+void gemm(T* c, T const* a, T const* b);
+
+/// A product of dual numbers (forward mode) as products of planes of numbers: C.v += A.v B.v and,
+/// for each direction, C.d += A.d B.v + A.v B.d, each by the register-blocked kernel of the
+/// number type. The dual loop below runs one dual multiply-add at a time, whose tangent terms
+/// branch on zeros (a zero tangent times an infinite partial is 0): forward mode's FlashAttention
+/// spent two thirds of its time there. Where every value and tangent is finite, a term is the
+/// plain product, and the planes give the same sums (in another order); otherwise the dual loop
+/// runs. @return whether the planes ran.
+template <class T, int M, int N, int K, bool TransA, bool Zero>
+bool gemm_dual_planes(T* c, T const* a, T const* b) {
+  using V = typename T::primal_type;
+  constexpr int D = T::directions;
+  constexpr std::size_t SA = std::size_t{M} * K, SB = std::size_t{K} * N, SC = std::size_t{M} * N;
+  thread_local std::vector<V> buffer;
+  buffer.resize((SA + SB + SC) * (D + 1));
+  V* const pa = buffer.data();     // A's planes: values, then each direction's tangents
+  V* const pb = pa + SA * (D + 1); // B's
+  V* const pc = pb + SB * (D + 1); // C's
+  // x - x is 0 for a finite x and NaN for an infinite or NaN one: the sum of them is 0 exactly
+  // when every value and tangent is finite (16 sums side by side, which vectorise).
+  auto split = [&](T const* x, V* planes, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      planes[i] = x[i].v;
+      for (int k = 0; k < D; ++k)
+        planes[(k + 1) * n + i] = x[i].d[k];
+    }
+    V sums[16] = {};
+    std::size_t i = 0;
+    for (; i + 16 <= n * (D + 1); i += 16)
+      for (int l = 0; l < 16; ++l)
+        sums[l] += planes[i + l] - planes[i + l];
+    for (; i < n * (D + 1); ++i)
+      sums[0] += planes[i] - planes[i];
+    V total = 0;
+    for (V s : sums)
+      total += s;
+    return total == V(0);
+  };
+  if (!split(a, pa, SA) || !split(b, pb, SB))
+    return false;
+  if constexpr (Zero)
+    std::fill_n(pc, SC * (D + 1), V(0));
+  else if (!split(c, pc, SC))
+    return false;
+  gemm<V, M, N, K, TransA, false>(pc, pa, pb);
+  for (int k = 1; k <= D; ++k) {
+    gemm<V, M, N, K, TransA, false>(pc + k * SC, pa + k * SA, pb);
+    gemm<V, M, N, K, TransA, false>(pc + k * SC, pa, pb + k * SB);
+  }
+  for (std::size_t i = 0; i < SC; ++i) {
+    c[i].v = pc[i];
+    for (int k = 0; k < D; ++k)
+      c[i].d[k] = pc[(k + 1) * SC + i];
+  }
+  return true;
+}
+
+template <class T, int M, int N, int K, bool TransA, bool Zero>
 void gemm(T* c, T const* a, T const* b) {
   constexpr int W = simd::native_width<T>;
+  if constexpr (requires { typename T::dual_tag; }) {
+    if (gemm_dual_planes<T, M, N, K, TransA, Zero>(c, a, b))
+      return;
+  }
   if constexpr (Zero && (W == 1 || N % W != 0)) { // the plain loops below add to C
     std::fill_n(c, M * N, T(0));
     gemm<T, M, N, K, TransA, false>(c, a, b);
