@@ -144,32 +144,26 @@ TEST(DotProductTest, OptionsChooseTheSeed) {
   EXPECT_NE(a.forward_side, b.forward_side);
 }
 
-// y = exp(x) * x over rows of 40; its reverse-mode instantiation in float64 (the reference of
-// check_backward) computes the same function another way.
-constexpr auto exp_times_x = []<class T>(tg::program const& p, tg::tensor<T const> x,
-                                         tg::tensor<T> y) {
-  auto const cols = tg::arange<0, 64>();
-  auto const m = cols < x.size(1);
-  std::int64_t const r = p.program_id(0);
-  auto const v = tg::load(x + r * x.stride(0) + cols, m, 0.0f);
-  if constexpr (std::is_same_v<T, tg::adjoint<double>>)
-    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v * 1.01 - 0.01 * tg::exp(v) * v, m);
-  else
-    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v, m);
-};
-// ... and one that is not: its reverse mode 1 % off (its value too, which no check reads: the
-// checker compares gradients, and the float forward computes the outputs).
-constexpr auto exp_times_x_wrong_reverse = []<class T>(tg::program const& p, tg::tensor<T const> x,
-                                                       tg::tensor<T> y) {
-  auto const cols = tg::arange<0, 64>();
-  auto const m = cols < x.size(1);
-  std::int64_t const r = p.program_id(0);
-  auto const v = tg::load(x + r * x.stride(0) + cols, m, 0.0f);
-  if constexpr (std::is_same_v<T, tg::adjoint<double>>)
-    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v * 1.01, m);
-  else
-    tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v, m);
-};
+// y = exp(x) * x over rows of 40. Its reverse-mode instantiation in float64 (the reference of
+// check_backward) computes the same function another way; with WrongReverse it is 1 % off (its
+// value too, which no check reads: the checker compares gradients, and the float forward
+// computes the outputs), as a wrong derivative rule of reverse mode would make it.
+template <bool WrongReverse>
+constexpr auto exp_times_x_kernel =
+    []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+      auto const cols = tg::arange<0, 64>();
+      auto const m = cols < x.size(1);
+      std::int64_t const r = p.program_id(0);
+      auto const v = tg::load(x + r * x.stride(0) + cols, m, 0.0f);
+      if constexpr (std::is_same_v<T, tg::adjoint<double>> && WrongReverse)
+        tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v * 1.01, m);
+      else if constexpr (std::is_same_v<T, tg::adjoint<double>>)
+        tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v * 1.01 - 0.01 * tg::exp(v) * v, m);
+      else
+        tg::store(y + r * y.stride(0) + cols, tg::exp(v) * v, m);
+    };
+constexpr auto exp_times_x = exp_times_x_kernel<false>;
+constexpr auto exp_times_x_wrong_reverse = exp_times_x_kernel<true>;
 
 // dx = dy * exp(x) * (1 + x), times `factor`, on the host.
 auto exp_times_x_bwd(double factor) {

@@ -366,6 +366,14 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         },
         fwd.args);
   };
+  // Output `name`'s cotangent among `copies`, one per output in the order of `outs`.
+  auto cotangent_named = [&]<class U>(std::deque<owned_tensor<U>> const& copies,
+                                      std::string const& name) -> owned_tensor<U> const& {
+    for (std::size_t j = 0; j < outs.size(); ++j)
+      if (outs[j].name == name)
+        return copies[j];
+    return copies.front(); // unreachable: every out has a cotangent
+  };
   // vjp of the forward on copies of the inputs in U, with the cotangents `cots` (taken by their
   // magnitudes for the |J|^T |w| sweep, squared for the |J|^2^T w^2 one, as 1 where nonzero for
   // the count of terms); `keep` holds the copies.
@@ -382,10 +390,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                                       : std::abs(v);
     }
     auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
-      for (std::size_t j = 0; j < outs.size(); ++j)
-        if (outs[j].name == name)
-          return cot_copies[j];
-      return cot_copies.front(); // unreachable: every out has a cotangent
+      return cotangent_named(cot_copies, name);
     };
     auto args = std::apply(
         // Braces: the copies are made (and `keep` filled) in the order of the arguments.
@@ -407,10 +412,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
     for (auto const& c : cots)
       cot_copies.push_back(detail::copy_as<double>(c.cview()));
     auto cot = [&](std::string const& name) -> owned_tensor<double> const& {
-      for (std::size_t j = 0; j < outs.size(); ++j)
-        if (outs[j].name == name)
-          return cot_copies[j];
-      return cot_copies.front(); // unreachable: every out has a cotangent
+      return cotangent_named(cot_copies, name);
     };
     auto args = std::apply(
         [&](auto const&... a) { return std::tuple{detail::rebind<double>(a, keep, cot)...}; },
