@@ -245,4 +245,24 @@ TEST(CheckBackwardReference, AReverseModeOnePercentOffFailsAsAWrongReference) {
   EXPECT_TRUE(same) << same;
 }
 
+// Outputs that do not depend on the input: both sides are 0, which the reference line says; the
+// verdict is left to the other checks (a reference of zeros fails as a likely capture).
+TEST(CheckBackwardReference, NothingToCompareIsSaidAndLeftToTheOtherChecks) {
+  auto const constant = []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const cols = tg::arange<0, 64>();
+    auto const m = cols < x.size(1);
+    (void)tg::load(x + p.program_id(0) * x.stride(0) + cols, m, 0.0f);
+    tg::store(y + p.program_id(0) * y.stride(0) + cols, tg::full<tg::fp32<T>, 64>(1.5f), m);
+  };
+  tg::owned_tensor<float> x({5, 40}), y({5, 40});
+  auto const r = tg::check_backward(
+      tg::forward(5, constant, tg::in("x", x), tg::out("y", y)), [](tg::backward_context<float>&) {
+        return tg::gradient_set{{"x", tg::owned_tensor<float>({5, 40})}};
+      });
+  EXPECT_NE(r.reference.find("not checked against forward mode: every term"), std::string::npos)
+      << r;
+  EXPECT_FALSE(r.mentions("the reference is wrong")) << r;
+  EXPECT_TRUE(r.mentions("is all zeros")) << r;
+}
+
 } // namespace test_dot_product
