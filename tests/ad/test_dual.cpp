@@ -488,9 +488,10 @@ void expect_dot_as_the_dual_loop(std::uint64_t salt, bool with_infinity) {
                   rtol * (K2 * 8.0 + std::abs(got.data()[i].d[k])))
           << i;
   }
-  if (with_infinity) // row 1 holds infinities, with the finite tangents of the dual rule
+  if (with_infinity) { // row 1 holds infinities, with the finite tangents of the dual rule
     for (int j = 0; j < N; ++j)
       ASSERT_TRUE(std::isfinite(got.data()[1 * N + j].d[0])) << j;
+  }
 }
 
 TEST(DualTile, DotRunsAsTheDualLoopOnPlanesAndKeepsZeroTermsAtInfinities) {
