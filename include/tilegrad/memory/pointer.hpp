@@ -232,7 +232,7 @@ inline constexpr int access_width =
 // time, turns on whole, copied as they lie (one lane at a time, with the mask read per lane, took
 // half of a matmul's jvp).
 template <class T, class Mask>
-inline constexpr int load_run_width = access_width<T, Mask, no_mask> > 1
+inline constexpr int load_run_width = (access_width<T, Mask, no_mask> > 1)
                                           ? access_width<T, Mask, no_mask>
                                       : (!is_builtin_v<T> && std::is_trivially_copyable_v<T> &&
                                          vectorizes_or_absent<Mask, simd::native_width<float>>())
@@ -330,8 +330,9 @@ TILEGRAD_INLINE void load_into(V* o, ptr_tile<T, Off> const& p, Mask const& mask
                                Lane&& lane) {
   T* base = p.base.data();
   constexpr bool same = std::is_same_v<V, std::remove_const_t<T>>;
-  constexpr bool simd = access_width < V, Mask, no_mask >> 1;
-  constexpr int W = same ? load_run_width<V, Mask> : access_width<V, Mask, no_mask>;
+  constexpr int vector_width = access_width<V, Mask, no_mask>;
+  constexpr bool vectorised = vector_width > 1;
+  constexpr int W = same ? load_run_width<V, Mask> : vector_width;
   if constexpr (!std::is_same_v<Mask, no_mask>) {
     // Masked-off lanes read `other` (zero without one).
     if constexpr (!std::is_same_v<Other, no_mask>)
@@ -348,7 +349,7 @@ TILEGRAD_INLINE void load_into(V* o, ptr_tile<T, Off> const& p, Mask const& mask
       },
       [&](int r, int c, std::int64_t e) {
         if (chk) check_run(p.base, e, W, "load", loc);
-        if constexpr (simd)
+        if constexpr (vectorised)
           simd::store<V, W>(o + r * S::inner + c, simd::load<V, W>(base + e));
         else // (a copy of a known size: inlined, where copy_n called memmove per run)
           std::memcpy(static_cast<void*>(o + r * S::inner + c), base + e, W * sizeof(V));
