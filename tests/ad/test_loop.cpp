@@ -389,6 +389,23 @@ TEST(Loop, ABodyCapturingByReferenceIsRefused) {
   std::string const ml = message_of([&] { tg::vjp(1, lazy, tg::in("x", x), tg::out("y", y, dy)); });
   EXPECT_NE(ml.find("an unevaluated expression that refers to a local tile"), std::string::npos)
       << ml;
+  // The same of a tile of the kernel's float type: in reverse mode the expression kept the
+  // values the tile held when it was made, and ran; it now refers to the tile, as the fast path's
+  // does, and is refused the same way.
+  auto adjoint_lazy = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 8>();
+    tg::tile<tg::fp32<T>, 8> const a = tg::load(x + i, i < x.size(0), 0.0f);
+    auto const sq = a * a;
+    auto acc = tg::zeros<tg::fp32<T>, 8>();
+    tg::loop(0, 3, 1, acc, [=](int, auto& acc) { acc = acc + sq; });
+    tg::store(y + i, acc, i < y.size(0));
+  };
+  tg::launch(1, adjoint_lazy, x.cview(), y.view());
+  EXPECT_FLOAT_EQ(y(2), 3 * x(2) * x(2));
+  std::string const ma =
+      message_of([&] { tg::vjp(1, adjoint_lazy, tg::in("x", x), tg::out("y", y, dy)); });
+  EXPECT_NE(ma.find("an unevaluated expression that refers to a local tile"), std::string::npos)
+      << ma;
 }
 
 // Writes `address` into every word of `body` that is padding only, as a stack slot reused for

@@ -140,6 +140,74 @@ TEST(VjpInout, ElementsReadBeforeAStoreAreInputsAndUnstoredElementsPassTheirCota
   }
 }
 
+// An expression is evaluated where it is assigned to a tile, and reads its tiles then: the fast
+// path and forward mode compute e below from w's new values, where Triton computed it where it
+// was written. Reverse mode read the old ones (its leaves kept the values they were made from),
+// so vjp differentiated another function than the launch ran, silently; it now refuses, naming
+// the program. (Triton's online softmax reordered, `alpha = exp(m - m_new); m = m_new; acc *
+// alpha`, is this kernel's shape.)
+auto const reassigned_before_use = []<class T>(tg::program const&, tg::tensor<T const> x,
+                                               tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const i = tg::arange<0, 4>();
+  tg::tile<F, 4> w = tg::load(x + i);
+  auto const e = w * w;
+  w = w + 1.0f;
+  tg::tile<F, 4> const t = e;
+  tg::store(y + i, t + w);
+};
+// The same values used where they were meant: e evaluated before w changes, w reassigned from an
+// expression of itself (evaluated before the assignment takes effect).
+auto const evaluated_in_time = []<class T>(tg::program const&, tg::tensor<T const> x,
+                                           tg::tensor<T> y) {
+  using F = tg::fp32<T>;
+  auto const i = tg::arange<0, 4>();
+  tg::tile<F, 4> w = tg::load(x + i);
+  auto const e = w * w;
+  tg::tile<F, 4> const t = e;
+  w = w + 1.0f;
+  w = w * w + w;
+  tg::store(y + i, t + w);
+};
+
+TEST(VjpLazyExpressions, ATileAssignedAgainBeforeItsExpressionIsEvaluatedIsRefused) {
+  tg::owned_tensor<double> x({4}, "x"), y({4}, "y"), dy({4}, "dy"), u({4}, "u");
+  for (int j = 0; j < 4; ++j) {
+    x(j) = 0.5 + j;
+    dy(j) = 1.5 - 0.25 * j;
+    u(j) = j - 1.5;
+  }
+  tg::launch(1, reassigned_before_use, x.cview(), y.view());
+  EXPECT_EQ(y(1), 2.5 * 2.5 + 2.5) << "the fast path reads w when e is evaluated";
+  tg::owned_tensor<double> yt({4}, "y");
+  auto const t =
+      tg::jvp(1, reassigned_before_use, tg::tangent_in("x", x, u), tg::tangent_out("y", yt));
+  EXPECT_EQ(t["y"](1), (2 * 2.5 + 1) * u(1)) << "forward mode differentiates what the launch ran";
+  try {
+    tg::vjp(1, reassigned_before_use, tg::in("x", x), tg::out("y", y, dy));
+    ADD_FAILURE() << "vjp differentiated a function the launch did not run";
+  } catch (std::invalid_argument const& e) {
+    std::string const m = e.what();
+    EXPECT_NE(m.find("assigned again after the expression was made"), std::string::npos) << m;
+    EXPECT_NE(m.find("program (0"), std::string::npos) << m;
+  }
+}
+
+TEST(VjpLazyExpressions, ExpressionsEvaluatedBeforeTheirTilesChangeDifferentiateAsWritten) {
+  tg::owned_tensor<double> x({4}, "x"), y({4}, "y"), dy({4}, "dy");
+  for (int j = 0; j < 4; ++j) {
+    x(j) = 0.5 + j;
+    dy(j) = 1.5 - 0.25 * j;
+  }
+  tg::launch(1, evaluated_in_time, x.cview(), y.view());
+  auto const g = tg::vjp(1, evaluated_in_time, tg::in("x", x), tg::out("y", y, dy));
+  for (int j = 0; j < 4; ++j) {
+    double const v = x(j), w = v + 1;
+    EXPECT_EQ(y(j), v * v + (w * w + w)) << j;
+    EXPECT_DOUBLE_EQ(g["x"](j), dy(j) * (2 * v + 2 * w + 1)) << j;
+  }
+}
+
 TEST(VjpReduce, MaxTiesGiveTheWholeAdjointToTheFirstMaximum) {
   auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y,
                        tg::tensor<std::int32_t> at) {

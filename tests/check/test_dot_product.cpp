@@ -132,6 +132,45 @@ TEST(DotProductTest, NothingComparedIsInconclusive) {
   EXPECT_NE(r.verdict.find("inconclusive"), std::string::npos) << r;
 }
 
+// y = softmax(x + b[row]): softmax is shift invariant, so the gradient of the row bias b is 0
+// exactly, and with b the only input marked in, forward mode gives <J u, w> = 0 while reverse mode
+// gives rounding noise 1e-17 as large as its own terms. The test failed on it ("differ by 0.24
+// times the scale"); round-off is judged against every product summed inside both sides. A
+// reverse mode 1 % off still fails where the gradient is not 0 (x marked in too).
+template <bool WrongReverse>
+constexpr auto row_bias_softmax_kernel = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                                     tg::tensor<T const> b, tg::tensor<T> y) {
+  auto const cols = tg::arange<0, 32>();
+  auto const m = cols < x.size(1);
+  std::int64_t const r = p.program_id(0);
+  tg::tile<T, 32> const v = tg::load(x + r * x.stride(0) + cols, m, -INFINITY) + tg::load(b + r);
+  tg::tile<T, 32> const e = tg::exp(v - tg::max(v));
+  if constexpr (std::is_same_v<T, tg::adjoint<double>> && WrongReverse)
+    tg::store(y + r * y.stride(0) + cols, e / tg::sum(e) * 1.01, m);
+  else
+    tg::store(y + r * y.stride(0) + cols, e / tg::sum(e), m);
+};
+constexpr auto row_bias_softmax = row_bias_softmax_kernel<false>;
+constexpr auto row_bias_softmax_wrong_reverse = row_bias_softmax_kernel<true>;
+
+TEST(DotProductTest, AGradientThatCancelsToZeroPasses) {
+  tg::owned_tensor<float> x({40, 20}), b({40}), y({40, 20});
+  fill(x, 10), fill(b, 11);
+  auto const r = tg::dot_product_test(40, row_bias_softmax, tg::passive("x", x), tg::in("b", b),
+                                      tg::out("y", y));
+  EXPECT_TRUE(r) << r;
+  EXPECT_LT(std::abs(r.forward_side - r.reverse_side), 1e-15) << r;
+  EXPECT_GT(r.magnitude, 1e10 * std::abs(r.forward_side - r.reverse_side)) << r;
+
+  auto const both =
+      tg::dot_product_test(40, row_bias_softmax, tg::in("x", x), tg::in("b", b), tg::out("y", y));
+  expect_sound(both);
+  auto const wrong = tg::dot_product_test(40, row_bias_softmax_wrong_reverse, tg::in("x", x),
+                                          tg::in("b", b), tg::out("y", y));
+  EXPECT_FALSE(wrong) << wrong;
+  EXPECT_NEAR(wrong.reverse_side / wrong.forward_side, 1.01, 1e-9) << wrong;
+}
+
 TEST(DotProductTest, OptionsChooseTheSeed) {
   tg::owned_tensor<float> x({5, 9}), y({5, 9});
   fill(x, 8);
@@ -243,6 +282,68 @@ TEST(CheckBackwardReference, AReverseModeOnePercentOffFailsAsAWrongReference) {
   // A reverse mode that computes the same function another way is no error.
   auto const same = check_exp_times_x(exp_times_x, 1.0);
   EXPECT_TRUE(same) << same;
+}
+
+// dx = factor * y * (dy - <dy, y>) per row and db = 0 (softmax's shift invariance), on the host.
+auto row_bias_softmax_bwd(double factor) {
+  return [factor](tg::backward_context<float>& ctx) {
+    auto const y = ctx.output("y");
+    auto const dy = ctx.cotangent("y");
+    tg::owned_tensor<float> dx({y.size(0), y.size(1)}), db({y.size(0)});
+    for (std::int64_t i = 0; i < y.size(0); ++i) {
+      double dot = 0;
+      for (std::int64_t j = 0; j < y.size(1); ++j)
+        dot += double(dy(i, j)) * y(i, j);
+      for (std::int64_t j = 0; j < y.size(1); ++j)
+        dx(i, j) = static_cast<float>(factor * y(i, j) * (dy(i, j) - dot));
+    }
+    return tg::gradient_set{{"x", dx}, {"b", db}};
+  };
+}
+
+// The row-bias softmax with b alone marked in: db = 0 exactly, and the reference's two sides are
+// rounding noise as large as their terms (0.24 of them apart). Its correct backward failed as a
+// wrong reference; the difference is 4e-19 of the computation's magnitude (sum |u| * |J|^T |w|,
+// the error_bound rule's sweep, or swept for the check where a rule has none). A reverse mode 1 %
+// off still fails as a wrong reference where the gradient is not 0 (x marked in too), under
+// either rule.
+TEST(CheckBackwardReference, AGradientThatCancelsToZeroAgreesWithForwardMode) {
+  constexpr std::int64_t rows = 40, n = 20;
+  auto check = [&](auto kernel, bool x_in, double factor, tg::pass_rule rule) {
+    tg::owned_tensor<float> x({rows, n}), b({rows}), y({rows, n});
+    auto const bwd = [&, x_in](tg::backward_context<float>& ctx) {
+      auto g = row_bias_softmax_bwd(factor)(ctx);
+      return x_in ? g : tg::gradient_set{{"b", tg::owned_tensor<float>({rows})}};
+    };
+    // (db's reference is 0 or rounding noise: not a captured tensor)
+    tg::check_options const o{.rule = rule, .zero_reference_fails = false};
+    return x_in ? tg::check_backward(
+                      tg::forward(rows, kernel, tg::in("x", x), tg::in("b", b), tg::out("y", y)),
+                      bwd, o)
+                : tg::check_backward(tg::forward(rows, kernel, tg::passive("x", x), tg::in("b", b),
+                                                 tg::out("y", y)),
+                                     bwd, o);
+  };
+  for (auto rule : {tg::pass_rule::error_bound, tg::pass_rule::atol_rtol}) {
+    auto const zero = check(row_bias_softmax, false, 1.0, rule);
+    EXPECT_TRUE(zero) << zero;
+    EXPECT_NE(zero.str().find("  reference: agrees with forward mode (float64, seed 0"),
+              std::string::npos)
+        << zero;
+    EXPECT_NE(zero.reference.find("of the computation's magnitude apart"), std::string::npos)
+        << zero;
+
+    auto const both = check(row_bias_softmax, true, 1.0, rule);
+    EXPECT_TRUE(both) << both;
+    EXPECT_NE(both.reference.find("agrees with forward mode"), std::string::npos) << both;
+
+    auto const wrong = check(row_bias_softmax_wrong_reverse, true, 1.01, rule);
+    EXPECT_FALSE(wrong) << wrong;
+    EXPECT_NE(wrong.reference.find("DISAGREES with forward mode"), std::string::npos) << wrong;
+    EXPECT_TRUE(wrong.mentions("the reference is wrong")) << wrong;
+    ASSERT_EQ(wrong.seeds.size(), 3u);
+    EXPECT_TRUE(wrong.seeds[1].ok()) << wrong; // the backward matches the wrong reference
+  }
 }
 
 // Outputs that do not depend on the input: both sides are 0, which the reference line says; the

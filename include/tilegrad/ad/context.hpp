@@ -584,4 +584,17 @@ inline tape& current_tape() {
       "the body taking it as auto&.");
 }
 
+/// An expression of a tile assigned again before the expression was evaluated (adjoint_leaf).
+[[noreturn]] TILEGRAD_NOINLINE inline void tile_assigned_before_evaluation() {
+  program const* p = tilegrad::detail::current_program();
+  throw std::invalid_argument(
+      "tilegrad::vjp: " + (p ? p->describe() : std::string("host code")) +
+      ": an expression read a tile that was assigned again after the expression was made and "
+      "before it was evaluated (auto const e = w * w; w = ...; then e used). C++ expressions "
+      "are lazy: the fast path and forward mode read w's new values, where Triton computes e "
+      "at once, from the old ones; reverse mode refuses rather than differentiate either. Give e "
+      "a tile type (tg::tile<F, N> const e = w * w;) to compute it at once, or make it after "
+      "the assignment");
+}
+
 } // namespace tilegrad::ad

@@ -53,6 +53,17 @@ struct adjoint_leaf : node_base {
 
   T const* values;
   T* adj;
+  // The values slot of the lvalue tile it was made from (null: a temporary, an item). An
+  // expression reads its tiles when it is evaluated, on the fast path and in forward mode; one
+  // whose tile was assigned again in between would read the new values there and the old ones
+  // here, so evaluation checks that the tile still holds these (check_current).
+  T* const* live = nullptr;
+
+  /// @pre the tile it was made from, if any, is alive and holds the same values.
+  void check_current() const {
+    if (live && *live != values) [[unlikely]]
+      ad::tile_assigned_before_evaluation();
+  }
 
   template <int W>
   simd::vec_t<adjoint<T>, W> load(int row, int col) const {
@@ -82,7 +93,10 @@ auto to_primal(N const& n) {
 template <class T, class S>
 struct primal_node<adjoint_leaf<T, S>> {
   using type = active_ref<T, S>;
-  static type get(adjoint_leaf<T, S> const& n) { return {{}, n.values, n.adj}; }
+  static type get(adjoint_leaf<T, S> const& n) {
+    n.check_current();
+    return {{}, n.values, n.adj};
+  }
 };
 
 template <class T>

@@ -488,6 +488,7 @@ struct dot_operand {
   T* adj;
   explicit dot_operand(X const& x) {
     if constexpr (transposed) {
+      x.e.check_current();
       values = x.e.values;
       adj = x.e.adj;
     } else {

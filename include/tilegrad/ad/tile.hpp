@@ -69,7 +69,11 @@ public:
     return t;
   }
 
-  adjoint_leaf<T, shape_type> as_expr_node() const {
+  adjoint_leaf<T, shape_type> as_expr_node() const& {
+    check_live();
+    return {{}, values_, adj_, &values_};
+  }
+  adjoint_leaf<T, shape_type> as_expr_node() const&& { // a temporary: its values are the tape's
     check_live();
     return {{}, values_, adj_};
   }
@@ -119,6 +123,7 @@ private:
   template <class E>
   void assign_from(E const& e) {
     if constexpr (std::is_same_v<E, adjoint_leaf<T, shape_type>>) {
+      e.check_current();
       // A tile of this type as it is (tile<F, ...> x = to<F>(load(...)) in fp32): share its
       // recorded values, as a copy does, rather than copy them and record an identity.
       values_ = const_cast<T*>(e.values); // (on the tape, never written after they are made)
@@ -172,8 +177,17 @@ public:
   explicit operator U() const {
     return static_cast<U>(*value_);
   }
+  // fp32<T>(s), T(s): in reverse mode a number of the kernel's float type is plain (adjoint<U>
+  // carries no derivative outside a tile), where forward mode's dual keeps s's tangent; the
+  // conversion would cut the derivative in one mode only, so it is refused.
   template <class U>
   explicit operator adjoint<U>() const {
+    static_assert(detail::dependent_false<U>,
+                  "tilegrad: fp32<T>(x.item()) (or T(x.item())) in reverse mode would drop the "
+                  "item's derivative, which forward mode keeps: keep the item as it is (auto "
+                  "const s = x.item(); it carries its derivative through full<F, N>(s), "
+                  "tile<F, N>(s), v * s and s * s), or write float(s) to drop the derivative in "
+                  "every mode");
     return adjoint<U>(*value_);
   }
 

@@ -912,11 +912,16 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
 
   // The reference against forward mode (check_options::check_reference): <J u, w> from a float64
   // jvp, <u, J^T w> from the float64 reference's gradients g64. They add the same terms in
-  // another order, so they agree to round-off of the terms' magnitudes; a derivative rule or a
-  // memory semantic (a masked lane, a reload, an atomic) that reverse mode gets wrong in this
-  // kernel shows as a difference of the size of its error (dot_product_test).
+  // another order, so they agree to round-off; a derivative rule or a memory semantic (a masked
+  // lane, a reload, an atomic) that reverse mode gets wrong in this kernel shows as a difference
+  // of the size of its error (dot_product_test). Round-off is that of every product summed inside
+  // both sides, not only of their final terms: where the gradient is 0 by cancellation (a bias
+  // that softmax's shift invariance cancels), both sides are rounding noise as large as their
+  // terms. So the difference is judged against sum |u| * |J|^T |w| too, the size of the whole
+  // computation: `mag`, the error_bound rule's magnitude sweep, or swept here only where the terms
+  // alone do not cover the difference (and where every term is 0).
   auto check_reference = [&](seed_report& sr, std::vector<owned_tensor<T>> const& cots,
-                             gradients<double> const& g64) {
+                             gradients<double> const& g64, gradients<double> const* mag) {
     std::optional<forward_mode_side> fm;
     try {
       fm.emplace(f.reference_jvp64(cots, sr.seed));
@@ -926,18 +931,54 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           e.what());
       return;
     }
-    double reverse = 0, scale = fm->scale;
+    double reverse = 0, terms = fm->scale;
     for (std::size_t q = 0; q < ins.size() && q < fm->u.size(); ++q) {
       auto const gq = detail::values_of(g64[ins[q].name]);
       for (std::size_t i = 0; i < gq.size() && i < fm->u[q].size(); ++i) {
         double const term = gq[i] * fm->u[q][i];
         reverse += term;
-        scale += std::abs(term);
+        terms += std::abs(term);
       }
     }
-    double const diff = std::abs(fm->value - reverse), bound = o.reference_tolerance * scale;
-    char text[400];
-    if (!std::isfinite(fm->value) || !std::isfinite(reverse)) {
+    double const diff = std::abs(fm->value - reverse);
+    bool const finite = std::isfinite(fm->value) && std::isfinite(reverse);
+    // sum |u| * |J|^T |w| (finite elements), or -1: not swept
+    double magnitude = -1;
+    std::optional<gradients<double>> swept;
+    if (!mag && finite && !(diff <= o.reference_tolerance * terms && terms > 0)) {
+      try {
+        std::deque<owned_tensor<double>> keep;
+        swept.emplace(f.reference64(cots, keep, sweep::magnitudes));
+        mag = &*swept;
+      } catch (std::exception const&) {
+        // (the other references ran: the same forward does not throw here)
+      }
+    }
+    if (mag) {
+      magnitude = 0;
+      for (std::size_t q = 0; q < ins.size() && q < fm->u.size(); ++q) {
+        auto const mq = detail::values_of((*mag)[ins[q].name]);
+        for (std::size_t i = 0; i < mq.size() && i < fm->u[q].size(); ++i)
+          if (std::isfinite(mq[i]))
+            magnitude += std::abs(fm->u[q][i]) * mq[i];
+      }
+    }
+    double const scale = terms + std::max(magnitude, 0.0), bound = o.reference_tolerance * scale;
+    // The terms' magnitudes where they cover the difference (the line as it reads for most
+    // kernels), else the whole computation's.
+    bool const by_terms = (terms > 0 && diff <= o.reference_tolerance * terms) || magnitude < 0;
+    char measure[240], alone[60] = "";
+    if (terms > 0)
+      std::snprintf(alone, sizeof alone, "; %.3g of their terms' alone", diff / terms);
+    if (by_terms)
+      std::snprintf(measure, sizeof measure, "%.3g of their terms' magnitudes apart", diff / terms);
+    else
+      std::snprintf(measure, sizeof measure,
+                    "%.3g of the computation's magnitude apart (their terms' magnitudes plus sum "
+                    "|u| * |J|^T |w|, the sizes of the products summed inside them%s)",
+                    diff / scale, alone);
+    char text[600];
+    if (!finite) {
       std::snprintf(text, sizeof text,
                     "not checked against forward mode: <J u, w> = %g (jvp), <u, J^T w> = %g "
                     "(vjp), not finite",
@@ -949,17 +990,18 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     } else {
       std::snprintf(text, sizeof text,
                     "%s (float64, seed %u, a random direction u of the inputs marked in): "
-                    "<J u, w> = %.17g (jvp), <u, J^T w> = %.17g (vjp), %.3g of their terms' "
-                    "magnitudes apart (at most %g)",
+                    "<J u, w> = %.17g (jvp), <u, J^T w> = %.17g (vjp), %s (at most %g)",
                     diff <= bound ? "agrees with forward mode" : "DISAGREES with forward mode",
-                    sr.seed, fm->value, reverse, diff / scale, o.reference_tolerance);
+                    sr.seed, fm->value, reverse, measure, o.reference_tolerance);
       if (!(diff <= bound)) {
-        char problem[400];
+        char problem[600];
         std::snprintf(problem, sizeof problem,
                       "the reference is wrong: reverse mode (vjp) and forward mode (jvp) of the "
-                      "forward differ by %.3g of their terms' magnitudes along a random direction, "
-                      "where they add the same terms (at most %g)",
-                      diff / scale, o.reference_tolerance);
+                      "forward differ by %.3g of %s along a random direction, where they add the "
+                      "same terms (at most %g)",
+                      diff / scale,
+                      by_terms ? "their terms' magnitudes" : "the computation's magnitude",
+                      o.reference_tolerance);
         sr.problems.push_back(problem);
         rep.hints.push_back(
             "the reference gradients themselves are off (see 'reference:' above), so the "
@@ -1402,7 +1444,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     }
 
     if (si == 0 && o.check_reference && !ins.empty() && !outs.empty())
-      check_reference(sr, cots, *g64);
+      check_reference(sr, cots, *g64, gmag && !dtype.squares ? &*gmag : nullptr);
 
     pending& pd = later.emplace_back();
     pd.seed_index = rep.seeds.size() - 1;

@@ -196,9 +196,10 @@ struct check_options {
   /// The reference checked against forward mode, on the first seed: jvp of the forward in
   /// float64 along a random direction u of the inputs marked in must give <J u, w> = <u, J^T w>
   /// with the reference's gradients and the seed's cotangents w, to `reference_tolerance` times
-  /// the sum of the terms' magnitudes (dot_product_test, run on the check's own inputs). A
-  /// derivative rule or memory semantic that reverse mode gets wrong in this kernel then fails
-  /// the check as a wrong reference, whatever the backward does; it costs one float64 jvp.
+  /// the sum of the terms' magnitudes plus sum |u| * |J|^T |w|, the sizes of the products summed
+  /// inside them (dot_product_test, run on the check's own inputs). A derivative rule or memory
+  /// semantic that reverse mode gets wrong in this kernel then fails the check as a wrong
+  /// reference, whatever the backward does; it costs one float64 jvp.
   bool check_reference = true;
   double reference_tolerance = 1e-10;
   /// A reference gradient that is all zeros, or an input the reference never read, fails the

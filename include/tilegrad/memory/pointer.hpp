@@ -78,18 +78,79 @@ inline constexpr bool is_ptr_tile_v<ptr_tile<T, Off>> = true;
 namespace detail {
 template <class E>
 concept offset_expression = tile_expression<E> && is_integer_v<value_of_t<E>>;
+
+// An offset expression that owns what it reads. Triton's `ptrs = x_ptr + offs` is a value: a
+// later `offs += BK` does not move ptrs. An expression refers to the tiles it reads, so one kept
+// in a pointer tile would read them when the pointer is used, and follow `offs += BK`. The
+// snapshot copies those tiles in and keeps the structure around them (broadcasts, arithmetic
+// with aranges and numbers), so affine rows stay vector accesses; a node of another kind is
+// evaluated into a tile. @post snapshot(n) reads as n reads now, whatever happens to n's tiles.
+template <class N>
+struct snapshot_node {
+  using type = tile_t<value_of_t<N>, shape_of_t<N>>;
+  static type get(N const& n) { return type(n); }
+};
+template <class N>
+using snapshot_t = typename snapshot_node<std::remove_cvref_t<N>>::type;
+template <class N>
+TILEGRAD_INLINE snapshot_t<N> snapshot(N const& n) {
+  return snapshot_node<std::remove_cvref_t<N>>::get(n);
+}
+template <class T, int... Ns>
+struct snapshot_node<tile<T, Ns...>> {
+  using type = tile<T, Ns...>;
+  static type const& get(type const& n) { return n; }
+};
+template <class T>
+struct snapshot_node<scalar_node<T>> {
+  using type = scalar_node<T>;
+  static type const& get(type const& n) { return n; }
+};
+template <int Start, int End>
+struct snapshot_node<arange_node<Start, End>> {
+  using type = arange_node<Start, End>;
+  static type const& get(type const& n) { return n; }
+};
+template <class E, class S>
+struct snapshot_node<broadcast_node<E, S>> {
+  using type = broadcast_node<snapshot_t<E>, S>;
+  static type get(broadcast_node<E, S> const& n) { return {{}, snapshot(n.e)}; }
+};
+template <class E, class S>
+struct snapshot_node<reshape_node<E, S>> {
+  using type = reshape_node<snapshot_t<E>, S>;
+  static type get(reshape_node<E, S> const& n) { return {{}, snapshot(n.e)}; }
+};
+template <class E, int... P>
+struct snapshot_node<permute_node<E, P...>> {
+  using type = permute_node<snapshot_t<E>, P...>;
+  static type get(permute_node<E, P...> const& n) { return {{}, snapshot(n.e)}; }
+};
+template <class To, class E>
+struct snapshot_node<convert_node<To, E>> {
+  using type = convert_node<To, snapshot_t<E>>;
+  static type get(convert_node<To, E> const& n) { return {{}, snapshot(n.e)}; }
+};
+template <class Op, class... Es>
+struct snapshot_node<map_node<Op, Es...>> {
+  using type = map_node<Op, snapshot_t<Es>...>;
+  static type get(map_node<Op, Es...> const& n) {
+    return n.es.apply([&](auto const&... e) { return type{{}, n.op, {snapshot(e)...}}; });
+  }
+};
 } // namespace detail
 
 /// t + offsets: the addresses t.data() + offsets (Triton's `x_ptr + offsets`).
-/// The pointer tile keeps its own copy of an offset tile (a snapshot, as in Triton), never a
-/// reference to the caller's variable.
+/// The pointer tile keeps its own copy of the offsets (a snapshot, as in Triton: a later change
+/// to a tile they were made from does not move the pointers), never a reference to the caller's
+/// variables.
 template <class T, detail::offset_expression E>
 TILEGRAD_INLINE auto operator+(tensor<T> const& t, E&& offsets) {
   using D = std::remove_cvref_t<E>;
   if constexpr (is_tile_v<D>)
     return ptr_tile<T, D>(t, D(std::forward<E>(offsets)));
   else
-    return ptr_tile<T, detail::node_t<E>>(t, detail::as_node(std::forward<E>(offsets)));
+    return ptr_tile<T, detail::snapshot_t<E>>(t, detail::snapshot(offsets));
 }
 
 /// t + n: a single address (a rank-0 pointer tile), as Triton's `x_ptr + row * stride`.
@@ -101,13 +162,8 @@ TILEGRAD_INLINE auto operator+(tensor<T> const& t, I n) {
 /// p + offsets: offsets add (and broadcast).
 template <class T, class Off, detail::offset_expression E>
 TILEGRAD_INLINE auto operator+(ptr_tile<T, Off> const& p, E&& more) {
-  using D = std::remove_cvref_t<E>;
-  auto sum = [&] {
-    if constexpr (is_tile_v<D>)
-      return p.offsets + D(std::forward<E>(more)); // a snapshot of the caller's tile
-    else
-      return p.offsets + std::forward<E>(more);
-  }();
+  // (p's offsets are copied too: p may be a temporary, or change.)
+  auto sum = detail::snapshot(p.offsets + std::forward<E>(more));
   return ptr_tile<T, decltype(sum)>(p.base, std::move(sum), p.shift);
 }
 
@@ -150,13 +206,7 @@ void operator+(ptr_tile<T, Off> const&, E&&) {
 /// p - offsets, p - n and t - n: Triton's `ptrs - 1` (offsets subtract, and broadcast).
 template <class T, class Off, detail::offset_expression E>
 TILEGRAD_INLINE auto operator-(ptr_tile<T, Off> const& p, E&& less) {
-  using D = std::remove_cvref_t<E>;
-  auto diff = [&] {
-    if constexpr (is_tile_v<D>)
-      return p.offsets - D(std::forward<E>(less)); // a snapshot of the caller's tile
-    else
-      return p.offsets - std::forward<E>(less);
-  }();
+  auto diff = detail::snapshot(p.offsets - std::forward<E>(less));
   return ptr_tile<T, decltype(diff)>(p.base, std::move(diff), p.shift);
 }
 template <class T, class Off, std::integral I>

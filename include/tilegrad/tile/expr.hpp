@@ -110,7 +110,8 @@ template <class X>
 TILEGRAD_INLINE auto as_node(X&& x) {
   using D = std::remove_cvref_t<X>;
   if constexpr (requires { x.as_expr_node(); })
-    return x.as_expr_node(); // a tile that enters expressions as a node of its own (reverse mode)
+    return std::forward<X>(x).as_expr_node(); // a tile that enters expressions as a node of its
+                                              // own (reverse mode)
   else if constexpr (is_tile_v<D> && std::is_lvalue_reference_v<X> && requires { x.data_slot(); })
     return tile_view<typename D::value_type, typename D::shape_type>{{}, x.data_slot()};
   else if constexpr (is_tile_v<D> && std::is_lvalue_reference_v<X>)
