@@ -7,6 +7,7 @@
 
 #include "../support/tensors.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -673,5 +674,137 @@ TEST(VjpNesting, AVjpInsideAProgramOfAVjpIsRefused) {
 }
 
 } // namespace
+
+// Reads through a view the kernel captures. A kernel that reads an input x through its argument
+// and again through a captured view of x's buffer (a residual) is instantiated with adjoint
+// tensors while the captured view stays a float view: its loads are constants, and dx missed
+// the residual's term with no error. vjp and jvp refuse such a load, naming the program, the
+// tensor, the element and the line; captured views of memory that is not differentiated (a
+// table, the other half of a buffer) are read as before.
+namespace captured_views {
+
+constexpr int C = 16;
+std::int64_t const n = 37;
+
+// y = tanh(x) + r, with r read through `res`, a float view the kernel captures.
+auto residual_fwd(tg::tensor<float const> res) {
+  return [res]<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * C + tg::arange<0, C>();
+    auto const m = i < x.numel();
+    tg::tile<T, C> const v = tg::load(x + i * x.stride(0), m, 0.0f);
+    tg::store(y + i, tg::tanh(v) + tg::load(res + i * res.stride(0), m, 0.0f), m);
+  };
+}
+int const residual_line = __LINE__ - 3; // the load through res
+
+// y = tanh(x) + x, the residual read through the argument.
+auto const residual_by_argument = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                              tg::tensor<T> y) {
+  auto const i = p.program_id(0) * C + tg::arange<0, C>();
+  auto const m = i < x.numel();
+  tg::tile<T, C> const v = tg::load(x + i, m, 0.0f);
+  tg::store(y + i, tg::tanh(v) + tg::load(x + i, m, 0.0f), m);
+};
+
+std::string message_of(auto&& f) {
+  try {
+    f();
+  } catch (tg::access_error const& e) {
+    EXPECT_EQ(e.tensor(), "x");
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(VjpCaptures, AnInputReadThroughACapturedViewIsRefused) {
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), dy({n}, "dy"), u({n}, "u");
+  fill(x, 1);
+  fill(dy, 2);
+  fill(u, 3);
+  auto const fwd = residual_fwd(x.cview());
+  std::string const at = "test_vjp_semantics.cpp:" + std::to_string(residual_line);
+  std::string const m = message_of([&] {
+    (void)tg::vjp({tg::executor::sequential}, tg::cdiv<int>(n, C), fwd, tg::in("x", x),
+                  tg::out("y", y, dy));
+  });
+  EXPECT_NE(m.find("tilegrad::vjp: program (0, 0, 0) loads element (0) of 'x' at "),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find(at), std::string::npos) << m;
+  EXPECT_NE(m.find("not an argument of the launch"), std::string::npos) << m;
+  EXPECT_NE(m.find("Pass 'x' to the kernel as an argument"), std::string::npos) << m;
+  // Any executor; and vjp_as, which differentiates a copy of x.
+  std::string const any = message_of(
+      [&] { (void)tg::vjp(tg::cdiv<int>(n, C), fwd, tg::in("x", x), tg::out("y", y, dy)); });
+  EXPECT_NE(any.find(at), std::string::npos) << any;
+  std::string const as = message_of([&] {
+    (void)tg::vjp_as<double>(tg::cdiv<int>(n, C), fwd, tg::in("x", x), tg::out("y", y, dy));
+  });
+  EXPECT_NE(as.find("a copy of 'x'"), std::string::npos) << as;
+  EXPECT_NE(as.find(at), std::string::npos) << as;
+  // Forward mode runs the kernel on copies: the captured view reads x itself, with no tangent.
+  std::string const fm = message_of([&] {
+    (void)tg::jvp({tg::executor::sequential}, tg::cdiv<int>(n, C), fwd, tg::tangent_in("x", x, u),
+                  tg::tangent_out("y", y));
+  });
+  EXPECT_NE(fm.find("tilegrad::jvp: program (0, 0, 0) loads element (0) of 'x' at "),
+            std::string::npos)
+      << fm;
+  EXPECT_NE(fm.find(at), std::string::npos) << fm;
+  // An element of x inside a strided view: x is column 0 of a (n, 2) buffer, the kernel reads
+  // column 1 (no element of x) through a captured view, and then column 0 (x's elements).
+  tg::owned_tensor<float> buf({n, 2}, "buf");
+  fill(buf, 4);
+  tg::tensor<float const> const xs(buf.data(), {n}, {2}, "x");
+  tg::tensor<float const> const other(buf.data() + 1, {n}, {2}, "other");
+  auto const g =
+      tg::vjp(tg::cdiv<int>(n, C), residual_fwd(other), tg::in("x", xs), tg::out("y", y, dy));
+  for (std::int64_t i = 0; i < n; ++i) {
+    double const t = std::tanh(double(xs(i)));
+    EXPECT_NEAR(g["x"](i), (1 - t * t) * dy(i), 1e-6) << i;
+  }
+  std::string const col = message_of([&] {
+    (void)tg::vjp({tg::executor::sequential}, tg::cdiv<int>(n, C), residual_fwd(xs),
+                  tg::in("x", xs), tg::out("y", y, dy));
+  });
+  EXPECT_NE(col.find("loads element (0) of 'x'"), std::string::npos) << col;
+}
+
+TEST(VjpCaptures, ACapturedTableOfConstantsIsReadAsBefore) {
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), dy({n}, "dy"), u({n}, "u"), table({n});
+  fill(x, 1);
+  fill(dy, 2);
+  fill(u, 3);
+  fill(table, 5);
+  auto const fwd = residual_fwd(table.cview());
+  auto const g = tg::vjp(tg::cdiv<int>(n, C), fwd, tg::in("x", x), tg::out("y", y, dy));
+  auto const t =
+      tg::jvp(tg::cdiv<int>(n, C), fwd, tg::tangent_in("x", x, u), tg::tangent_out("y", y));
+  for (std::int64_t i = 0; i < n; ++i) {
+    double const th = std::tanh(double(x(i)));
+    EXPECT_NEAR(y(i), th + table(i), 1e-6) << i;
+    EXPECT_NEAR(g["x"](i), (1 - th * th) * dy(i), 1e-6) << i;
+    EXPECT_NEAR(t["y"](i), (1 - th * th) * u(i), 1e-6) << i;
+  }
+  EXPECT_TRUE(g.unread().empty());
+}
+
+TEST(VjpCaptures, TheResidualReadThroughTheArgumentGetsItsGradient) {
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), dy({n}, "dy"), u({n}, "u");
+  fill(x, 1);
+  fill(dy, 2);
+  fill(u, 3);
+  auto const g =
+      tg::vjp(tg::cdiv<int>(n, C), residual_by_argument, tg::in("x", x), tg::out("y", y, dy));
+  auto const t = tg::jvp(tg::cdiv<int>(n, C), residual_by_argument, tg::tangent_in("x", x, u),
+                         tg::tangent_out("y", y));
+  for (std::int64_t i = 0; i < n; ++i) {
+    double const th = std::tanh(double(x(i)));
+    EXPECT_NEAR(g["x"](i), (2 - th * th) * dy(i), 1e-6) << i;
+    EXPECT_NEAR(t["y"](i), (2 - th * th) * u(i), 1e-6) << i;
+  }
+}
+
+} // namespace captured_views
 
 } // namespace test_vjp_semantics

@@ -1210,4 +1210,86 @@ TEST(CheckerEdges, AnEmptyProblemPassesWithoutBlamingACapture) {
   }
 }
 
+// A forward that reads its input x through its argument and again through a view it captures (a
+// residual, y = tanh(x) + x). The references run on copies of x and read the caller's x through
+// the captured view as constants: they lacked the residual's term, so the check passed a backward
+// that forgot it and failed the correct one. The references now refuse that load, and the report
+// says why, whichever the backward. A captured table that is no input is read as before.
+namespace captured_views {
+
+std::int64_t const n = 300;
+constexpr int C = 64;
+
+// y = tanh(x) + r, with r read through `res`, a float view the kernel captures.
+auto residual_fwd(tg::tensor<float const> res) {
+  return [res]<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * C + tg::arange<0, C>();
+    auto const m = i < x.numel();
+    tg::tile<T, C> const v = tg::load(x + i, m, 0.0f);
+    tg::store(y + i, tg::tanh(v) + tg::load(res + i, m, 0.0f), m);
+  };
+}
+
+// y = tanh(x) + x, the residual read through the argument.
+auto const residual_by_argument = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                              tg::tensor<T> y) {
+  auto const i = p.program_id(0) * C + tg::arange<0, C>();
+  auto const m = i < x.numel();
+  tg::tile<T, C> const v = tg::load(x + i, m, 0.0f);
+  tg::store(y + i, tg::tanh(v) + tg::load(x + i, m, 0.0f), m);
+};
+
+// dx = dy (1 - tanh(x)^2), plus dy with the residual's term.
+auto residual_bwd(bool residual) {
+  return [residual](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto const x = ctx.input("x");
+    auto const dy = ctx.cotangent("y");
+    tg::owned_tensor<float> dx({n});
+    for (std::int64_t i = 0; i < n; ++i) {
+      double const t = std::tanh(double(x(i)));
+      dx(i) = float(double(dy(i)) * (1 - t * t) + (residual ? double(dy(i)) : 0.0));
+    }
+    return {{"x", dx}};
+  };
+}
+
+TEST(CheckerCaptures, AnInputReadThroughACapturedViewFailsWithTheReason) {
+  tg::owned_tensor<float> x({n}), y({n});
+  for (bool residual : {false, true}) {
+    auto const r = tg::check_backward(
+        tg::forward(tg::cdiv<int>(n, C), residual_fwd(x.cview()), tg::in("x", x), tg::out("y", y)),
+        residual_bwd(residual), {.seeds = 2});
+    EXPECT_FALSE(r) << r;
+    EXPECT_TRUE(r.mentions("the reference (vjp of the forward) threw: tilegrad::vjp: program ("))
+        << r;
+    EXPECT_TRUE(r.mentions("loads element (")) << r;
+    EXPECT_TRUE(r.mentions("of 'x' at ")) << r;
+    EXPECT_TRUE(r.mentions("test_checker_edges.cpp:")) << r;
+    EXPECT_TRUE(r.mentions("Pass 'x' to the kernel as an argument")) << r;
+  }
+}
+
+TEST(CheckerCaptures, ACapturedTableOfConstantsIsReadAsBefore) {
+  tg::owned_tensor<float> x({n}), y({n}), table({n});
+  test_support::fill_float(table, 7, -1, 1);
+  auto const fwd = tg::forward(tg::cdiv<int>(n, C), residual_fwd(table.cview()), tg::in("x", x),
+                               tg::out("y", y));
+  auto const right = tg::check_backward(fwd, residual_bwd(false), {.seeds = 2});
+  EXPECT_BACKWARD_OK(right);
+  auto const wrong = tg::check_backward(fwd, residual_bwd(true), {.seeds = 2});
+  EXPECT_FALSE(wrong) << wrong;
+}
+
+TEST(CheckerCaptures, TheResidualReadThroughTheArgumentIsChecked) {
+  tg::owned_tensor<float> x({n}), y({n});
+  auto const fwd =
+      tg::forward(tg::cdiv<int>(n, C), residual_by_argument, tg::in("x", x), tg::out("y", y));
+  auto const right = tg::check_backward(fwd, residual_bwd(true), {.seeds = 2});
+  EXPECT_BACKWARD_OK(right);
+  auto const wrong = tg::check_backward(fwd, residual_bwd(false), {.seeds = 2});
+  EXPECT_FALSE(wrong) << wrong;
+}
+
+} // namespace captured_views
+
 } // namespace test_checker_edges

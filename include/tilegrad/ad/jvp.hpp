@@ -373,6 +373,23 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
                      "read twice, as it is and transposed (tied weights), is passed once, the "
                      "other view made in the kernel from its data and strides.");
 
+  // The caller's marked inputs (and those of which the caller differentiates copies): the kernel
+  // reads their copies, so a load of the caller's own elements through a view it captures would
+  // carry no tangent (access_hooks::watched).
+  std::vector<detail::watched_tensor> watched;
+  auto add_watched = [&]<class X>(X const& x) {
+    if constexpr (requires { X::role; })
+      if (X::role != tangent_role::out && x.t.numel() > 0)
+        watched.push_back(detail::watched_of(x.name, x.t));
+  };
+  (add_watched(args), ...);
+  watched.insert(watched.end(), detail::watched_originals().begin(),
+                 detail::watched_originals().end());
+  for (auto& w : watched) {
+    w.by = "tilegrad::jvp";
+    w.copy = true;
+  }
+
   auto duals = std::make_tuple(detail::to_dual<D, T>(args)...);
   // Bounds are always checked: an access outside a dual copy would be outside its storage.
   launch_options checked_opts = opts;
@@ -382,8 +399,14 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
     // among its elements (access_hooks::confined).
     struct confine {
       bool saved = std::exchange(detail::confine_accesses(), true);
-      ~confine() { detail::confine_accesses() = saved; }
-    } const confined;
+      std::vector<detail::watched_tensor> const* saved_watched;
+      explicit confine(std::vector<detail::watched_tensor> const* w)
+          : saved_watched(std::exchange(detail::watched_memory(), w)) {}
+      ~confine() {
+        detail::confine_accesses() = saved;
+        detail::watched_memory() = saved_watched;
+      }
+    } const confined(watched.empty() ? nullptr : &watched);
     std::apply([&](auto const&... a) { launch(checked_opts, g, kernel, a...); }, duals);
   }
 

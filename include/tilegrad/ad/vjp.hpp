@@ -524,6 +524,21 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
   bounds_only.args = &args;
   bounds_only.before_write = &ad::plain_write_hook;
   bounds_only.lenient = true;
+  // The tensors with a gradient, and the caller's of which this vjp differentiates copies: a
+  // load of one through a view that is not an argument (a view the kernel captures, of the plain
+  // element type) reads constants, and their gradient would miss that path. It throws.
+  std::vector<tilegrad::detail::watched_tensor> watched;
+  for (auto const& e : entries)
+    if (e.wants_grad() && e.layout.numel() > 0)
+      watched.push_back({e.name, e.layout, e.bytes});
+  for (auto const& w : tilegrad::detail::watched_originals()) {
+    watched.push_back(w);
+    watched.back().copy = true;
+  }
+  for (auto& w : watched)
+    w.by = "tilegrad::vjp";
+  if (!watched.empty())
+    bounds_only.watched = &watched;
   std::vector<detail::program_log> plain_logs;
   if (!plain.empty())
     plain_logs.resize(static_cast<std::size_t>(std::min(wave, total)));
@@ -741,6 +756,15 @@ auto vjp_rebound(launch_options const& opts, grid g, Kernel&& kernel, Args const
   std::vector<memory_ref> refs;
   (add_memory_ref<T>(args, refs), ...);
   check_overlaps(refs, "tilegrad::vjp", shared_memory_hint);
+  // The caller's tensors with a gradient: the kernel reads their copies (access_hooks::watched).
+  std::vector<tilegrad::detail::watched_tensor> originals;
+  auto add_original = [&]<class X>(X const& x) {
+    if constexpr (requires { x.cotangent; })
+      if (x.r != role::out && x.t.numel() > 0)
+        originals.push_back(tilegrad::detail::watched_of(x.name, x.t));
+  };
+  (add_original(args), ...);
+  tilegrad::detail::watching_originals const watching(originals);
   rebound_args<U> r;
   std::tuple<decltype(rebind_arg<U>(args, r))...> copies{
       rebind_arg<U>(args, r)...}; // braces: left to right

@@ -309,6 +309,13 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       ++others;
   });
 
+  // The caller's tensors marked in: the references differentiate copies of them, so a load of one
+  // through a view the kernel captures throws there (detail::watched_tensor).
+  std::vector<detail::watched_tensor> originals;
+  for (auto const& x : ins)
+    if (x.t.numel() > 0)
+      originals.push_back(detail::watched_of(x.name, x.t));
+
   // Unmarked float tensors, for the overlap check (marked ones are added by the core).
   std::vector<ad::memory_ref> unmarked;
   detail::for_each_arg(fwd.args, [&]<class X>(X const& x) {
@@ -380,6 +387,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   auto reference = [&]<class U>(std::vector<owned_tensor<T>> const& cots,
                                 std::deque<owned_tensor<U>>& keep, sweep kind = sweep::plain) {
     unmarked_as_given const as_given(unmarked_initial, fwd); // the float forward's put back after
+    detail::watching_originals const watching(originals);
     std::deque<owned_tensor<U>> cot_copies;
     for (auto const& c : cots) {
       cot_copies.push_back(detail::copy_as<U>(c.cview()));
@@ -408,6 +416,7 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   // cotangents `cots`: forward mode's side of the reference's dot-product test.
   auto reference_jvp64 = [&](std::vector<owned_tensor<T>> const& cots, unsigned seed) {
     unmarked_as_given const as_given(unmarked_initial, fwd);
+    detail::watching_originals const watching(originals);
     std::deque<owned_tensor<double>> keep, cot_copies, us;
     for (auto const& c : cots)
       cot_copies.push_back(detail::copy_as<double>(c.cview()));

@@ -619,6 +619,7 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
         "the converted values into a buffer of their own.");
   launch_observer* const observer = current_observer();
   bool const confined = confine_accesses(); // (read here: the programs run on other threads)
+  std::vector<watched_tensor> const* const watched = watched_memory();
   tracker.check_exchanges(true);
   if (observer && observer->launches.size() < observer->known_locks.size())
     tracker.know_locks(observer->known_locks[observer->launches.size()]);
@@ -629,6 +630,7 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
     access_hooks bounds_only;
     bounds_only.args = args;
     bounds_only.confined = confine_accesses();
+    bounds_only.watched = watched;
     launch_untracked(
         opts, g,
         [&](program const& p) {
@@ -679,6 +681,7 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
       access_hooks h{&tracker, &log};
       h.args = args;
       h.confined = confined;
+      h.watched = watched;
       if (jitter)
         h.bf16_jitter = mix64(jitter ^ static_cast<std::uint64_t>(w0 + i));
       program_scope const scope(p, &h);
@@ -745,6 +748,7 @@ void launch(launch_options const& opts, grid g, Kernel&& kernel, Args&&... args)
     detail::access_hooks bounds_only;
     bounds_only.args = &layouts;
     bounds_only.confined = detail::confine_accesses();
+    bounds_only.watched = detail::watched_memory();
     detail::launch_untracked(opts, g, call, &bounds_only);
     return;
   }

@@ -10,6 +10,7 @@
 #include "tilegrad/memory/runs.hpp"
 #include "tilegrad/memory/tensor.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -119,6 +120,80 @@ std::vector<arg_layout> arg_layouts(A const&... a) {
   return out;
 }
 
+/// A tensor a launch differentiates: vjp's `in` and `inout` tensors, jvp's tangent_in and
+/// tangent_inout ones, and the caller's tensors of which a reference differentiates copies
+/// (check_backward's references, vjp_as). A load of its elements through a view that is not the
+/// launch's argument (a view the kernel captures) reads them as constants, and the gradient
+/// along that path would be lost with no error: such a load throws (captured_read).
+struct watched_tensor {
+  std::string name;               // the argument's
+  tensor<std::byte const> layout; // data: its first element; shape and strides in elements
+  std::size_t elem = 1;           // bytes per element
+  char const* by = "";            // "tilegrad::vjp", "tilegrad::jvp", for messages
+  bool copy = false;              // the launch differentiates a copy of it
+
+  /// The offset from the first element of an element whose bytes overlap the `bytes` bytes at
+  /// `at`; -1: none.
+  std::int64_t element_at(void const* at, std::size_t bytes) const {
+    auto const lo = reinterpret_cast<std::intptr_t>(layout.data());
+    auto const e = static_cast<std::intptr_t>(elem);
+    std::intptr_t const from = std::max<std::intptr_t>(reinterpret_cast<std::intptr_t>(at) - lo, 0);
+    std::intptr_t const to = std::min<std::intptr_t>(reinterpret_cast<std::intptr_t>(at) +
+                                                         static_cast<std::intptr_t>(bytes) - lo,
+                                                     static_cast<std::intptr_t>(layout.span()) * e);
+    for (std::intptr_t d = from / e * e; d < to; d += e)
+      if (layout.contains(d / e))
+        return d / e;
+    return -1;
+  }
+  /// Whether the `bytes` bytes at `at` overlap its span.
+  bool overlaps(void const* at, std::int64_t bytes) const {
+    auto const lo = reinterpret_cast<std::intptr_t>(layout.data());
+    auto const b = reinterpret_cast<std::intptr_t>(at);
+    return b < lo + static_cast<std::intptr_t>(layout.span() * static_cast<std::int64_t>(elem)) &&
+           lo < b + static_cast<std::intptr_t>(bytes);
+  }
+};
+
+template <class E>
+watched_tensor watched_of(std::string name, tensor<E> const& t) {
+  return {std::move(name),
+          tensor<std::byte const>(reinterpret_cast<std::byte const*>(t.data()), t.rank(), t.shape(),
+                                  t.strides()),
+          sizeof(E)};
+}
+
+/// The caller's tensors of which the vjp and jvp calls of this thread differentiate copies (a
+/// reference of check_backward, vjp_as): watched by their launches besides their own tensors.
+/// A watching_originals scope adds them.
+inline std::vector<watched_tensor>& watched_originals() {
+  thread_local std::vector<watched_tensor> v;
+  return v;
+}
+class watching_originals {
+public:
+  explicit watching_originals(std::vector<watched_tensor> const& t)
+      : size_(watched_originals().size()) {
+    watched_originals().insert(watched_originals().end(), t.begin(), t.end());
+  }
+  ~watching_originals() {
+    auto& v = watched_originals();
+    v.erase(v.begin() + static_cast<std::ptrdiff_t>(size_), v.end());
+  }
+  watching_originals(watching_originals const&) = delete;
+  watching_originals& operator=(watching_originals const&) = delete;
+
+private:
+  std::size_t size_;
+};
+
+/// Set by jvp around its launch, on the thread that launches: the tensors the launch's hooks
+/// watch (access_hooks::watched).
+inline std::vector<watched_tensor> const*& watched_memory() {
+  thread_local std::vector<watched_tensor> const* w = nullptr;
+  return w;
+}
+
 /// What loads, stores and atomics consult (current_hooks()) while a program of a checked launch
 /// runs: with a tracker, they record into the program's log; without, they only check bounds.
 struct access_hooks {
@@ -146,6 +221,9 @@ struct access_hooks {
   // (confine_run); a view made in the kernel from one's data reaching past it would read memory
   // that holds no copy of anything.
   bool confined = false;
+  // vjp and jvp: the tensors the launch differentiates (watched_tensor); a load through a view
+  // that is not an argument (its element type is not the launch's) that reads one throws.
+  std::vector<watched_tensor> const* watched = nullptr;
 };
 
 /// Set by jvp around its launch, on the thread that launches: the launch's hooks confine accesses
@@ -273,6 +351,35 @@ waited_too_long(tensor<std::byte const> const& t, std::size_t elem_size, std::in
           "and a launch that checks races runs them in waves. Set the limit with "
           "tilegrad::set_wait_limit (seconds; 0: wait for ever).",
       prog, t.name(), elem, loc);
+}
+#else
+    ;
+#endif
+
+/// Throws access_error for a load by a program of vjp or jvp, through the view `view` (the name
+/// it carries), of element `offset` of t, a tensor the launch differentiates: the view is not the
+/// launch's argument (a view the kernel captures), so the load reads constants.
+[[noreturn]] TILEGRAD_MACHINERY void captured_read(watched_tensor const& t, std::int64_t offset,
+                                                   char const* view,
+                                                   std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("host code");
+  std::string const elem = t.layout.coordinates(offset);
+  std::string const name = tensor_label(t.name.c_str());
+  std::string const through =
+      view && *view && t.name != view ? "a view named " + tensor_label(view) : "a view";
+  throw access_error(
+      std::string(t.by) + ": " + prog + " loads element " + elem + " of " + name + " at " +
+          where_string(loc) + " through " + through +
+          " that is not an argument of the launch (a tensor the kernel captures?). The launch "
+          "differentiates " +
+          (t.copy ? "a copy of " + name + ", and a load of " + name + " itself"
+                  : name + ", and a load") +
+          " through such a view reads constants: the gradient along it would be lost. Pass " +
+          name + " to the kernel as an argument and read it through the argument.",
+      prog, t.name, elem, loc);
 }
 #else
     ;

@@ -1414,13 +1414,16 @@ private:
 #endif
 
 /// Gathers the lanes of one access of the running program into its log when the access goes to
-/// a tracked tensor, and does nothing otherwise (a write to no tracked tensor throws). Called as
+/// a tracked tensor, and does nothing otherwise (a write to no tracked tensor throws, and so does
+/// a load of an element of a tensor vjp or jvp differentiates: access_hooks::watched). Called as
 /// the lane hook of the loops of loads, stores and atomics: lane(pos, offset, n) for n contiguous
 /// elements.
 class access_recorder {
 public:
   access_recorder(access_hooks const& h, void const* base, std::size_t elem, std::int64_t extent,
                   char const* name) {
+    if (h.watched) [[unlikely]]
+      watch(*h.watched, base, elem, extent, name);
     if (!h.tracker)
       return;
     int const t = h.tracker->find(base, elem, extent);
@@ -1457,8 +1460,12 @@ public:
   int lanes() const { return pos_; }
   /// Whether the access must still visit its lanes: it records them, or it is a write of `op` to
   /// an untracked tensor, refused if a lane is written (commit).
-  bool wanted(std::uint8_t op) const { return log_ || (untracked_ && (op & op_write)); }
+  bool wanted(std::uint8_t op) const {
+    return log_ || (untracked_ && (op & op_write)) || (watched_ && op == op_load);
+  }
   void operator()(int, std::int64_t off, int n) {
+    if (watched_ && !hit_) [[unlikely]]
+      find_watched(off, n);
     if (!log_ || n <= 0) {
       touched_ |= n > 0;
       return;
@@ -1488,6 +1495,8 @@ public:
   }
   /// Appends the access to the log.
   void commit(std::uint8_t op, std::source_location const& loc) {
+    if (hit_ && op == op_load) [[unlikely]]
+      captured_read(*hit_, hit_offset_, name_, loc);
     if (log_)
       append(op, loc);
     else if (untracked_ && touched_ && (op & op_write))
@@ -1495,6 +1504,32 @@ public:
   }
 
 private:
+  /// Keeps the watched tensors when a view that is not an argument of the launch (its element
+  /// type is not the launch's: a view the kernel captures) spans memory of one.
+  void watch(std::vector<watched_tensor> const& w, void const* base, std::size_t elem,
+             std::int64_t extent, char const* name) {
+    for (watched_tensor const& t : w)
+      if (t.overlaps(base, std::max<std::int64_t>(extent, 1) * static_cast<std::int64_t>(elem))) {
+        watched_ = &w;
+        view_ = static_cast<std::byte const*>(base);
+        elem_ = elem;
+        name_ = name;
+        return;
+      }
+  }
+  /// The first lane of n from offset `off` of the view that reads an element of a watched tensor.
+  void find_watched(std::int64_t off, int n) {
+    for (int k = 0; k < n; ++k) {
+      std::byte const* const at = view_ + (off + k) * static_cast<std::int64_t>(elem_);
+      for (watched_tensor const& t : *watched_)
+        if (std::int64_t const e = t.element_at(at, elem_); e >= 0) {
+          hit_ = &t;
+          hit_offset_ = e;
+          return;
+        }
+    }
+  }
+
   TILEGRAD_MACHINERY_MEMBER void append(std::uint8_t op, std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
   {
@@ -1544,6 +1579,12 @@ private:
   std::uint16_t* moved_ = nullptr; // the bf16 elements a store moves (move_stored_bf16)
   std::uint64_t seed_ = 0;
   std::optional<run_builder> builder_;
+  std::vector<watched_tensor> const* watched_ = nullptr; // a view over memory of one of them
+  std::byte const* view_ = nullptr;
+  std::size_t elem_ = 0;
+  char const* name_ = nullptr;
+  watched_tensor const* hit_ = nullptr; // the tensor of the first lane that reads one
+  std::int64_t hit_offset_ = -1;
 };
 
 /// The writes of one tracked launch to one tensor, kept after the launch: per element (offset
