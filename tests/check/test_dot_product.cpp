@@ -4,6 +4,7 @@
 // check_backward runs the same test on its reference.
 #include <tilegrad/check/dot_product.hpp>
 #include <tilegrad/check/gtest.hpp>
+#include <tilegrad/check/taylor.hpp>
 #include <tilegrad/kernels/flash_attention.hpp>
 #include <tilegrad/kernels/softmax.hpp>
 #include <tilegrad/tilegrad.hpp>
@@ -33,6 +34,34 @@ void expect_sound(tg::dot_product_result const& r) {
   EXPECT_GT(std::abs(r.forward_side), 1e-3 * r.scale) << "a degenerate test\n" << r;
 }
 } // namespace
+
+// The self-checks run on float64 copies of the inputs; a forward that reads an input again
+// through a view it captures (a residual) reads the caller's float tensor there, as constants.
+// Both tests refuse it with the reason rather than report on a function with a path missing.
+TEST(DotProductTest, AnInputReadThroughACapturedViewIsRefusedByBothSelfChecks) {
+  tg::owned_tensor<float> x({40}, "x"), y({40}, "y");
+  fill(x, 5);
+  tg::tensor<float const> const res = x.cview();
+  auto const residual = [res]<class T>(tg::program const& p, tg::tensor<T const> x,
+                                       tg::tensor<T> y) {
+    auto const i = p.program_id(0) * 16 + tg::arange<0, 16>();
+    auto const m = i < x.numel();
+    tg::tile<tg::fp32<T>, 16> const v = tg::load(x + i, m, 0.0f);
+    tg::store(y + i, tg::tanh(v) + tg::load(res + i, m, 0.0f), m);
+  };
+  auto expect_refused = [](auto&& run) {
+    try {
+      run();
+      ADD_FAILURE() << "no error";
+    } catch (tg::access_error const& e) {
+      std::string const m = e.what();
+      EXPECT_EQ(e.tensor(), "x") << m;
+      EXPECT_NE(m.find("through a view that is not an argument"), std::string::npos) << m;
+    }
+  };
+  expect_refused([&] { (void)tg::dot_product_test(3, residual, tg::in("x", x), tg::out("y", y)); });
+  expect_refused([&] { (void)tg::taylor_test(3, residual, tg::in("x", x), tg::out("y", y)); });
+}
 
 TEST(DotProductTest, SoftmaxPasses) {
   tg::owned_tensor<float> x({7, 37}), y({7, 37});

@@ -5,6 +5,7 @@
 
 #include "tilegrad/check/forward.hpp"
 #include "tilegrad/check/saved.hpp"
+#include "tilegrad/memory/checked.hpp"
 
 #include <cstdint>
 #include <deque>
@@ -49,13 +50,16 @@ struct double_copies<std::tuple<X...>> {
     owned_tensor<double> const* w;
   };
 
+  // The caller's tensors marked in, while the copies live: a load of one through a view the
+  // kernel captures throws in the launches on the copies (detail::watched_tensor).
+  watching_originals watching;
   std::deque<owned_tensor<double>> keep, cots; // the copies, the cotangents
   double_args_t<X...> args;
   std::vector<input> ins;
   std::vector<output> outs;
 
   double_copies(std::tuple<X...> const& given, std::mt19937_64& gen)
-      : args(make_args(given, gen)) {
+      : watching(originals_of(given)), args(make_args(given, gen)) {
     std::uniform_real_distribution<double> d(-1, 1);
     std::size_t k = 0;
     std::apply(
@@ -114,6 +118,21 @@ struct double_copies<std::tuple<X...>> {
 private:
   std::vector<std::vector<double>> y0;
   std::vector<std::function<void()>> unmarked;
+
+  static std::vector<watched_tensor> originals_of(std::tuple<X...> const& given) {
+    std::vector<watched_tensor> w;
+    std::apply(
+        [&](auto const&... a) {
+          auto add = [&]<class A>(A const& x) {
+            if constexpr (arg_kind<A>::in)
+              if (x.t.numel() > 0)
+                w.push_back(watched_of(x.name, x.t));
+          };
+          (add(a), ...);
+        },
+        given);
+    return w;
+  }
 
   double_args_t<X...> make_args(std::tuple<X...> const& given, std::mt19937_64& gen) {
     std::uniform_real_distribution<double> d(-1, 1);
