@@ -48,6 +48,76 @@ TEST(MathEdges, SigmoidDerivativeKeepsItsDigitsInBothModes) {
   }
 }
 
+constexpr auto squash = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+  tg::tile<tg::fp32<T>, N> const v = tg::load(tg::make_block_ptr<N>(x, {0}));
+  tg::store(tg::make_block_ptr<N>(y, {0}), tg::tanh(v));
+};
+
+// tanh's derivative where tanh rounds to 1: 1 - y^2 gave 1.2e-7 for 6.1e-8 at x = 9 in float, 0
+// from x = 10 (and 0 for 1.7e-17 at x = 20 in double); 4 e / (1 + e)^2 with e = exp(-2 |x|)
+// keeps its digits in both modes.
+TEST(MathEdges, TanhDerivativeKeepsItsDigitsInBothModes) {
+  float const v[N] = {9,        -9, 10,   12,    20, 44, 50,    -50,     100, -1e4f,
+                      INFINITY, 0,  0.5f, -0.5f, 3,  -3, 1e-3f, -1e-20f, 5};
+  tg::owned_tensor<float> x({N}), y({N}), dy({N}), u({N});
+  for (int i = 0; i < N; ++i) {
+    x(i) = v[i];
+    dy(i) = 1;
+    u(i) = 1;
+  }
+  auto const g = tg::vjp(1, squash, tg::in("x", x), tg::out("y", y, dy));
+  auto const t = tg::jvp(1, squash, tg::tangent_in("x", x, u), tg::tangent_out("y", y));
+  for (int i = 0; i < N; ++i) {
+    long double const c = std::cosh(static_cast<long double>(v[i]));
+    double const want = std::isinf(c) ? 0.0 : static_cast<double>(1 / (c * c));
+    double const tol = 4e-7 * want + 1e-44;
+    EXPECT_NEAR(g["x"](i), want, tol) << "vjp: tanh'(" << v[i] << ")";
+    EXPECT_NEAR(t["y"](i), want, tol) << "jvp: tanh'(" << v[i] << ")";
+  }
+  tg::owned_tensor<double> xd({N}), yd({N}), dyd({N});
+  for (int i = 0; i < N; ++i) {
+    xd(i) = v[i] * 2.0;
+    dyd(i) = 1;
+  }
+  auto const gd = tg::vjp(1, squash, tg::in("x", xd), tg::out("y", yd, dyd));
+  for (int i : {0, 2, 3}) { // x = 18, 20, 24 in double
+    long double const c = std::cosh(static_cast<long double>(xd(i)));
+    double const want = static_cast<double>(1 / (c * c));
+    EXPECT_NEAR(gd["x"](i), want, 1e-12 * want) << "tanh'(" << xd(i) << ")";
+  }
+}
+
+// The derivative of a % b in b, -trunc(a / b), where a / b rounds up to a whole number: a = 1,
+// b = 0.1 has remainder 0.1 - 5.6e-17 = a - 9 b, but trunc(a / b) = 10. Forward mode took -10,
+// reverse mode -9: the two modes disagreed, and so did check_backward's check of one against
+// the other. Both take (a - y) / b now.
+TEST(MathEdges, TheRemaindersSlopeInTheDivisorIsThePiecesInBothModes) {
+  constexpr auto rem = []<class T>(tg::program const&, tg::tensor<T const> a, tg::tensor<T const> b,
+                                   tg::tensor<T> y) {
+    auto const i = tg::arange<0, 4>();
+    tg::store(y + i, tg::load(a + i) % tg::load(b + i));
+  };
+  tg::owned_tensor<double> a({4}), b({4}), y({4}), dy({4}), ua({4}), ub({4});
+  double const av[4] = {1, 5, -1, 7.5}, bv[4] = {0.1, 0.1, 0.1, 2};
+  for (int i = 0; i < 4; ++i) {
+    a(i) = av[i];
+    b(i) = bv[i];
+    dy(i) = 1;
+    ua(i) = 0;
+    ub(i) = 1;
+  }
+  auto const g = tg::vjp(1, rem, tg::in("a", a), tg::in("b", b), tg::out("y", y, dy));
+  auto const t = tg::jvp(1, rem, tg::tangent_in("a", a, ua), tg::tangent_in("b", b, ub),
+                         tg::tangent_out("y", y));
+  for (int i = 0; i < 4; ++i) {
+    double const q = std::round((av[i] - std::fmod(av[i], bv[i])) / bv[i]); // the piece's
+    EXPECT_NEAR(g["b"](i), -q, 1e-9) << i;
+    EXPECT_NEAR(t["y"](i), -q, 1e-9) << i;
+    EXPECT_EQ(g["a"](i), 1.0) << i;
+  }
+  EXPECT_NEAR(t["y"](0), -9, 1e-9); // (1 - 9 * 0.1 in double is the remainder)
+}
+
 // Functions constant in x whose reverse sweep passes sqrt's infinite slope at 0 through a
 // partial derivative of exactly zero: sqrt(x * w) with a passive w = 0, sqrt(|x| * w), the norm
 // of a row every element of which a float mask zeroes, and a product with a zero row. vjp gave

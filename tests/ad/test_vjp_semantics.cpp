@@ -706,11 +706,11 @@ auto const residual_by_argument = []<class T>(tg::program const& p, tg::tensor<T
   tg::store(y + i, tg::tanh(v) + tg::load(x + i, m, 0.0f), m);
 };
 
-std::string message_of(auto&& f) {
+std::string message_of(auto&& f, std::string const& tensor = "x") {
   try {
     f();
   } catch (tg::access_error const& e) {
-    EXPECT_EQ(e.tensor(), "x");
+    EXPECT_EQ(e.tensor(), tensor);
     return e.what();
   }
   return "no error";
@@ -802,6 +802,124 @@ TEST(VjpCaptures, TheResidualReadThroughTheArgumentGetsItsGradient) {
     double const th = std::tanh(double(x(i)));
     EXPECT_NEAR(g["x"](i), (2 - th * th) * dy(i), 1e-6) << i;
     EXPECT_NEAR(t["y"](i), (2 - th * th) * u(i), 1e-6) << i;
+  }
+}
+
+// Writes through a captured view. vjp's tensors are the caller's memory, jvp's copies of it: a
+// store or an atomic through a float view the kernel captures changed, under vjp, values the
+// tape had recorded as something else (y = x * x with y then overwritten gave dx = 2 x where the
+// launch's y does not depend on x), and under jvp the caller's memory instead of the copies (the
+// forward and its tangent were another function's). Both refuse it, naming program, tensor,
+// element and line, for inputs and outputs.
+enum class write_kind { store, atomic };
+
+// y = x * x, and then `cap` (a view of x or y the kernel captures) is written at the same lanes:
+// before the loads when `before`, after the store otherwise.
+auto writing_fwd(tg::tensor<float> cap, write_kind w, bool before) {
+  return [cap, w, before]<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * C + tg::arange<0, C>();
+    auto const m = i < x.numel();
+    auto write = [&] {
+      if (w == write_kind::store)
+        tg::store(cap + i * cap.stride(0), tg::full<float, C>(0.5f), m);
+      else
+        tg::atomic_add(cap + i * cap.stride(0), tg::full<float, C>(1.0f), m);
+    };
+    if (before)
+      write();
+    tg::tile<T, C> const v = tg::load(x + i * x.stride(0), m, 0.0f);
+    tg::store(y + i, v * v, m);
+    if (!before)
+      write();
+  };
+}
+int const writing_line = __LINE__ - 12; // the store through cap
+
+TEST(VjpCaptures, AWriteThroughACapturedViewOfAnInputOrAnOutputIsRefused) {
+  for (write_kind w : {write_kind::store, write_kind::atomic})
+    for (bool output : {false, true}) {
+      SCOPED_TRACE(std::string(w == write_kind::store ? "store" : "atomic_add") + " to " +
+                   (output ? "y" : "x"));
+      tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), dy({n}, "dy"), u({n}, "u");
+      fill(x, 1);
+      fill(dy, 2);
+      fill(u, 3);
+      auto const fwd = writing_fwd(output ? y.view() : x.view(), w, !output);
+      char const* const name = output ? "y" : "x";
+      std::string const at = "test_vjp_semantics.cpp:" +
+                             std::to_string(writing_line + (w == write_kind::store ? 0 : 2));
+      std::string const verb = w == write_kind::store ? "stores to" : "writes atomically to";
+      std::string const m = message_of(
+          [&] {
+            (void)tg::vjp({tg::executor::sequential}, tg::cdiv<int>(n, C), fwd, tg::in("x", x),
+                          tg::out("y", y, dy));
+          },
+          name);
+      EXPECT_NE(
+          m.find("tilegrad::vjp: program (0, 0, 0) " + verb + " element (0) of '" + name + "' at "),
+          std::string::npos)
+          << m;
+      EXPECT_NE(m.find(at), std::string::npos) << m;
+      EXPECT_NE(m.find("changes values the launch does not follow"), std::string::npos) << m;
+      fill(x, 1);
+      std::string const fm = message_of(
+          [&] {
+            (void)tg::jvp({tg::executor::sequential}, tg::cdiv<int>(n, C), fwd,
+                          tg::tangent_in("x", x, u), tg::tangent_out("y", y));
+          },
+          name);
+      EXPECT_NE(fm.find("tilegrad::jvp: program (0, 0, 0) " + verb + " element (0) of '" + name +
+                        "' at "),
+                std::string::npos)
+          << fm;
+      EXPECT_NE(fm.find("a copy of '" + std::string(name) + "'"), std::string::npos) << fm;
+      fill(x, 1);
+      std::string const as = message_of(
+          [&] {
+            (void)tg::vjp_as<double>(tg::cdiv<int>(n, C), fwd, tg::in("x", x), tg::out("y", y, dy));
+          },
+          name);
+      EXPECT_NE(as.find("a copy of '" + std::string(name) + "'"), std::string::npos) << as;
+      EXPECT_NE(as.find(at), std::string::npos) << as;
+    }
+}
+
+TEST(VjpCaptures, AnOutputReadThroughACapturedViewIsRefused) {
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), dy({n}, "dy");
+  fill(x, 1);
+  fill(dy, 2);
+  // y = tanh(x) + y, the second term read through a view of y the kernel captures.
+  auto const fwd = residual_fwd(y.cview());
+  std::string const m = message_of(
+      [&] {
+        (void)tg::vjp({tg::executor::sequential}, tg::cdiv<int>(n, C), fwd, tg::in("x", x),
+                      tg::out("y", y, dy));
+      },
+      "y");
+  EXPECT_NE(m.find("loads element (0) of 'y' at "), std::string::npos) << m;
+  EXPECT_NE(m.find("reads constants"), std::string::npos) << m;
+}
+
+// Writes through a captured view of memory the launch does not differentiate (a counter, the
+// other half of a buffer) run as before, and the gradients are the launch's.
+TEST(VjpCaptures, AWriteThroughACapturedViewOfOtherMemoryRunsAsBefore) {
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), dy({n}, "dy"), u({n}, "u"), buf({n, 2});
+  fill(x, 1);
+  fill(dy, 2);
+  fill(u, 3);
+  fill(buf, 4);
+  tg::tensor<float> const other(buf.data() + 1, {n}, {2}, "other");
+  tg::tensor<float const> const xs(buf.data(), {n}, {2}, "x");
+  for (write_kind w : {write_kind::store, write_kind::atomic}) {
+    auto const fwd = writing_fwd(other, w, true);
+    auto const g = tg::vjp(tg::cdiv<int>(n, C), fwd, tg::in("x", xs), tg::out("y", y, dy));
+    auto const t =
+        tg::jvp(tg::cdiv<int>(n, C), fwd, tg::tangent_in("x", xs, u), tg::tangent_out("y", y));
+    for (std::int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(y(i), xs(i) * xs(i)) << i;
+      EXPECT_NEAR(g["x"](i), 2 * double(xs(i)) * dy(i), 1e-5) << i;
+      EXPECT_NEAR(t["y"](i), 2 * double(xs(i)) * u(i), 1e-5) << i;
+    }
   }
 }
 

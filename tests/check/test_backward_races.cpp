@@ -641,6 +641,99 @@ TEST(LaunchRaces, AWriteThroughACapturedViewIsRefused) {
                              x.cview(), y.view()));
 }
 
+TEST(LaunchRaces, AWriteThroughACapturedViewIsRefusedWhenTheLaunchTakesNothingWritable) {
+  // The same lost updates, in a launch whose arguments are all const (dw captured, or inside a
+  // struct): it tracked no tensor, checked bounds only, and the write went through unseen.
+  tg::owned_tensor<float> x({12, 16}, "x"), dw({16}, "dw");
+  tg::tensor<float> dwv = dw.view();
+  auto const k = [dwv](tg::program const& p, tg::tensor<float const> x) {
+    auto const c = tg::arange<0, 16>();
+    tg::store(dwv + c, tg::load(dwv + c) + tg::load(x + (p.program_id(0) * x.stride(0) + c)));
+  };
+  int const line = __LINE__ - 2; // the store into dwv
+  struct grads {
+    tg::tensor<float> dw;
+  };
+  auto const in_struct = [](tg::program const& p, tg::tensor<float const> x, grads g) {
+    auto const c = tg::arange<0, 16>();
+    tg::store(g.dw + c, tg::load(g.dw + c) + tg::load(x + (p.program_id(0) * x.stride(0) + c)));
+  };
+  for (auto lo : launch_cases()) {
+    lo.check_races = true;
+    for (bool by_struct : {false, true}) {
+      try {
+        if (by_struct)
+          tg::launch(lo, 12, in_struct, x.cview(), grads{dw.view()});
+        else
+          tg::launch(lo, 12, k, x.cview());
+        ADD_FAILURE() << "no error";
+      } catch (tg::access_error const& e) {
+        std::string const what = e.what();
+        EXPECT_EQ(e.tensor(), "dw");
+        EXPECT_NE(what.find(") writes tensor 'dw' at "), std::string::npos) << what;
+        EXPECT_NE(
+            what.find("test_backward_races.cpp:" + std::to_string(line + (by_struct ? 8 : 0))),
+            std::string::npos)
+            << what;
+        EXPECT_NE(what.find("inside a struct or a container"), std::string::npos) << what;
+      }
+    }
+  }
+  EXPECT_NO_THROW(tg::launch({.exec = tg::executor::sequential}, 12, k, x.cview()));
+}
+
+TEST(LaunchRaces, ALoadThroughAViewOfAnotherElementSizeIsRefused) {
+  // Program r stores row r of a float workspace; program r + 1 reads row r back through a const
+  // view of doubles over the same memory. The race check follows elements of the tracked size:
+  // the loads were dropped as reads of untracked memory, and the race passed unseen (through a
+  // view of ints, 4 bytes like the floats, it was reported).
+  constexpr int C = 16, P = 4;
+  tg::owned_tensor<float> ws({P * C}, "ws"), out({P * C}, "out");
+  tg::tensor<double const> const as_double(reinterpret_cast<double const*>(ws.data()), {P * C / 2},
+                                           "ws as double");
+  auto const k = [](tg::program const& p, tg::tensor<float> ws, tg::tensor<double const> d,
+                    tg::tensor<float> out) {
+    int const r = p.program_id(0);
+    tg::store(ws + r * C + tg::arange<0, C>(), tg::full<float, C>(float(r + 1)));
+    if (r > 0)
+      tg::store(out + r * C + tg::arange<0, C / 2>(),
+                tg::to<float>(tg::load(d + (r - 1) * C / 2 + tg::arange<0, C / 2>())));
+  };
+  int const line = __LINE__ - 2; // the load through d
+  for (auto lo : launch_cases()) {
+    lo.check_races = true;
+    try {
+      tg::launch(lo, P, k, ws.view(), as_double, out.view());
+      ADD_FAILURE() << "no error";
+    } catch (tg::access_error const& e) {
+      std::string const what = e.what();
+      EXPECT_EQ(e.tensor(), "ws");
+      EXPECT_NE(what.find("loads bytes of element ("), std::string::npos) << what;
+      EXPECT_NE(what.find("of tensor 'ws' at "), std::string::npos) << what;
+      EXPECT_NE(what.find("test_backward_races.cpp:" + std::to_string(line)), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("'ws as double' of 8-byte elements, where the tensor's are 4 bytes"),
+                std::string::npos)
+          << what;
+    }
+  }
+  // Doubles beside the workspace in one allocation, read through such a view: no byte of it.
+  std::vector<double> both(P * C / 2 + 8);
+  tg::tensor<float> const ws2(reinterpret_cast<float*>(both.data()), {P * C}, "ws2");
+  // (its span covers the workspace's last 8 doubles' worth of floats; the loads read past them)
+  tg::tensor<double const> const after(both.data() + P * C / 2 - 8, {16}, "after");
+  auto const beside = [](tg::program const& p, tg::tensor<float> ws, tg::tensor<double const> d,
+                         tg::tensor<float> out) {
+    int const r = p.program_id(0);
+    tg::store(ws + r * C + tg::arange<0, C>(), tg::full<float, C>(float(r + 1)));
+    tg::store(out + r * C + tg::arange<0, 8>(),
+              tg::to<float>(tg::load(d + (d.numel() - 8) + tg::arange<0, 8>())));
+  };
+  EXPECT_NO_THROW(tg::launch({.check_races = true}, P, beside, ws2, after, out.view()));
+  EXPECT_NO_THROW(
+      tg::launch({.exec = tg::executor::sequential}, P, k, ws.view(), as_double, out.view()));
+}
+
 TEST(LaunchRaces, ElementAccessInsideACheckedLaunchIsRefusedNotPassed) {
   // A backward whose programs each add their row into dw through element access,
   // dw(c) += x(r, c) * dy(r, c): lost updates no race check can see (it lost 2 runs in 50 on two

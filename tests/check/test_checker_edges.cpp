@@ -1290,6 +1290,68 @@ TEST(CheckerCaptures, TheResidualReadThroughTheArgumentIsChecked) {
   EXPECT_FALSE(wrong) << wrong;
 }
 
+// A forward that stores y = x * x through its argument and then clamps y's first block to 1
+// through a view of y it captures: the launch's y there does not depend on x. The references ran
+// on copies, wrote the caller's y through the captured view, and differentiated y = x * x: the
+// check passed a backward giving 2 x dy everywhere and failed the right one (0 on the clamped
+// block). The references now refuse the write, and the report says why, whichever the backward.
+auto clamping_fwd(tg::tensor<float> cap) {
+  return [cap]<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = p.program_id(0) * C + tg::arange<0, C>();
+    auto const m = i < x.numel();
+    tg::tile<T, C> const v = tg::load(x + i, m, 0.0f);
+    tg::store(y + i, v * v, m);
+    if (p.program_id(0) == 0)
+      tg::store(cap + i, tg::full<float, C>(1.0f), m);
+  };
+}
+
+auto square_bwd(bool clamped) {
+  return [clamped](tg::backward_context<float>& ctx) -> tg::gradient_set {
+    auto const x = ctx.input("x");
+    auto const dy = ctx.cotangent("y");
+    tg::owned_tensor<float> dx({n});
+    for (std::int64_t i = 0; i < n; ++i)
+      dx(i) = clamped && i < C ? 0.0f : float(2 * double(x(i)) * dy(i));
+    return {{"x", dx}};
+  };
+}
+
+TEST(CheckerCaptures, AnOutputWrittenThroughACapturedViewFailsWithTheReason) {
+  tg::owned_tensor<float> x({n}), y({n});
+  for (bool clamped : {false, true}) {
+    auto const r = tg::check_backward(
+        tg::forward(tg::cdiv<int>(n, C), clamping_fwd(y.view()), tg::in("x", x), tg::out("y", y)),
+        square_bwd(clamped), {.seeds = 2});
+    EXPECT_FALSE(r) << r;
+    EXPECT_TRUE(r.mentions("the reference (vjp of the forward) threw: tilegrad::vjp: program (0, "))
+        << r;
+    EXPECT_TRUE(r.mentions("stores to element (0) of 'y' at ")) << r;
+    EXPECT_TRUE(r.mentions("test_checker_edges.cpp:")) << r;
+    EXPECT_TRUE(r.mentions("Pass 'y' to the kernel as an argument")) << r;
+  }
+}
+
+// A negative tolerance failed every element and blamed a correct backward ("not linear in the
+// cotangent: doubling the cotangents makes 'x' -0.52, not 2 * -0.26"); it is named instead.
+TEST(CheckerOptions, ANegativeOrNaNToleranceIsNamed) {
+  tg::owned_tensor<float> x({n}), y({n});
+  auto const fwd =
+      tg::forward(tg::cdiv<int>(n, C), residual_by_argument, tg::in("x", x), tg::out("y", y));
+  auto const atol = tg::check_backward(fwd, residual_bwd(true),
+                                       {.seeds = 1, .rule = tg::pass_rule::atol_rtol, .atol = -1});
+  EXPECT_FALSE(atol);
+  EXPECT_TRUE(atol.mentions("check_options::atol is -1: a tolerance is a number of 0 or more"))
+      << atol;
+  EXPECT_FALSE(atol.mentions("not linear")) << atol;
+  tg::check_options o{.seeds = 1};
+  o.k_bound = std::nan("");
+  auto const k = tg::check_backward(fwd, residual_bwd(true), o);
+  EXPECT_FALSE(k);
+  EXPECT_TRUE(k.mentions("check_options::k_bound is nan")) << k;
+  EXPECT_BACKWARD_OK(tg::check_backward(fwd, residual_bwd(true), {.seeds = 1}));
+}
+
 } // namespace captured_views
 
 } // namespace test_checker_edges

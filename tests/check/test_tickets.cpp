@@ -278,6 +278,25 @@ TEST(Tickets, AReductionByTheLastIdThatDrawsATicketFailsPastOneWave) {
   }
 }
 
+// Without the determinism check, the second run (programs in reverse order) still looks for
+// races: on one thread the first run draws the tickets in program order, so the program with the
+// last id always drew the last ticket and the race never showed (the check passed every time).
+TEST(Tickets, ARaceOrderedByTicketsIsFoundWithoutTheDeterminismCheck) {
+  for (auto e : {tg::executor::sequential, tg::executor::tbb}) {
+    if (!tg::executor_available(e))
+      continue;
+    tg::check_options o{.seeds = 1, .launch = {e, 1}};
+    o.check_determinism = false;
+    auto const r = check(bug::ticket_by_id, 40 * Rows, 29, o);
+    EXPECT_FALSE(r) << r;
+    EXPECT_TRUE(r.mentions("race in launch 1 of the backward run a second time (the programs of "
+                           "each launch in reverse order)"))
+        << r;
+    EXPECT_TRUE(r.mentions("race on tensor 'partial_dw'")) << r;
+    EXPECT_BACKWARD_OK(check(bug::none, 40 * Rows, 29, o));
+  }
+}
+
 TEST(Tickets, ASweepOfShapesAndExecutorsGivesEveryRunItsVerdict) {
   // TILEGRAD_SWEEP_RUNS runs (10 unless set; the long sweep's variable), rows log-uniform up to
   // TILEGRAD_SWEEP_MAX_N (160 unless set), columns up to three blocks, a random executor and

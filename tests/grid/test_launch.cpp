@@ -711,6 +711,19 @@ TEST(Grid, TakesSizesAsTheyComeAndRefusesWhatAnIntCannotHold) {
                            "grid axis");
   }
   EXPECT_THROW(tg::grid(-too_many - 1), std::invalid_argument);
+  // Three extents each within int whose product a 64-bit count cannot hold: size() wrapped to a
+  // negative number, and a launch ran no program and returned.
+  int const big = std::numeric_limits<int>::max();
+  try {
+    tg::grid const bad{big, big, 4};
+    ADD_FAILURE() << "no throw: " << bad.size();
+  } catch (std::invalid_argument const& e) {
+    EXPECT_NE(std::string(e.what()).find("(2147483647, 2147483647, 4) programs are more than a "
+                                         "64-bit count holds"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ((tg::grid{big, big, 1}.size()), std::int64_t{big} * big);
 }
 
 } // namespace test_launch

@@ -163,6 +163,22 @@ TEST(ForwardKernels, OperandsOfAnotherShapeAreRefused) {
                mean.view(), rstd.view(), 1e-5);
   });
   EXPECT_NE(ln.find("'w' has shape (64), expected (100)"), std::string::npos) << ln;
+  // Every program checks before its first access: with the first program alone checking, the
+  // others wrote past an output of fewer rows while it threw (a crash on several threads).
+  tg::owned_tensor<float> c_short({4, 24}, "c");
+  std::string const later = message([&] {
+    tg::kernels::matmul_fwd<32, 32, 16, 2>(tg::program({1, 0, 0}, {2, 1, 1}), a.cview(),
+                                           tg::owned_tensor<float>({32, 24}, "b").cview(),
+                                           c_short.view());
+  });
+  EXPECT_NE(later.find("'c' has shape (4, 24), expected (20, 24)"), std::string::npos) << later;
+  std::string const second = message([&] {
+    tg::launch({.exec = tg::executor::sequential}, 4, tg::kernels::layer_norm_fwd<128>, xl.cview(),
+               bl.cview(), bl.cview(), yl.view(), mean.view(),
+               tg::owned_tensor<float>({2}, "rstd").view(), 1e-5);
+  });
+  EXPECT_NE(second.find("'rstd' has shape (2), expected (4)"), std::string::npos) << second;
+  EXPECT_NE(second.find("in program (0, 0, 0)"), std::string::npos) << second;
 }
 
 // The backward kernels of the ladder cut or zero-padded operands of another shape as the forward

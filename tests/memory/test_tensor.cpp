@@ -5,6 +5,7 @@
 #include "memory_test_util.hpp"
 
 #include <tilegrad/memory/tensor.hpp>
+#include <tilegrad/tilegrad.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,7 @@ namespace test_tensor {
 
 namespace {
 
+namespace tg = tilegrad;
 using namespace tilegrad;
 using tg_mem::at;
 using tg_mem::value_at;
@@ -469,6 +471,88 @@ TYPED_TEST(Tensor, OwnedTensorCopyAndMove) {
 }
 
 } // namespace
+
+// Views whose rows overlap (sliding windows, as torch's unfold and as_strided make them): an
+// offset can be reached by several coordinates, and unravelling it greedily (the largest
+// coordinate the largest stride allows) put some past the shape: a checked launch storing row 4
+// of a (5, 16) view with strides (8, 1) threw "element (5, 0) is outside it".
+TEST(Tensor, ViewsWhoseRowsOverlapContainEveryOffsetTheyAddress) {
+  std::vector<float> buf(200);
+  check_contains(tensor<float>(buf.data(), {5, 16}, {8, 1}, "windows"), -3, 60);
+  check_contains(tensor<float>(buf.data(), {25, 16}, {1, 1}, "unfold"), -3, 60);
+  check_contains(tensor<float>(buf.data(), {3, 4, 5}, {7, 3, 2}, "odd"), -3, 50);
+  check_contains(tensor<float>(buf.data(), {4, 6}, {3, 2}, "gaps"), -3, 30);
+  check_contains(tensor<float>(buf.data(), {2, 3, 4, 5}, {13, 7, 5, 3}, "four"), -3, 80);
+  // In a checked launch: every window summed, and row 4 of the first view stored.
+  std::vector<float> x(40);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = float(i % 7) - 3;
+  tensor<float const> const win(x.data(), {25, 16}, {1, 1}, "windows");
+  tg::owned_tensor<float> y({25}, "y");
+  auto const sums = [](tg::program const& p, tensor<float const> w, tensor<float> y) {
+    auto const r = p.program_id(0);
+    tg::store(y + r, tg::sum<0>(tg::load(w + r * w.stride(0) + tg::arange<0, 16>())));
+  };
+  tg::launch({.check_races = true}, 25, sums, win, y.view());
+  for (int r = 0; r < 25; ++r) {
+    float s = 0;
+    for (int c = 0; c < 16; ++c)
+      s += x[static_cast<std::size_t>(r + c)];
+    EXPECT_FLOAT_EQ(y(r), s) << r;
+  }
+  EXPECT_THROW(tg::launch({.check_races = true}, 26, sums, win, y.view()), tg::access_error);
+  tensor<float> const rows(buf.data(), {5, 16}, {8, 1}, "rows");
+  auto const row4 = [](tg::program const& p, tensor<float> t) {
+    if (p.program_id(0) == 4)
+      tg::store(t + 4 * t.stride(0) + tg::arange<0, 16>(), tg::full<float, 16>(1.0f));
+  };
+  EXPECT_NO_THROW(tg::launch({.check_races = true}, 5, row4, rows));
+}
+
+// A view of a null pointer with elements faulted at its first access, checked launch or not
+// (bounds checks look at offsets); the view refuses it, naming itself. Messages of views name the
+// tensor, and an axis out of range inside a program names the program.
+TEST(Tensor, BadViewsAreRefusedByName) {
+  auto const what = [](auto&& f) {
+    try {
+      f();
+    } catch (std::exception const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(what([] { tensor<float const>(nullptr, {32}, "x"); }),
+            "tilegrad::tensor 'x': null data for shape (32)");
+  EXPECT_EQ(what([] { tensor<float const>(nullptr, {4, 0}, "empty"); }), "no error");
+  EXPECT_EQ(what([] {
+              tensor<float>(nullptr, 1, {3, 1, 1, 1}, {1, 1, 1, 1}, "y");
+            }),
+            "tilegrad::tensor 'y': null data for shape (3)");
+  float buf[8] = {};
+  EXPECT_EQ(what([&] {
+              tensor<float>(buf, {2, -4}, "w");
+            }),
+            "tilegrad::tensor 'w': negative extent -4 on axis 1");
+  EXPECT_EQ(what([&] {
+              tensor<float>(buf, {1, 1, 1, 1, 1}, "r5");
+            }),
+            "tilegrad::tensor 'r5': rank must be 1 to 4 (5 extents given)");
+  EXPECT_EQ(what([] {
+              tg::owned_tensor<float>({2, 2, 2, 2, 2}, "big");
+            }),
+            "tilegrad::tensor 'big': rank must be 1 to 4 (5 extents given)");
+  EXPECT_EQ(what([&] { (void)tensor<float>(buf, {8}, "x").size(2); }),
+            "tilegrad::tensor 'x': axis 2 out of range for rank 1");
+  tensor<float const> const x(buf, {8}, "x");
+  std::string inside = what([&] {
+    tg::launch(
+        {.exec = tg::executor::sequential}, 2,
+        [](tg::program const&, tensor<float const> t) { (void)t.size(2); }, x);
+  });
+  EXPECT_EQ(inside, "tilegrad::tensor 'x': axis 2 out of range for rank 1 (in program (0, 0, 0))");
+  // A null name reads as no name.
+  EXPECT_STREQ(tensor<float>(buf, {8}, nullptr).name(), "");
+}
 
 TEST(Tensor, RowMajorOffsetWalksAnyStridesInRowMajorOrder) {
   // A transposed 3 x 5 view of a 5 x 3 buffer: element i of the view, row-major, is at

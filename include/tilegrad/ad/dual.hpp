@@ -173,10 +173,12 @@ template <class T, int N>
 dual<T, N> cos(dual<T, N> const& x) {
   return detail::chain(x, std::cos(x.v), -std::sin(x.v));
 }
+/// The slope 4 e / (1 + e)^2 with e = exp(-2 |x|), as tg::tanh's op (tile/ops.hpp): 1 - y^2
+/// rounds to 0 where y rounds to 1.
 template <class T, int N>
 dual<T, N> tanh(dual<T, N> const& x) {
-  T const y = std::tanh(x.v);
-  return detail::chain(x, y, T(1) - y * y);
+  T const e = std::exp(T(-2) * std::abs(x.v)), r = T(1) / (T(1) + e);
+  return detail::chain(x, std::tanh(x.v), T(4) * e * r * r);
 }
 /// With e = exp(-|x|): the value 1 / (1 + e) or e / (1 + e), the slope e / (1 + e)^2 (as
 /// tg::sigmoid's op, tile/ops.hpp: no overflow, no rounding of y to 1 in the slope).
@@ -196,12 +198,15 @@ dual<T, N> erf(dual<T, N> const& x) {
                        T(2) * std::numbers::inv_sqrtpi_v<T> * std::exp(-(x.v * x.v)));
 }
 
-/// Remainder with the sign of a: a - trunc(a / b) * b, so d/da = 1 and d/db = -trunc(a / b).
+/// Remainder with the sign of a: a - q b with q = trunc(a / b), so d/da = 1 and d/db = -q. q is
+/// taken as (a - r) / b, from the remainder, as reverse mode's rule (tile/ops.hpp) takes it: trunc
+/// of the rounded quotient is one too many where a / b rounds up to a whole number (a = 1,
+/// b = 0.1: r = 0.1 - 5.6e-17 = a - 9 b, and trunc(a / b) = 10).
 template <class T, int N>
 dual<T, N> fmod(dual<T, N> const& a, dual<T, N> const& b) {
   dual<T, N> r;
   r.v = std::fmod(a.v, b.v);
-  T const q = std::trunc(a.v / b.v);
+  T const q = (a.v - r.v) / b.v;
   for (int k = 0; k < N; ++k)
     r.d[k] = a.d[k] - detail::term(b.d[k], q);
   return r;

@@ -373,13 +373,14 @@ auto jvp(launch_options const& opts, grid g, Kernel&& kernel, Args const&... arg
                      "read twice, as it is and transposed (tied weights), is passed once, the "
                      "other view made in the kernel from its data and strides.");
 
-  // The caller's marked inputs (and those of which the caller differentiates copies): the kernel
-  // reads their copies, so a load of the caller's own elements through a view it captures would
-  // carry no tangent (access_hooks::watched).
+  // The caller's marked tensors (and those of which the caller differentiates copies): the kernel
+  // reads and writes their copies, so a load of the caller's own elements through a view it
+  // captures would carry no tangent, and a write there would change values the launch does not
+  // read (access_hooks::watched).
   std::vector<detail::watched_tensor> watched;
   auto add_watched = [&]<class X>(X const& x) {
     if constexpr (requires { X::role; })
-      if (X::role != tangent_role::out && x.t.numel() > 0)
+      if (x.t.numel() > 0)
         watched.push_back(detail::watched_of(x.name, x.t));
   };
   (add_watched(args), ...);

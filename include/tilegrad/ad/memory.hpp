@@ -671,7 +671,8 @@ auto atomic_ptr(ptr_tile<A, Off> const& p, Val const& val, Mask const& mask, F&&
   }
   detail::tile_t<adjoint<T>, S> const v(detail::bcast<S>(detail::convert_as<adjoint<T>>(val)));
   ptr_tile<T, Off> fp(primal_view(p.base), p.offsets, p.shift);
-  auto const old = detail::atomic_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, f, what, loc);
+  auto const old =
+      detail::atomic_impl(fp, tile_ref<T, S>{{}, v.values()}, mask, f, what, loc, nullptr, true);
   if (program_state* st = current_state()) {
     if (tensor_entry const* e = tracked_write(st, p.base.data())) {
       st->out->reads |= std::uint64_t{1} << e->index; // an atomic reads the old value

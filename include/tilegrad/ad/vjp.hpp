@@ -524,12 +524,13 @@ gradients<T> vjp_core(launch_options const& opts, grid g, std::vector<tensor_ent
   bounds_only.args = &args;
   bounds_only.before_write = &ad::plain_write_hook;
   bounds_only.lenient = true;
-  // The tensors with a gradient, and the caller's of which this vjp differentiates copies: a
-  // load of one through a view that is not an argument (a view the kernel captures, of the plain
-  // element type) reads constants, and their gradient would miss that path. It throws.
+  // The tensors with a gradient or a cotangent, and the caller's of which this vjp differentiates
+  // copies: a load of one through a view that is not an argument (a view the kernel captures, of
+  // the plain element type) reads constants, and the gradients would miss that path; a store or
+  // an atomic through one changes values the tape does not follow. Either throws.
   std::vector<tilegrad::detail::watched_tensor> watched;
   for (auto const& e : entries)
-    if (e.wants_grad() && e.layout.numel() > 0)
+    if ((e.wants_grad() || e.has_cotangent()) && e.layout.numel() > 0)
       watched.push_back({e.name, e.layout, e.bytes});
   for (auto const& w : tilegrad::detail::watched_originals()) {
     watched.push_back(w);
@@ -756,11 +757,12 @@ auto vjp_rebound(launch_options const& opts, grid g, Kernel&& kernel, Args const
   std::vector<memory_ref> refs;
   (add_memory_ref<T>(args, refs), ...);
   check_overlaps(refs, "tilegrad::vjp", shared_memory_hint);
-  // The caller's tensors with a gradient: the kernel reads their copies (access_hooks::watched).
+  // The caller's marked tensors: the kernel reads and writes their copies
+  // (access_hooks::watched).
   std::vector<tilegrad::detail::watched_tensor> originals;
   auto add_original = [&]<class X>(X const& x) {
     if constexpr (requires { x.cotangent; })
-      if (x.r != role::out && x.t.numel() > 0)
+      if (x.t.numel() > 0)
         originals.push_back(tilegrad::detail::watched_of(x.name, x.t));
   };
   (add_original(args), ...);

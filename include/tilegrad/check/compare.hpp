@@ -705,7 +705,16 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     // The rounded reference's fit is a pass over the gradient: taken only where the fit's size
     // and its blocks' agreement already say it may fail.
     r.scale_allowed = scale_allowed + 2 * tol.unit;
-    if (scale_units > 0 && r.scale_units > scale_units && r.scale_z > scale_agreement) {
+    // A bf16 gradient is judged too where its fit is past that allowance, however small a share
+    // of its bounds: where its elements sum many terms that cancel (dq and dk of attention over
+    // N keys), the bounds grow with sqrt(N), and FlashAttention's dq 1 % too large was 0.087 of
+    // them at N = 1024 (passed) though its blocks agreed to 178 standard errors. (Correct bf16
+    // gradients' blocks agree to 8 at most; float32 keeps the share: docs/checking.md.) A share
+    // the caller sets is the rule as given.
+    bool const past_allowance =
+        got.dtype == "bfloat16" && !o.scale_units && std::abs(r.scale_error) > r.scale_allowed;
+    if (scale_units > 0 && (r.scale_units > scale_units || past_allowance) &&
+        r.scale_z > scale_agreement) {
       r.scale_allowed += std::abs(r.scale_fit == scale_fit_kind::by_bounds
                                       ? detail::rounding_scale_error(ref64, got.dtype, bound)
                                       : detail::rounding_scale_error(ref64, got.dtype));

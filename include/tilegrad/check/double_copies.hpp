@@ -50,7 +50,7 @@ struct double_copies<std::tuple<X...>> {
     owned_tensor<double> const* w;
   };
 
-  // The caller's tensors marked in, while the copies live: a load of one through a view the
+  // The caller's marked tensors, while the copies live: an access of one through a view the
   // kernel captures throws in the launches on the copies (detail::watched_tensor).
   watching_originals watching;
   std::deque<owned_tensor<double>> keep, cots; // the copies, the cotangents
@@ -124,7 +124,7 @@ private:
     std::apply(
         [&](auto const&... a) {
           auto add = [&]<class A>(A const& x) {
-            if constexpr (arg_kind<A>::in)
+            if constexpr (arg_kind<A>::in || arg_kind<A>::out)
               if (x.t.numel() > 0)
                 w.push_back(watched_of(x.name, x.t));
           };

@@ -124,7 +124,8 @@ struct check_options {
   /// errors; at least 8 blocks' worth of weight). Roundings move elements either way; a missing
   /// factor moves them all one way, and a few percent of a bf16 gradient passed element by
   /// element. Unset: 0.1 for bfloat16, 0.25 for float32 and float64 (docs/checking.md, "Errors
-  /// along the reference"); 0: off.
+  /// along the reference"); 0: off. Unset, a bf16 gradient is also judged where its factor is
+  /// past what roundings allow (two unit roundoffs and more), whatever its share of the bounds.
   std::optional<double> scale_units = {};
   /// error_bound with bfloat16 tensors: whether the backward keeps sums of many terms in bf16
   /// (partial weight gradients in a bf16 buffer, read back and added to, as in Triton's
@@ -190,7 +191,9 @@ struct check_options {
   std::vector<std::string> given = {};
 
   /// Structural checks, on the first seed: zero and doubled cotangents, and a second run of
-  /// the backward compared bitwise with the first.
+  /// the backward (the programs of each launch in reverse order) compared bitwise with the
+  /// first. Without check_determinism the second run still looks for races, which tickets and
+  /// locks can hide in the first run's order; only the comparison of its values is left out.
   bool check_linearity = true;
   bool check_determinism = true;
   /// The reference checked against forward mode, on the first seed: jvp of the forward in

@@ -626,8 +626,9 @@ TILEGRAD_MACHINERY void launch_tracked(launch_options const& opts, grid g, launc
   if (observer && observer->probe_locks)
     tracker.probe_locks(&observer->probe_stopped);
   std::int64_t const total = g.size();
-  if (tracker.empty()) { // nothing the kernel may write: bounds only
+  if (tracker.empty()) { // nothing the kernel may write: bounds only, and writes refused
     access_hooks bounds_only;
+    bounds_only.refuse_writes = true;
     bounds_only.args = args;
     bounds_only.confined = confine_accesses();
     bounds_only.watched = watched;

@@ -29,7 +29,15 @@ struct grid {
   template <std::integral X, std::integral Y>
   grid(X x, Y y) : dims{extent(x, 0), extent(y, 1), 1}, rank(2) {}
   template <std::integral X, std::integral Y, std::integral Z>
-  grid(X x, Y y, Z z) : dims{extent(x, 0), extent(y, 1), extent(z, 2)}, rank(3) {}
+  grid(X x, Y y, Z z) : dims{extent(x, 0), extent(y, 1), extent(z, 2)}, rank(3) {
+    // (Two int extents multiply within int64; three may not, and size() wrapped to a negative
+    // count: a launch that ran no program and said nothing.)
+    std::int64_t const xy = std::int64_t{dims[0]} * dims[1];
+    if (xy > 0 && dims[2] > 0 && xy > std::numeric_limits<std::int64_t>::max() / dims[2])
+      throw std::invalid_argument("tilegrad::grid: (" + std::to_string(dims[0]) + ", " +
+                                  std::to_string(dims[1]) + ", " + std::to_string(dims[2]) +
+                                  ") programs are more than a 64-bit count holds");
+  }
 
   std::int64_t size() const {
     return std::int64_t{dims[0]} * dims[1] * dims[2];

@@ -32,8 +32,9 @@ inline constexpr auto layer_norm_fwd = []<class T>(program const& p, tensor<T co
   std::int64_t const row_idx = p.program_id(0);
   std::int64_t const n = x.size(1);
   // A weight, bias or output of another shape would be zero-padded or cut by the bounds, silently.
-  // (Checked by the first program only, as weighted_sum_fwd does.)
-  if (row_idx == 0) {
+  // (Checked by every program: one alone let the others write past a smaller output while it
+  // threw.)
+  {
     expect_shape(w, {n});
     expect_shape(b, {n});
     expect_shape(y, {x.size(0), n});
@@ -127,9 +128,9 @@ inline constexpr auto layer_norm_bwd =
     []<class T>(program const& p, tensor<T const> x, tensor<T const> w, tensor<T const> mean,
                 tensor<T const> rstd, tensor<T const> dy, tensor<T> dx, tensor<T> partial_dw,
                 tensor<T> partial_db) {
-      // Operands of another shape would be zero-padded or cut by the bounds, silently. (Checked
-      // by the first program only, as layer_norm_fwd does.)
-      if (p.program_id(0) == 0) {
+      // Operands of another shape would be zero-padded or cut by the bounds, silently. (Checked by
+      // every program: one alone let the others write past a smaller output while it threw.)
+      {
         std::int64_t const m = x.size(0), n = x.size(1), groups = cdiv<std::int64_t>(m, Rows);
         expect_shape(w, {n});
         expect_shape(mean, {m});
@@ -215,7 +216,7 @@ template <int BG, int BlockN>
 inline constexpr auto layer_norm_reduce_dwdb =
     []<class T>(program const& p, tensor<T const> partial_dw, tensor<T const> partial_db,
                 tensor<T> dw, tensor<T> db) {
-      if (p.program_id(0) == 0) {
+      {
         expect_shape(partial_db, {partial_dw.size(0), partial_dw.size(1)});
         expect_shape(dw, {partial_dw.size(1)});
         expect_shape(db, {partial_dw.size(1)});

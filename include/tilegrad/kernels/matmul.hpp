@@ -22,9 +22,9 @@ namespace tilegrad::kernels {
 template <int BM, int BN, int BK, int GroupM = 8>
 inline constexpr auto matmul_fwd = []<class T>(program const& p, tensor<T const> a,
                                                tensor<T const> b, tensor<T> c) {
-  // b of another inner extent would be zero-padded or cut by the masks, silently. (Checked by the
-  // first program only, as weighted_sum_fwd does.)
-  if (p.program_id(0) == 0) {
+  // b of another inner extent would be zero-padded or cut by the masks, silently. (Checked by every
+  // program: one alone let the others write past a smaller output while it threw.)
+  {
     expect_shape(b, {a.size(1), b.size(1)});
     expect_shape(c, {a.size(0), b.size(1)});
   }
@@ -68,9 +68,9 @@ inline constexpr auto matmul_fwd = []<class T>(program const& p, tensor<T const>
 template <int BM, int BK, int BN>
 inline constexpr auto matmul_bwd_da = []<class T>(program const& p, tensor<T const> dc,
                                                   tensor<T const> b, tensor<T> da) {
-  // Operands of another shape would be zero-padded or cut by the masks, silently. (Checked by the
-  // first program only, as matmul_fwd does.)
-  if (p.linear_id() == 0) {
+  // Operands of another shape would be zero-padded or cut by the masks, silently. (Checked by every
+  // program, as matmul_fwd does.)
+  {
     expect_shape(b, {b.size(0), dc.size(1)});
     expect_shape(da, {dc.size(0), b.size(0)});
   }
@@ -99,7 +99,7 @@ inline constexpr auto matmul_bwd_da = []<class T>(program const& p, tensor<T con
 template <int BK, int BN, int BM>
 inline constexpr auto matmul_bwd_db = []<class T>(program const& p, tensor<T const> a,
                                                   tensor<T const> dc, tensor<T> db) {
-  if (p.linear_id() == 0) {
+  {
     expect_shape(dc, {a.size(0), dc.size(1)});
     expect_shape(db, {a.size(1), dc.size(1)});
   }

@@ -19,9 +19,9 @@ template <int BR, int BD>
 inline constexpr auto weighted_sum_fwd =
     []<class T>(program const& p, tensor<T const> x, tensor<T const> w, tensor<T> y) {
       // A weight or output of another length would be zero-padded or cut by the bounds,
-      // silently. (Checked by the first program only: the shapes are the launch's, and the bounds
-      // keep every other program inside the tensors until the launch throws.)
-      if (p.program_id(0) == 0) {
+      // silently. (Checked by every program: one alone let the others write past a smaller output
+      // while it threw.)
+      {
         expect_shape(w, {x.size(1)});
         expect_shape(y, {x.size(0)});
       }
@@ -46,8 +46,8 @@ inline constexpr auto weighted_sum_bwd = []<class T>(program const& p, tensor<T 
                                                      tensor<T const> w, tensor<T const> dy,
                                                      tensor<T> dx, tensor<T> partial_dw) {
   // Operands of another shape would be zero-padded or cut by the bounds, silently. (Checked by
-  // the first program only, as weighted_sum_fwd does.)
-  if (p.program_id(0) == 0) {
+  // every program: one alone let the others write past a smaller output while it threw.)
+  {
     expect_shape(w, {x.size(1)});
     expect_shape(dy, {x.size(0)});
     expect_shape(dx, {x.size(0), x.size(1)});
@@ -73,8 +73,7 @@ inline constexpr auto weighted_sum_bwd = []<class T>(program const& p, tensor<T 
 template <int BT, int BD>
 inline constexpr auto weighted_sum_reduce_dw =
     []<class T>(program const& p, tensor<T const> partial_dw, tensor<T> dw) {
-      if (p.program_id(0) == 0)
-        expect_shape(dw, {partial_dw.size(1)});
+      expect_shape(dw, {partial_dw.size(1)});
       std::int64_t const c0 = p.program_id(0) * std::int64_t{BD};
       auto pb = make_block_ptr<BT, BD>(partial_dw, {0, c0});
       auto acc = zeros<fp32<T>, BD>();

@@ -594,6 +594,22 @@ TILEGRAD_INLINE void store_block_from(block_ptr<T, Bs...> const& bp, T const* v,
 /// float or double rows starting on 64-byte boundaries goes there with non-temporal stores
 /// (AVX-512): no read of the lines it overwrites, and the caches keep what they held. For output
 /// that is not read again soon; stored data read back soon comes from memory instead.
+namespace detail {
+// Instantiated only on a shape mismatch of a block store: the compiler prints its name, which
+// holds the block's shape and the value's.
+template <class Block, class Value>
+struct cannot_store_block_shape {
+  static_assert(std::is_same_v<Block, Value>,
+                "tilegrad: store(block_ptr, value): the value's shape differs from the block's "
+                "(Triton broadcasts the value; here broadcast_to<...>(value) makes it match, and a "
+                "value laid out transposed needs trans(value), not a reshape)");
+  static constexpr bool value = true;
+};
+template <class Block, class Value>
+inline constexpr bool require_block_shape =
+    std::is_same_v<Block, Value> || cannot_store_block_shape<Block, Value>::value;
+} // namespace detail
+
 template <class T, int... Bs, tile_expression E, int... Axes>
 void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {},
            cache_hints hints = {}, std::source_location loc = std::source_location::current()) {
@@ -605,7 +621,7 @@ void store(block_ptr<T, Bs...> const& bp, E&& value, boundary_check<Axes...> = {
       "would be dropped, and what is loaded back would count as a constant. Pass such a scratch "
       "tensor in the launch's float type, so that it carries tangents");
   using S = shape<Bs...>;
-  static_assert(detail::require_same_shape<S, shape_of_t<E>>);
+  static_assert(detail::require_block_shape<S, shape_of_t<E>>);
   if constexpr (adjoint_scalar<T>) {
     ad::store_block(bp, std::forward<E>(value), boundary_check<Axes...>{}, loc);
   } else {

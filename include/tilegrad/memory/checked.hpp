@@ -120,11 +120,12 @@ std::vector<arg_layout> arg_layouts(A const&... a) {
   return out;
 }
 
-/// A tensor a launch differentiates: vjp's `in` and `inout` tensors, jvp's tangent_in and
-/// tangent_inout ones, and the caller's tensors of which a reference differentiates copies
-/// (check_backward's references, vjp_as). A load of its elements through a view that is not the
-/// launch's argument (a view the kernel captures) reads them as constants, and the gradient
-/// along that path would be lost with no error: such a load throws (captured_read).
+/// A tensor a launch differentiates: vjp's `in`, `inout` and `out` tensors, jvp's tangent ones,
+/// and the caller's tensors of which a reference differentiates copies (check_backward's
+/// references, vjp_as, dot_product_test, taylor_test). A load of its elements through a view that
+/// is not the launch's argument (a view the kernel captures) reads them as constants, and the
+/// gradient along that path would be lost with no error: such a load throws, and so does a store or
+/// an atomic, which would change values the launch does not follow (captured_access).
 struct watched_tensor {
   std::string name;               // the argument's
   tensor<std::byte const> layout; // data: its first element; shape and strides in elements
@@ -210,6 +211,9 @@ struct access_hooks {
   // logged as op_unraced (integer locks, flags and counters synchronise programs; they are not
   // races, but a tg::loop replayed after one would read the value it left).
   bool lenient = false;
+  // A launch that checks races and takes no writable tensor (it tracks none): every write goes to
+  // a tensor it does not take (a capture), and is refused as in a launch that tracks some.
+  bool refuse_writes = false;
   // check_backward's measure of bf16 sums kept in memory: stores to the tracked bf16 tensors
   // marked `jitter` move each element stored by one unit in the last place, up or down as this
   // seed (mixed with the program, the access and the element) says; 0: off.
@@ -356,12 +360,13 @@ waited_too_long(tensor<std::byte const> const& t, std::size_t elem_size, std::in
     ;
 #endif
 
-/// Throws access_error for a load by a program of vjp or jvp, through the view `view` (the name
-/// it carries), of element `offset` of t, a tensor the launch differentiates: the view is not the
-/// launch's argument (a view the kernel captures), so the load reads constants.
-[[noreturn]] TILEGRAD_MACHINERY void captured_read(watched_tensor const& t, std::int64_t offset,
-                                                   char const* view,
-                                                   std::source_location const& loc)
+/// Throws access_error for an access (op: a load, a store or an atomic) by a program of vjp or
+/// jvp, through the view `view` (the name it carries), of element `offset` of t, a tensor the
+/// launch differentiates: the view is not the launch's argument (a view the kernel captures), so
+/// a load reads constants, and a write changes memory the launch does not follow.
+[[noreturn]] TILEGRAD_MACHINERY void captured_access(watched_tensor const& t, std::int64_t offset,
+                                                     char const* view, std::uint8_t op,
+                                                     std::source_location const& loc)
 #if TILEGRAD_MACHINERY_BODIES
 {
   program const* p = current_program();
@@ -370,16 +375,25 @@ waited_too_long(tensor<std::byte const> const& t, std::size_t elem_size, std::in
   std::string const name = tensor_label(t.name.c_str());
   std::string const through =
       view && *view && t.name != view ? "a view named " + tensor_label(view) : "a view";
-  throw access_error(
-      std::string(t.by) + ": " + prog + " loads element " + elem + " of " + name + " at " +
-          where_string(loc) + " through " + through +
-          " that is not an argument of the launch (a tensor the kernel captures?). The launch "
-          "differentiates " +
-          (t.copy ? "a copy of " + name + ", and a load of " + name + " itself"
-                  : name + ", and a load") +
-          " through such a view reads constants: the gradient along it would be lost. Pass " +
-          name + " to the kernel as an argument and read it through the argument.",
-      prog, t.name, elem, loc);
+  bool const load = (op & 127) == 1; // op_load (tracking.hpp), without op_unraced
+  std::string const verb = load ? "loads" : (op & 127) == 2 ? "stores to" : "writes atomically to";
+  std::string const differentiates = t.copy ? "a copy of " + name : name;
+  std::string const why =
+      load ? ", and a load" + std::string(t.copy ? " of " + name + " itself" : "") +
+                 " through such a view reads constants: the gradient along it would be lost."
+           : ", and a write" + std::string(t.copy ? " to " + name + " itself" : "") +
+                 " through such a view changes values the launch does not follow: the "
+                 "derivatives would be those of another function.";
+  std::string const fix =
+      load ? " and read it through the argument."
+           : " and write it through the argument (tg::inout where the launch reads it too).";
+  throw access_error(std::string(t.by) + ": " + prog + " " + verb + " element " + elem + " of " +
+                         name + " at " + where_string(loc) + " through " + through +
+                         " that is not an argument of the launch (a tensor the kernel "
+                         "captures?). The launch differentiates " +
+                         differentiates + why + " Pass " + name + " to the kernel as an argument" +
+                         fix,
+                     prog, t.name, elem, loc);
 }
 #else
     ;

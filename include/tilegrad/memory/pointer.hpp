@@ -809,15 +809,17 @@ TILEGRAD_INLINE void atomic_into(T* old, ptr_tile<T, Off> const& p, Val const& v
 // tensor, atomic_xchg and atomic_cas synchronise programs (locks, flags) rather than race, and
 // on one element they take and give back the program's locks (`cmps`: atomic_cas's compare
 // values, null for the others); an atomic_add of a positive value to one element draws a ticket.
-// Returns the offset of the last lane updated (-1: none).
+// `argument`: the primal values of a launch argument of adjoints (ad::atomic_ptr), which the
+// hooks do not watch (access_hooks::watched). Returns the offset of the last lane updated (-1:
+// none).
 template <class S, class T, class Off, class Val, class Mask, class F>
-TILEGRAD_NOINLINE std::int64_t atomic_hooked(access_hooks const& h, T* old,
-                                             ptr_tile<T, Off> const& p, Val const& val,
-                                             Mask const& mask, F& f, char const* what,
-                                             std::source_location const& loc, T const* cmps) {
+TILEGRAD_NOINLINE std::int64_t
+atomic_hooked(access_hooks const& h, T* old, ptr_tile<T, Off> const& p, Val const& val,
+              Mask const& mask, F& f, char const* what, std::source_location const& loc,
+              T const* cmps, bool argument) {
   if (h.before_write)
     h.before_write(what, loc);
-  access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name());
+  access_recorder rec(h, p.base.data(), sizeof(T), p.extent, p.base.name(), argument);
   bool const add = std::string_view(what) == "atomic_add";
   if (std::is_floating_point_v<T> && add && !h.lenient)
     rec.expect_values(S::size);
@@ -888,7 +890,7 @@ TILEGRAD_NOINLINE std::int64_t atomic_hooked(access_hooks const& h, T* old,
 template <class T, class Off, class Val, class Mask, class F>
 auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_in, F&& f,
                  char const* what, std::source_location const& loc,
-                 std::remove_const_t<T> const* cmps = nullptr) {
+                 std::remove_const_t<T> const* cmps = nullptr, bool argument = false) {
   static_assert(!std::is_const_v<T>, "tilegrad: atomic on a const tensor");
   if constexpr (!value_fits_pointers_v<shape_of_t<Val>, access_shape_t<Off, Mask>>) {
     return 0; // the assertion above has said why
@@ -909,7 +911,7 @@ auto atomic_impl(ptr_tile<T, Off> const& p, Val const& val_in, Mask const& mask_
     tile_t<T, S> old;
     std::int64_t last = -1;
     if (access_hooks const* h = current_hooks()) [[unlikely]]
-      last = atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc, cmps);
+      last = atomic_hooked<S>(*h, old.data(), p, val, mask, f, what, loc, cmps, argument);
     else
       atomic_into<atomic_width<T, Mask, decltype(val)>, S>(
           old.data(), p, val, mask, f, what, loc, checked(),

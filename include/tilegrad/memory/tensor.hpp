@@ -27,9 +27,18 @@ inline constexpr int max_tensor_rank = 4;
 using extents = std::array<std::int64_t, max_tensor_rank>;
 
 namespace detail {
-[[noreturn]] TILEGRAD_NOINLINE inline void axis_out_of_range(int axis, int rank) {
-  throw std::out_of_range("tilegrad::tensor: axis " + std::to_string(axis) +
-                          " out of range for rank " + std::to_string(rank));
+[[noreturn]] TILEGRAD_NOINLINE inline void axis_out_of_range(int axis, int rank, char const* name) {
+  program const* p = current_program();
+  throw std::out_of_range("tilegrad::tensor" + std::string(*name ? " '" : "") + name +
+                          (*name ? "'" : "") + ": axis " + std::to_string(axis) +
+                          " out of range for rank " + std::to_string(rank) +
+                          (p ? " (in " + p->describe() + ")" : std::string()));
+}
+
+/// A view's checks at construction, with its name in the message.
+[[noreturn]] TILEGRAD_NOINLINE inline void bad_view(char const* what, char const* name) {
+  throw std::invalid_argument("tilegrad::tensor" + std::string(*name ? " '" : "") + name +
+                              (*name ? "'" : "") + ": " + what);
 }
 
 /// The first index of an element access t(i, ...), with the source line of the access: what
@@ -99,31 +108,34 @@ public:
 
   /// A contiguous row-major view.
   tensor(T* data, std::initializer_list<std::int64_t> shape, char const* name = "")
-      : data_(data), name_(name) {
+      : data_(data), name_(name ? name : "") {
     set_shape(shape.begin(), shape.size());
     std::int64_t s = 1;
     for (int a = rank_ - 1; a >= 0; --a) {
       strides_[a] = s;
       s *= shape_[a];
     }
+    check_data();
   }
 
   /// A strided view (strides in elements).
   tensor(T* data, std::initializer_list<std::int64_t> shape,
          std::initializer_list<std::int64_t> strides, char const* name = "")
-      : data_(data), name_(name) {
+      : data_(data), name_(name ? name : "") {
     set_shape(shape.begin(), shape.size());
     if (strides.size() != shape.size())
-      throw std::invalid_argument("tilegrad::tensor: give one stride per axis");
+      detail::bad_view("give one stride per axis", name_);
     std::copy(strides.begin(), strides.end(), strides_.begin());
     check_strides();
+    check_data();
   }
 
   tensor(T* data, int rank, extents const& shape, extents const& strides, char const* name = "")
-      : data_(data), rank_(rank), shape_(shape), strides_(strides), name_(name) {
+      : data_(data), rank_(rank), shape_(shape), strides_(strides), name_(name ? name : "") {
     if (rank < 1 || rank > max_tensor_rank)
-      throw std::invalid_argument("tilegrad::tensor: rank must be 1 to 4");
+      detail::bad_view("rank must be 1 to 4", name_);
     check_strides();
+    check_data();
   }
 
   /// A view of mutable data converts to a view of const data.
@@ -233,7 +245,7 @@ public:
   /// Whether `offset` from data() addresses an element of this view.
   bool contains(std::int64_t offset) const {
     if (offset < 0 || offset >= span()) return false;
-    return is_contiguous() || element_at_or_before(offset) == offset;
+    return is_contiguous() || element_at_or_before(offset) == offset || search(offset);
   }
 
   /// The offset of the element whose coordinates `offset` unravels to, where they lie inside the
@@ -266,6 +278,36 @@ public:
   }
 
 private:
+  /// Whether some coordinates inside the shape give `offset`, by a search over the axes by
+  /// decreasing stride: the rows of a view whose rows overlap (sliding windows: shape (5, 16),
+  /// strides (8, 1)) hold offsets that unravel (which takes the largest coordinate the largest
+  /// stride allows) puts past the shape. (Taken only where unravel found none: nested layouts
+  /// never need it.)
+  bool search(std::int64_t offset) const {
+    std::array<int, max_tensor_rank> ax{};
+    int k = 0;
+    for (int a = 0; a < rank_; ++a)
+      if (shape_[a] > 1 && strides_[a] > 0)
+        ax[k++] = a;
+    for (int i = 1; i < k; ++i) // insertion sort of at most 4 axes
+      for (int j = i; j > 0 && strides_[ax[j]] > strides_[ax[j - 1]]; --j)
+        std::swap(ax[j - 1], ax[j]);
+    std::array<std::int64_t, max_tensor_rank + 1> reach{}; // the most the axes from i on add
+    for (int i = k - 1; i >= 0; --i)
+      reach[i] = reach[i + 1] + (shape_[ax[i]] - 1) * strides_[ax[i]];
+    auto const from = [&](auto const& self, int i, std::int64_t rem) -> bool {
+      if (i == k)
+        return rem == 0;
+      std::int64_t const st = strides_[ax[i]];
+      std::int64_t const lo = std::max<std::int64_t>(0, (rem - reach[i + 1] + st - 1) / st);
+      for (std::int64_t c = std::min(shape_[ax[i]] - 1, rem / st); c >= lo; --c)
+        if (self(self, i + 1, rem - c * st))
+          return true;
+      return false;
+    };
+    return offset >= 0 && from(from, 0, offset);
+  }
+
   std::array<std::int64_t, max_tensor_rank> unravel(std::int64_t offset) const {
     // Unravel along axes by decreasing stride; an offset outside the view still gets
     // coordinates (some past their extent, or negative), which is what a message about it needs. Axes of
@@ -305,14 +347,24 @@ private:
   void check_strides() const {
     for (int a = 0; a < rank_; ++a)
       if (strides_[a] < 0)
-        throw std::invalid_argument("tilegrad::tensor: negative strides are not supported");
+        detail::bad_view("negative strides are not supported", name_);
+  }
+  // A null pointer with elements: every access would fault, bounds checks or not (they look at
+  // offsets).
+  void check_data() const {
+    if (data_ == nullptr && numel() > 0)
+      detail::bad_view(("null data for shape " + shape_string()).c_str(), name_);
   }
   void set_shape(std::int64_t const* s, std::size_t n) {
     if (n < 1 || n > max_tensor_rank)
-      throw std::invalid_argument("tilegrad::tensor: rank must be 1 to 4");
+      detail::bad_view(("rank must be 1 to 4 (" + std::to_string(n) + " extents given)").c_str(),
+                       name_);
     rank_ = static_cast<int>(n);
     for (std::size_t a = 0; a < n; ++a) {
-      if (s[a] < 0) throw std::invalid_argument("tilegrad::tensor: negative extent");
+      if (s[a] < 0)
+        detail::bad_view(
+            ("negative extent " + std::to_string(s[a]) + " on axis " + std::to_string(a)).c_str(),
+            name_);
       shape_[a] = s[a];
     }
   }
@@ -321,7 +373,7 @@ private:
   int check_axis(int axis) const {
     if (axis < 0) axis += rank_;
     if (axis < 0 || axis >= rank_) [[unlikely]]
-      detail::axis_out_of_range(axis, rank_);
+      detail::axis_out_of_range(axis, rank_, name_);
     return axis;
   }
 
@@ -348,10 +400,17 @@ public:
   /// Storage left default-initialised (for float: uninitialised), for a caller that writes every
   /// element next.
   owned_tensor(uninitialized_t, std::int64_t const* shape, std::size_t rank, char const* name = "") {
-    if (rank < 1 || rank > max_tensor_rank) throw std::invalid_argument("tilegrad::owned_tensor: rank must be 1 to 4");
+    char const* const label = name ? name : "";
+    if (rank < 1 || rank > max_tensor_rank)
+      detail::bad_view(("rank must be 1 to 4 (" + std::to_string(rank) + " extents given)").c_str(),
+                       label);
     std::int64_t n = 1;
     for (std::size_t a = 0; a < rank; ++a) {
-      if (shape[a] < 0) throw std::invalid_argument("tilegrad::owned_tensor: negative extent");
+      if (shape[a] < 0)
+        detail::bad_view(
+            ("negative extent " + std::to_string(shape[a]) + " on axis " + std::to_string(a))
+                .c_str(),
+            label);
       n *= shape[a];
     }
     std::size_t const bytes = static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T);
@@ -432,9 +491,11 @@ void expect_shape(tensor<T> const& t, std::initializer_list<std::int64_t> shape,
   for (std::size_t a = 0; a < shape.size(); ++a)
     want += (a ? ", " : "") + std::to_string(shape.begin()[a]);
   want += ")";
+  program const* p = detail::current_program();
   throw std::invalid_argument(std::string("tilegrad::expect_shape: '") + t.name() + "' has shape " +
                               t.shape_string() + ", expected " + want + " (" + where.file_name() +
-                              ":" + std::to_string(where.line()) + ")");
+                              ":" + std::to_string(where.line()) +
+                              (p ? ", in " + p->describe() : std::string()) + ")");
 }
 
 template <class T>

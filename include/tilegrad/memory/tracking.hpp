@@ -528,6 +528,17 @@ public:
     return -1;
   }
   tracked_tensor const& tensor_at(int i) const { return tensors_[static_cast<std::size_t>(i)]; }
+  /// A tensor whose memory the `extent` elements of `elem` bytes from base overlap, though find
+  /// does not take them as its elements (another element size, or not at whole elements); -1:
+  /// none.
+  int find_foreign(void const* base, std::size_t elem, std::int64_t extent) const {
+    auto const* b = static_cast<std::byte const*>(base);
+    auto const* e = b + std::max<std::int64_t>(extent, 1) * static_cast<std::int64_t>(elem);
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (b < tensors_[i].hi && e > tensors_[i].lo)
+        return static_cast<int>(i);
+    return -1;
+  }
   /// Two writable tensors of the launch that share memory with elements of different sizes (or
   /// not at whole elements), as messages name them; empty: none.
   std::string const& unmergeable() const { return unmergeable_; }
@@ -1401,35 +1412,76 @@ private:
 {
   program const* p = current_program();
   std::string const prog = p ? p->describe() : std::string("host code");
-  throw access_error("tilegrad::launch: " + prog + " writes tensor " + tensor_label(name) +
-                         " at " + where_string(loc) +
+  throw access_error("tilegrad::launch: " + prog + " writes tensor " + tensor_label(name) + " at " +
+                         where_string(loc) +
                          ", which the launch does not take as an argument: a launch that checks "
                          "races (check_backward's backward launches, launch_options::check_races) "
-                         "tracks the tensors passed to the kernel. Pass it to the kernel as an "
-                         "argument instead of capturing it.",
+                         "tracks the tensors passed to the kernel, each as an argument of its own. "
+                         "Pass it to the kernel as an argument instead of capturing it (or of "
+                         "passing it inside a struct or a container).",
                      prog, name, "", loc);
 }
 #else
 ;
 #endif
 
+/// Throws access_error for a load, through the view `view` of `elem`-byte elements, of bytes of
+/// element `el` (from its first byte) of t, a tensor the launch tracks with elements of another
+/// size: the race check follows t's elements, and cannot tell which stores such a load meets.
+[[noreturn]] TILEGRAD_MACHINERY void foreign_read(tracked_tensor const& t, std::int64_t el,
+                                                  char const* view, std::size_t elem,
+                                                  std::source_location const& loc)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  program const* p = current_program();
+  std::string const prog = p ? p->describe() : std::string("host code");
+  auto const [v, coords] = t.element(el);
+  std::string const name = t.label(v);
+  throw access_error(
+      "tilegrad::launch: " + prog + " loads bytes of element " + coords + " of tensor " + name +
+          " at " + where_string(loc) + " through " +
+          (view && *view ? "a view named " + tensor_label(view) : std::string("a view")) + " of " +
+          std::to_string(elem) + "-byte elements, where the tensor's are " +
+          std::to_string(t.elem) +
+          " bytes: a launch that checks races follows the elements of the tensors it may write, "
+          "and cannot tell which of their stores such a load meets. Read the tensor through a "
+          "view of its own element type (or copy the values into a buffer of their own).",
+      prog, v ? v->name : t.name, coords, loc);
+}
+#else
+    ;
+#endif
+
 /// Gathers the lanes of one access of the running program into its log when the access goes to
 /// a tracked tensor, and does nothing otherwise (a write to no tracked tensor throws, and so does
-/// a load of an element of a tensor vjp or jvp differentiates: access_hooks::watched). Called as
+/// an access of an element of a tensor vjp or jvp differentiates: access_hooks::watched). Called as
 /// the lane hook of the loops of loads, stores and atomics: lane(pos, offset, n) for n contiguous
 /// elements.
 class access_recorder {
 public:
+  /// `argument`: the primal values of a launch argument (a tensor of adjoints), which
+  /// access_hooks::watched does not concern.
   access_recorder(access_hooks const& h, void const* base, std::size_t elem, std::int64_t extent,
-                  char const* name) {
-    if (h.watched) [[unlikely]]
+                  char const* name, bool argument = false) {
+    if (h.watched && !argument) [[unlikely]]
       watch(*h.watched, base, elem, extent, name);
-    if (!h.tracker)
+    if (!h.tracker) {
+      if (h.refuse_writes)
+        untracked_ = name;
       return;
+    }
     int const t = h.tracker->find(base, elem, extent);
     if (t < 0) {
       if (!h.lenient)
         untracked_ = name;
+      // A load of a tracked tensor's bytes through a view of another element size: the race
+      // check could not tell which of its elements the load meets (foreign_read).
+      if (int const f = h.tracker->find_foreign(base, elem, extent); f >= 0) {
+        foreign_ = &h.tracker->tensor_at(f);
+        view_ = static_cast<std::byte const*>(base);
+        elem_ = elem;
+        name_ = name;
+      }
       return;
     }
     tensor_ = t;
@@ -1461,11 +1513,13 @@ public:
   /// Whether the access must still visit its lanes: it records them, or it is a write of `op` to
   /// an untracked tensor, refused if a lane is written (commit).
   bool wanted(std::uint8_t op) const {
-    return log_ || (untracked_ && (op & op_write)) || (watched_ && op == op_load);
+    return log_ || (untracked_ && (op & op_write)) || watched_ || (foreign_ && op == op_load);
   }
   void operator()(int, std::int64_t off, int n) {
     if (watched_ && !hit_) [[unlikely]]
       find_watched(off, n);
+    if (foreign_ && foreign_offset_ < 0) [[unlikely]]
+      find_foreign(off, n);
     if (!log_ || n <= 0) {
       touched_ |= n > 0;
       return;
@@ -1495,8 +1549,10 @@ public:
   }
   /// Appends the access to the log.
   void commit(std::uint8_t op, std::source_location const& loc) {
-    if (hit_ && op == op_load) [[unlikely]]
-      captured_read(*hit_, hit_offset_, name_, loc);
+    if (hit_) [[unlikely]]
+      captured_access(*hit_, hit_offset_, name_, op, loc);
+    if (foreign_offset_ >= 0 && op == op_load) [[unlikely]]
+      foreign_read(*foreign_, foreign_offset_, name_, elem_, loc);
     if (log_)
       append(op, loc);
     else if (untracked_ && touched_ && (op & op_write))
@@ -1517,7 +1573,24 @@ private:
         return;
       }
   }
-  /// The first lane of n from offset `off` of the view that reads an element of a watched tensor.
+  /// The first lane of n from offset `off` (of elem_ bytes each) that shares a byte with an
+  /// element of foreign_, and that element (from its lo) in foreign_offset_.
+  void find_foreign(std::int64_t off, int n) {
+    auto const te = static_cast<std::int64_t>(foreign_->elem);
+    for (int k = 0; k < n && foreign_offset_ < 0; ++k) {
+      std::int64_t const from = view_ + (off + k) * static_cast<std::int64_t>(elem_) - foreign_->lo;
+      std::int64_t const to = from + static_cast<std::int64_t>(elem_); // one past its last byte
+      for (std::int64_t el = std::max<std::int64_t>(from, 0) / te;
+           el * te < to && el < foreign_->span && foreign_offset_ < 0; ++el)
+        for (tracked_view const& v : foreign_->views)
+          if (v.layout.contains(el - v.shift)) {
+            foreign_offset_ = el;
+            break;
+          }
+    }
+  }
+  /// The first lane of n from offset `off` of the view that reaches an element of a watched
+  /// tensor.
   void find_watched(std::int64_t off, int n) {
     for (int k = 0; k < n; ++k) {
       std::byte const* const at = view_ + (off + k) * static_cast<std::int64_t>(elem_);
@@ -1583,8 +1656,10 @@ private:
   std::byte const* view_ = nullptr;
   std::size_t elem_ = 0;
   char const* name_ = nullptr;
-  watched_tensor const* hit_ = nullptr; // the tensor of the first lane that reads one
+  watched_tensor const* hit_ = nullptr; // the tensor of the first lane that reaches one
   std::int64_t hit_offset_ = -1;
+  tracked_tensor const* foreign_ = nullptr; // a tracked tensor the view's memory overlaps
+  std::int64_t foreign_offset_ = -1;        // its element a lane shares a byte with
 };
 
 /// The writes of one tracked launch to one tensor, kept after the launch: per element (offset

@@ -157,6 +157,14 @@ TILEGRAD_INLINE V sigmoid_slope(V const& x) {
   return e * r * r;
 }
 
+/// tanh's derivative 1 - y^2, as 4 e / (1 + e)^2 with e = exp(-2 |x|) (tanh(x) = 2 sigmoid(2x)
+/// - 1): 1 - y^2 loses every digit where y rounds to 1 (in float, 1.2e-7 for 6.1e-8 at x = 9, 0
+/// from x = 10).
+template <class V>
+TILEGRAD_INLINE V tanh_slope(V const& x) {
+  return V(4) * sigmoid_slope(V(2) * x);
+}
+
 /// b where b > a, else a, lane by lane (Max) or with < (!Max). x86's max and min instructions of
 /// (b, a) compute exactly that, NaN in either operand giving a: one instruction where the compare
 /// and the blend were two, in the latency chain of a reduction.
@@ -223,7 +231,7 @@ TILEGRAD_UNARY_MATH(rsqrt_op, one<V>() / sqrt(x), g * V(-0.5) * y * y * y)
 TILEGRAD_UNARY_MATH(sin_op, sin(x), g* cos(x))
 TILEGRAD_UNARY_MATH(cos_op, cos(x), -(g * sin(x)))
 TILEGRAD_UNARY_MATH(sigmoid_op, sigmoid_value(x), g* sigmoid_slope(x))
-TILEGRAD_UNARY_MATH(tanh_op, tanh(x), g*(one<V>() - y * y))
+TILEGRAD_UNARY_MATH(tanh_op, tanh(x), g* tanh_slope(x))
 TILEGRAD_UNARY_MATH(erf_op, erf(x), g* V(std::numbers::inv_sqrtpi * 2) * exp(-(x * x)))
 #undef TILEGRAD_UNARY_MATH
 
