@@ -514,6 +514,17 @@ TEST(CheckerSweep, Bf16FlashAttentionAFewPercentOffIsCaughtOverManyKeys) {
   }
 }
 
+// A bf16 attention backward's bug: dq scaled by f after the correct kernel, rounded to bf16.
+auto scale_q(float f) {
+  return [f](attention_case const&, tg::tensor<tg::bf16> dq, tg::tensor<tg::bf16>,
+             tg::tensor<tg::bf16>) {
+    for (std::int64_t i = 0; i < dq.numel(); ++i) {
+      auto& e = dq.data()[dq.row_major_offset(i)];
+      e = tg::bf16(static_cast<float>(e) * f);
+    }
+  };
+}
+
 TEST(CheckerSweep, Bf16FlashAttentionOffAlongItsReferenceAllOverFails) {
   // dq 2 % and 1 % too large everywhere (a scale applied twice, say) passed element by element on
   // every seed: an element of dq is a sum of 512 terms, whose bf16 roundings its bound allows.
@@ -521,15 +532,6 @@ TEST(CheckerSweep, Bf16FlashAttentionOffAlongItsReferenceAllOverFails) {
   // at 1 %), and its blocks agree on it to hundreds of standard errors, where correct backwards
   // stay below 0.05 of their bounds; check_options::scale_units (0.1 for bf16) fails it, and the
   // report gives the fitted factor. The correct kernel passes; scale_units = 0 turns it off.
-  auto const scale_q = [](float f) {
-    return [f](attention_case const&, tg::tensor<tg::bf16> dq, tg::tensor<tg::bf16>,
-               tg::tensor<tg::bf16>) {
-      for (std::int64_t i = 0; i < dq.numel(); ++i) {
-        auto& e = dq.data()[dq.row_major_offset(i)];
-        e = tg::bf16(static_cast<float>(e) * f);
-      }
-    };
-  };
   for (unsigned seed : {0u, 1u}) {
     attention_case const c{.d = 64, .n = 512, .nk = 512, .seed = seed};
     EXPECT_BACKWARD_OK((check_attention<tg::bf16, 64>(c, {})));
@@ -558,15 +560,6 @@ TEST(CheckerSweep, Bf16FlashAttentionOffAlongItsReferenceFailsAtLargerN) {
   // every seed though its blocks agreed on the factor to 178-612 standard errors. A bf16 factor
   // past the allowance (two unit roundoffs and what roundings explain) now fails wherever its
   // blocks agree on it; the correct backward's fit stays within 2 standard errors of 0.
-  auto const scale_q = [](float f) {
-    return [f](attention_case const&, tg::tensor<tg::bf16> dq, tg::tensor<tg::bf16>,
-               tg::tensor<tg::bf16>) {
-      for (std::int64_t i = 0; i < dq.numel(); ++i) {
-        auto& e = dq.data()[dq.row_major_offset(i)];
-        e = tg::bf16(static_cast<float>(e) * f);
-      }
-    };
-  };
   attention_case const c{.d = 64, .n = 1024, .nk = 1024, .seed = 0};
   EXPECT_BACKWARD_OK((check_attention<tg::bf16, 64>(c, {})));
   auto const r = check_attention<tg::bf16, 64>(c, scale_q(1.01f));
