@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 // The file's own namespace: the tests of a folder are compiled together (tests/CMakeLists.txt).
 namespace test_softmax_backward {
@@ -91,6 +92,38 @@ TEST(CheckSoftmax, OneColumnRowsHaveAZeroGradientByCancellationWhichPasses) {
   EXPECT_BACKWARD_OK(r);
   EXPECT_TRUE(r.mentions("all zeros by cancellation")) << r;
   EXPECT_BACKWARD_OK((check<bug::none>(4, 1, 2, false)));
+}
+
+// Softmax as a Triton user ports it: the load upcast with `.to(tl.float32)`, spelled to<float>.
+// In check_backward's float64 references that narrowed every value to float, and the library's
+// correct softmax_bwd failed: "reference: DISAGREES with forward mode (1.4e-9, at most 1e-10) ...
+// please report". The check now fails saying why, naming the line and to<fp32<T>>; the kernel
+// written with to<fp32<T>> passes.
+template <bool Fp32OfT>
+constexpr auto softmax_upcast =
+    []<class T>(tg::program const& p, tg::tensor<T const> x, tg::tensor<T> y) {
+      using F = std::conditional_t<Fp32OfT, tg::fp32<T>, float>;
+      int const r = p.program_id(0);
+      auto const row = tg::to<F>(
+          tg::load(tg::make_block_ptr<Block>(x[r], {0}), tg::bounds<0>, tg::padding::neg_inf));
+      auto const num = tg::exp(row - tg::max(row));
+      tg::store(tg::make_block_ptr<Block>(y[r], {0}), tg::to<T>(num / tg::sum(num)), tg::bounds<0>);
+    };
+
+TEST(CheckSoftmax, AForwardNarrowingToFloatFailsNamingTheLineNotTheReference) {
+  tg::owned_tensor<float> x({13, 100}), y({13, 100});
+  auto const narrow =
+      tg::check_backward(tg::forward(13, softmax_upcast<false>, tg::in("x", x), tg::out("y", y)),
+                         softmax_backward<bug::none>, {.seeds = 2});
+  EXPECT_FALSE(narrow);
+  EXPECT_TRUE(narrow.mentions("narrows a float64 value to float")) << narrow;
+  EXPECT_TRUE(narrow.mentions("to<tg::fp32<T>>")) << narrow;
+  EXPECT_TRUE(narrow.mentions("test_softmax_backward.cpp:")) << narrow;
+  EXPECT_FALSE(narrow.mentions("please report")) << narrow;
+  auto const wide =
+      tg::check_backward(tg::forward(13, softmax_upcast<true>, tg::in("x", x), tg::out("y", y)),
+                         softmax_backward<bug::none>, {.seeds = 2});
+  EXPECT_BACKWARD_OK(wide);
 }
 
 TEST(CheckSoftmax, MissingSubtractionFailsEverywhere) {

@@ -389,6 +389,8 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                                 std::deque<owned_tensor<U>>& keep, sweep kind = sweep::plain) {
     unmarked_as_given const as_given(unmarked_initial, fwd); // the float forward's put back after
     detail::watching_originals const watching(originals);
+    static constexpr detail::float64_run run{"check_backward's float64 reference"};
+    detail::float64_reference_scope const float64(std::is_same_v<U, double> ? &run : nullptr);
     std::deque<owned_tensor<U>> cot_copies;
     for (auto const& c : cots) {
       cot_copies.push_back(detail::copy_as<U>(c.cview()));
@@ -418,6 +420,8 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
   auto reference_jvp64 = [&](std::vector<owned_tensor<T>> const& cots, unsigned seed) {
     unmarked_as_given const as_given(unmarked_initial, fwd);
     detail::watching_originals const watching(originals);
+    static constexpr detail::float64_run run{"check_backward's float64 reference (jvp)"};
+    detail::float64_reference_scope const float64(&run);
     std::deque<owned_tensor<double>> keep, cot_copies, us;
     for (auto const& c : cots)
       cot_copies.push_back(detail::copy_as<double>(c.cview()));

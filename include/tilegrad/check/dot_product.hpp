@@ -108,6 +108,8 @@ dot_product_result dot_product_test(dot_product_options const& o, grid g, Kernel
       c.args);
 
   dot_product_result r;
+  static constexpr detail::float64_run run{"dot_product_test (float64 jvp and vjp)"};
+  detail::float64_reference_scope const float64(&run);
   c.restore();
   k = 0;
   auto const t = std::apply(

@@ -346,16 +346,27 @@ inline program program_at(grid const& g, std::int64_t linear) {
 /// What an executor runs: a reference to a callable taking a linear program id. The executors
 /// are compiled once, not once per kernel and way of running it (TBB's parallel_for is heavy to
 /// instantiate); the indirect call costs a few ns per program, next to ~50 ns of scheduling.
+/// Made on the launching thread, it carries that thread's float64_reference() to the threads that
+/// run the programs (none on the fast path: one test per program).
 class program_runner {
 public:
   template <class F>
   explicit program_runner(F& f)
-      : obj_(&f), fn_([](void* o, std::int64_t i) { (*static_cast<F*>(o))(i); }) {}
-  void operator()(std::int64_t i) const { fn_(obj_, i); }
+      : obj_(&f), fn_([](void* o, std::int64_t i) { (*static_cast<F*>(o))(i); }),
+        reference_(float64_reference()) {}
+  void operator()(std::int64_t i) const {
+    if (!reference_) {
+      fn_(obj_, i);
+      return;
+    }
+    float64_reference_scope const scope(reference_);
+    fn_(obj_, i);
+  }
 
 private:
   void* obj_;
   void (*fn_)(void*, std::int64_t);
+  float64_run const* reference_;
 };
 
 /// How many consecutive programs a thread takes at a time: n / (64 x threads), at least 1. The

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tilegrad/core/config.hpp"
+#include "tilegrad/core/reference.hpp"
 
 #include <array>
 #include <concepts>
@@ -111,6 +112,54 @@ inline program const*& current_program() {
 }
 
 struct access_hooks; // memory/tracking.hpp
+
+/// A kernel narrowing a float64 value to float (to<float> of a double tile) inside a float64
+/// reference would give the reference float32 round-off, and fail the checks of a correct
+/// backward with a wrong diagnosis (measured: "the reference disagrees with forward mode" for a
+/// softmax written with Triton's `.to(tl.float32)` spelled to<float>). Throws, naming the program
+/// and the line, outside nothing: the fast path and plain double launches narrow as written.
+TILEGRAD_MACHINERY void refuse_float64_narrowing(std::source_location const& where)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  float64_run const* const run = float64_reference();
+  if (!run)
+    return;
+  program const* const p = current_program();
+  throw std::invalid_argument(
+      std::string("tilegrad::to<float> (") + (p ? p->describe() + ", " : std::string()) + "at " +
+      where.file_name() + ":" + std::to_string(where.line()) +
+      "): the kernel narrows a float64 value to float inside " + run->who +
+      ", which promises float64 arithmetic: its results would carry float32 round-off, and a "
+      "correct backward would fail. Name the kernel's float types through its mode: "
+      "to<tg::fp32<T>>(x) (Triton's tl.float32: float on the fast path, double in the "
+      "reference), and to<tg::fp64<T>>(x) for float64 intermediates");
+}
+#else
+    ;
+#endif
+
+/// to<bf16> of a float64 value in taylor_test's runs: the rounding makes the float64 objective a
+/// staircase of steps 2^-8 |x|, whose central differences are anything (measured: residuals 1.5
+/// to 155 times <g, u> for a correct gradient). Triton's p.to(v.dtype) is to<T>(p): bf16 where
+/// the tensors are bf16, nothing at float64. Throws, naming the program and the line.
+TILEGRAD_MACHINERY void refuse_float64_bf16(std::source_location const& where)
+#if TILEGRAD_MACHINERY_BODIES
+{
+  float64_run const* const run = float64_reference();
+  if (!run || !run->refuse_bf16)
+    return;
+  program const* const p = current_program();
+  throw std::invalid_argument(
+      std::string("tilegrad::to<bf16> (") + (p ? p->describe() + ", " : std::string()) + "at " +
+      where.file_name() + ":" + std::to_string(where.line()) +
+      "): the kernel rounds a float64 value to bf16 inside " + run->who +
+      ": the rounding makes the objective a staircase, whose central differences say nothing of "
+      "the gradient. Round to the tensors' type, to<T>(x) (Triton's x.to(v.dtype)): bf16 where "
+      "the kernel runs on bf16 tensors, nothing at float64");
+}
+#else
+    ;
+#endif
 
 /// The access hooks of the program running on this thread: null in a plain launch, where loads
 /// and stores take their fast path; set, they check bounds whatever checked() says, and record

@@ -5,12 +5,14 @@
 
 #include "tilegrad/core/shape.hpp"
 #include "tilegrad/core/types.hpp"
+#include "tilegrad/grid/program.hpp"
 #include "tilegrad/tile/expr.hpp"
 #include "tilegrad/tile/ops.hpp"
 #include "tilegrad/tile/tile.hpp"
 
 #include <cstdint>
 #include <limits>
+#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -75,7 +77,8 @@ template <class Op, class T = void, class A, class B>
 TILEGRAD_INLINE auto binary(A&& a, B&& b) {
   using U = std::conditional_t<std::is_void_v<T>, typename operand_type<A, B>::type, T>;
   static_assert(computable_v<U>, "tilegrad: bf16 is a storage type: convert with to<float>(x) "
-                                 "before computing");
+                                 "before computing (to<fp32<T>>(x) in a kernel generic over T: "
+                                 "it stays float64 in the checker's reference)");
   using S = broadcast_shape_t<shape_of_t<node_t<A>>, shape_of_t<node_t<B>>>;
   return make_map<Op>(broadcast_as<S>(convert_as<U>(as_node(std::forward<A>(a)))),
                       broadcast_as<S>(convert_as<U>(as_node(std::forward<B>(b)))));
@@ -85,7 +88,8 @@ template <class Op, class A>
 TILEGRAD_INLINE auto unary(A&& a) {
   using T = elem_t<A>;
   static_assert(computable_v<T>, "tilegrad: bf16 is a storage type: convert with to<float>(x) "
-                                 "before computing");
+                                 "before computing (to<fp32<T>>(x) in a kernel generic over T: "
+                                 "it stays float64 in the checker's reference)");
   if constexpr (requires { Op::floating_only; }) {
     static_assert(!Op::floating_only || is_floating_v<T>,
                   "tilegrad: this math function needs a floating tile: convert with "
@@ -394,14 +398,36 @@ TILEGRAD_INLINE auto fma(A&& a, B&& b, C&& c) {
       detail::broadcast_as<S>(detail::convert_as<T>(detail::as_node(std::forward<C>(c)))));
 }
 
+namespace detail {
+template <class T>
+struct number_of {
+  using type = T;
+};
+template <rebindable_scalar T>
+struct number_of<T> {
+  using type = typename T::primal_type;
+};
+/// The number type of an element: double for double, dual<double, N> and adjoint<double>.
+template <class T>
+using number_of_t = typename number_of<std::remove_cv_t<T>>::type;
+} // namespace detail
+
 /// to<U>(x): element-type conversion (Triton's x.to(U)). Float to bf16 rounds to nearest
 /// even; float to integer truncates toward zero. On tiles that carry derivatives (dual,
 /// adjoint), a float type names that width in the same mode: to<double> of adjoint<float> is
 /// adjoint<double>, to<float> keeps the derivatives, and to<bf16> rounds the value to bf16
 /// precision at its own width (the rounding is differentiated as the identity).
+///
+/// Inside a float64 reference of the checker (check_backward, dot_product_test, taylor_test),
+/// to<float> of a float64 value throws: write to<fp32<T>>; so does to<bf16> in taylor_test's
+/// runs: write to<T> (grid/program.hpp).
 template <class U, tile_expression A>
-TILEGRAD_INLINE auto to(A&& a) {
+TILEGRAD_INLINE auto to(A&& a, std::source_location where = std::source_location::current()) {
   using From = detail::elem_t<A>;
+  if constexpr (std::is_same_v<U, float> && std::is_same_v<detail::number_of_t<From>, double>)
+    detail::refuse_float64_narrowing(where);
+  if constexpr (std::is_same_v<U, bf16> && std::is_same_v<detail::number_of_t<From>, double>)
+    detail::refuse_float64_bf16(where);
   if constexpr (!detail::rebindable_scalar<From> ||
                 !(std::is_floating_point_v<U> || std::is_same_v<U, bf16>))
     return detail::convert_as<U>(detail::as_node(std::forward<A>(a)));

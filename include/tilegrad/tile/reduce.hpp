@@ -236,7 +236,9 @@ TILEGRAD_INLINE auto reduce_plain(E&& e) {
   using C = shape_of_t<E>;
   using T = acc_t<value_of_t<E>>;
   static_assert(!std::is_same_v<value_of_t<E>, bf16>,
-                "tilegrad: bf16 is a storage type: convert with to<float>(x) before reducing");
+                "tilegrad: bf16 is a storage type: convert with to<float>(x) before reducing "
+                "(to<fp32<T>>(x) in a kernel generic over T: it stays float64 in the checker's "
+                "reference)");
   auto n = convert_as<T>(as_node(std::forward<E>(e)));
   constexpr int a = normalize_axis<C, Axis>();
   tile_t<T, reduced_shape_t<C, a, Keep>> out(uninitialized);
