@@ -205,6 +205,33 @@ TEST(TaylorTest, ZeroAndTinyCorrectGradientsPass) {
   }
 }
 
+// y = x^3 at x = 0: the gradient is exactly 0, and the differences converge to it at rate 2 with
+// no size of <g, u> to resolve: it passes on its rates. A wrong gradient there (3 x^2 + 0.1)
+// stalls at 0.1 |u| and fails.
+TEST(TaylorTest, AGradientThatIsZeroAlongUPassesOnItsRates) {
+  auto k = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 16>();
+    auto const m = i < x.size(0);
+    auto const v = tg::load(x + i, m, 0.0f);
+    if constexpr (std::is_same_v<T, double>)
+      tg::store(y + i, v * v * v, m);
+    else
+      tg::store(y + i, v * v * v + v * 0.1, m); // reverse mode only: off by 0.1
+  };
+  tg::owned_tensor<float> x({13}), y({13});
+  auto cube = []<class T>(tg::program const&, tg::tensor<T const> x, tg::tensor<T> y) {
+    auto const i = tg::arange<0, 16>();
+    auto const m = i < x.size(0);
+    auto const v = tg::load(x + i, m, 0.0f);
+    tg::store(y + i, v * v * v, m);
+  };
+  auto const right = tg::taylor_test(1, cube, tg::in("x", x), tg::out("y", y));
+  EXPECT_TRUE(right) << right;
+  EXPECT_EQ(right.directional, 0.0);
+  auto const wrong = tg::taylor_test(1, k, tg::in("x", x), tg::out("y", y));
+  EXPECT_FALSE(wrong) << wrong;
+}
+
 TEST(TaylorTest, OptionsChooseSeedAndSteps) {
   tg::owned_tensor<float> x({3, 10}), y({3, 10});
   fill(x, 5);
