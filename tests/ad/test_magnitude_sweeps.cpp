@@ -88,7 +88,9 @@ expected by_terms(sweeps<T> const& s, kind k) {
       for (std::int64_t k = 0; k < K; ++k)
         a += double(s.x(i, k)) * double(s.w(k, j));
       double const t = std::tanh(a), dy = s.dy(i, j), bj = s.b(j);
-      double const dt = dy * bj * (1 - t * t); // through tanh into the dot
+      // through tanh into the dot; magnitude sweeps weigh tanh's slope 1 - t^2 by its terms'
+      // magnitudes, 1 + t^2 (what a backward computing it rounds)
+      double const dt = dy * bj * (1 + t * t);
       for (std::int64_t k = 0; k < K; ++k) {
         acc(e.x[i * K + k], dt * double(s.w(k, j)));
         acc(e.w[k * N + j], dt * double(s.x(i, k)));

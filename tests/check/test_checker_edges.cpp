@@ -336,6 +336,74 @@ TEST(CheckerEdges, ASigmoidBackwardThatRecomputesItsOutputPasses) {
   }
 }
 
+namespace {
+
+constexpr double gelu_c = 0.7978845608028654, gelu_a = 0.044715;
+
+// y = tanh(x) and z = gelu(x) (the tanh approximation), one forward.
+constexpr auto tanh_gelu_fwd = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                           tg::tensor<T> y, tg::tensor<T> z) {
+  auto const o = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = o < x.numel();
+  tg::tile<tg::fp32<T>, Block> const v = tg::load(x + o, m);
+  tg::store(y + o, tg::tanh(v), m);
+  tg::store(z + o, 0.5 * v * (1.0 + tg::tanh(gelu_c * (v + gelu_a * v * v * v))), m);
+};
+
+// PyTorch's backwards: tanh's dy (1 - t^2), and GELU's (tanh) 0.5 (1 + t) + 0.5 x (1 - t^2) c
+// (1 + 3 a x^2), both with t recomputed from x; each slope times its scale (1: correct).
+constexpr auto tanh_gelu_bwd = [](tg::program const& p, tg::tensor<float const> x,
+                                  tg::tensor<float const> dy, tg::tensor<float const> dz,
+                                  tg::tensor<float> dx, float tanh_scale, float gelu_scale) {
+  auto const o = p.program_id(0) * Block + tg::arange<0, Block>();
+  auto const m = o < x.numel();
+  tg::tile<float, Block> const v = tg::load(x + o, m);
+  tg::tile<float, Block> const t = tg::tanh(v);
+  tg::tile<float, Block> const g = tg::tanh(gelu_c * (v + gelu_a * v * v * v));
+  tg::tile<float, Block> const gelu_slope =
+      0.5f * (1.0f + g) + 0.5f * v * (1.0f - g * g) * gelu_c * (1.0f + 3.0f * gelu_a * v * v);
+  tg::store(dx + o,
+            tg::load(dy + o, m) * (1.0f - t * t) * tanh_scale +
+                tg::load(dz + o, m) * gelu_slope * gelu_scale,
+            m);
+};
+
+tg::check_report check_tanh_gelu(float tanh_scale, float gelu_scale, double range) {
+  std::int64_t const n = 1000;
+  tg::owned_tensor<float> x({n}, "x"), y({n}, "y"), z({n}, "z");
+  return tg::check_backward(tg::forward(tg::cdiv<int>(n, Block), tanh_gelu_fwd, tg::in("x", x),
+                                        tg::out("y", y), tg::out("z", z)),
+                            [=](tg::backward_context<float>& ctx) {
+                              auto const xi = ctx.input("x");
+                              tg::owned_tensor<float> dx({xi.numel()});
+                              tg::launch(ctx.options(), tg::cdiv<int>(xi.numel(), Block),
+                                         tanh_gelu_bwd, xi, ctx.cotangent("y"), ctx.cotangent("z"),
+                                         dx.view(), tanh_scale, gelu_scale);
+                              ctx.set_gradient("x", dx);
+                            },
+                            {.seeds = 3, .inputs = tg::uniform(-range, range)});
+}
+
+} // namespace
+
+TEST(CheckerEdges, TanhAndGeluBackwardsThatRecomputeTanhPass) {
+  // 1 - t^2 loses 2 u t^2 / (1 - t^2) of itself to the rounding of the recomputed t: 1e3 units
+  // of u at x = 4, 4e7 at x = 9. The running error bound weighs tanh's slope by its terms,
+  // 1 + t^2 (sigmoid's by s (1 + s)). Before, the reference's exact slope was the weight, and
+  // PyTorch's tanh and GELU backwards failed from inputs in [-3, 3) on (err/bound 1.99 there,
+  // 5.2 at [-8, 8)); with the jittered reference taking the slope as 1 - t^2 at t moved by its
+  // rounding (as for sigmoid) but not the weight, this kernel failed at [-10, 10) on one seed,
+  // where its two slopes' moves cancelled. Either slope 1e-4 off still fails.
+  for (double range : {1.0, 4.0, 10.0}) {
+    auto const ok = check_tanh_gelu(1, 1, range);
+    EXPECT_TRUE(ok.ok()) << range << "\n" << ok;
+    auto const bad_tanh = check_tanh_gelu(1 + 1e-4f, 1, range);
+    EXPECT_FALSE(bad_tanh.ok()) << range << "\n" << bad_tanh;
+    auto const bad_gelu = check_tanh_gelu(1, 1 + 1e-4f, range);
+    EXPECT_FALSE(bad_gelu.ok()) << range << "\n" << bad_gelu;
+  }
+}
+
 TEST(CheckerEdges, TheLongSumAllowanceFollowsTheSumsNotTheShapes) {
   // The allowance of a long sum, 3 sqrt(n) u |g_ref64|, takes n from the sum each element is:
   // the number of its terms, counted by a sweep of the reference. Taken from the tensors' shapes

@@ -414,15 +414,34 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
       else
         return known;
     }();
-    if constexpr (std::is_same_v<Op, ops::sigmoid_op> && std::is_same_v<T, double>)
+    constexpr bool saturating =
+        std::is_same_v<Op, ops::sigmoid_op> || std::is_same_v<Op, ops::tanh_op>;
+    if constexpr (saturating)
+      if (magnitude_sweep()) [[unlikely]] {
+        // Backwards take these slopes as s (1 - s) and 1 - t^2, differences whose roundings are
+        // those of their terms (u t^2 where 1 - t^2 is 1e-8): the running error bound weighs
+        // them by their terms' magnitudes, s (1 + s) and 1 + t^2, as it would the subtraction.
+        backprop<W>(tilegrad::detail::get<0>(n.es), r, c, z([&](V const& h) {
+                      if constexpr (std::is_same_v<Op, ops::sigmoid_op>)
+                        return h * y * (V(1) + y);
+                      else
+                        return h * (V(1) + y * y);
+                    }));
+        return;
+      }
+    if constexpr (saturating && std::is_same_v<T, double>)
       if (rounding_jitter().seed != 0 && current_state() && !magnitude_sweep()) [[unlikely]] {
         // A jittered reference (check_backward's second look): the slope as a backward takes it,
         // s (1 - s) with s = sigmoid(x) recomputed and rounded, 1 - s then off by u s / (1 - s)
-        // of itself (the exact slope has no such error, and stays the rule elsewhere).
+        // of itself; likewise 1 - t^2 with t = tanh(x), off by 2 u t^2 / (1 - t^2). (The exact
+        // slopes have no such error, and stay the rule elsewhere.)
         backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
                     z([&](V const& h) {
                       V const s = rounded_as_recomputed<W>(y);
-                      return h * s * (V(1) - s);
+                      if constexpr (std::is_same_v<Op, ops::sigmoid_op>)
+                        return h * s * (V(1) - s);
+                      else
+                        return h * (V(1) - s * s);
                     }));
         return;
       }
