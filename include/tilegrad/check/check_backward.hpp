@@ -223,9 +223,9 @@ struct forward_parts {
   /// jvp in float64 on copies of the inputs along directions drawn from the seed given, with
   /// the cotangents given (check_options::check_reference)
   callable_ref<forward_mode_side(std::vector<owned_tensor<T>> const&, unsigned)> reference_jvp64;
-  /// vjp at the working precision fp32<T>
+  /// vjp at the working precision fp32<T>, or its sweep (sweep::counts: where its branches go)
   callable_ref<gradients<fp32<T>>(std::vector<owned_tensor<T>> const&,
-                                  std::deque<owned_tensor<fp32<T>>>&)>
+                                  std::deque<owned_tensor<fp32<T>>>&, sweep)>
       reference32;
   /// the tensors the forward writes that the backward may read, with their float64 values
   callable_ref<std::vector<saved_values>(std::deque<owned_tensor<double>> const&)> saved_of;
@@ -561,7 +561,8 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
                          std::deque<owned_tensor<double>>& keep,
                          sweep kind) { return reference(cots, keep, kind); };
   auto reference32 = [&](std::vector<owned_tensor<T>> const& cots,
-                         std::deque<owned_tensor<fp32<T>>>& keep) { return reference(cots, keep); };
+                         std::deque<owned_tensor<fp32<T>>>& keep,
+                         sweep kind) { return reference(cots, keep, kind); };
   // Copies: `reference` reads `outs`.
   forward_parts<T> parts{ins,
                          passives,
@@ -822,6 +823,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     // error (gradient_report::scale_error), or empty
     std::vector<double> scale_moved;
     std::vector<std::vector<double>> explained; // first look's jittered reference, or empty
+    // per input marked in, where the fp32 reference took other branches (error_units), or empty
+    std::vector<std::vector<char>> flips;
     std::optional<gradient_set> zero, twice; // first seed: scaled cotangents
     detail::launch_observer first_launches, twice_launches; // ... and what their launches wrote
     std::string forward_nonfinite; // the float forward's NaN or Inf, as a problem (empty: none)
@@ -830,6 +833,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   std::vector<pending> later;
   auto explained_of = [](pending const& pd, std::size_t q) -> std::vector<double> const* {
     return q < pd.explained.size() && !pd.explained[q].empty() ? &pd.explained[q] : nullptr;
+  };
+  auto flips_of = [](pending const& pd, std::size_t q) -> std::vector<char> const* {
+    return q < pd.flips.size() && !pd.flips[q].empty() ? &pd.flips[q] : nullptr;
   };
   auto terms_of = [](pending const& pd, std::size_t q) -> std::vector<double> const* {
     return q < pd.terms.size() && !pd.terms[q].empty() ? &pd.terms[q] : nullptr;
@@ -842,7 +848,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   auto first_look_bounds = [&](pending const& pd, std::size_t q) {
     auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
                                   nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
-                                  most_terms_of(pd, q));
+                                  most_terms_of(pd, q), flips_of(pd, q));
     std::vector<double> bounds(pd.ref64[q].size());
     for (std::size_t i = 0; i < bounds.size(); ++i)
       bounds[i] = t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i));
@@ -1323,6 +1329,45 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     // units over a band sets its k, and an element where |J|^T |w| nearly vanishes but such a
     // rounding does not made k, and the bound of every element of the band, tens of thousands of
     // times what the kernel is off by.)
+    // Where the fp32 reference's units raise k past 8 k_bound, part of its error may be branches
+    // it took otherwise than the float64 one (a relu at a pre-activation that rounds to 0, a
+    // maximum whose largest candidates tie only after rounding): off by a whole term there, it
+    // raised k to tens of millions for the band and let any bug in it pass. The terms of each
+    // element's gradient are counted in both precisions (a term counts where every partial on its
+    // path is nonzero); where the counts differ, the element took another branch (error_units).
+    auto find_flips = [&](pending const& pd) {
+      std::vector<std::vector<char>> flips;
+      double const cap = explained_units_cap(o, dtype);
+      bool raises = false;
+      for (std::size_t q = 0; q < ins.size() && !raises; ++q)
+        if (!pd.mag[q].empty())
+          for (double u : detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
+                                              bands_of(q), dtype.eps / 2 * dtype.min_normal))
+            raises |= u > cap;
+      if (!raises)
+        return flips;
+      std::optional<gradients<double>> c64;
+      std::optional<gradients<W>> c32;
+      try {
+        std::deque<owned_tensor<double>> keep;
+        c64.emplace(f.reference64(cots, keep, sweep::counts));
+        std::deque<owned_tensor<W>> keep32;
+        c32.emplace(f.reference32(cots, keep32, sweep::counts));
+      } catch (std::exception const&) {
+        return flips;
+      }
+      flips.resize(ins.size());
+      for (std::size_t q = 0; q < ins.size(); ++q) {
+        auto const n64 = detail::values_of((*c64)[ins[q].name]);
+        auto const n32 = detail::values_of((*c32)[ins[q].name]);
+        if (pd.mag[q].empty() || n64.size() != pd.mag[q].size() || n32.size() != n64.size())
+          continue;
+        flips[q].resize(n64.size());
+        for (std::size_t i = 0; i < n64.size(); ++i)
+          flips[q][i] = n64[i] != n32[i];
+      }
+      return flips;
+    };
     auto explain = [&](pending const& pd) {
       std::vector<std::vector<double>> moves;
       double const cap = explained_units_cap(o, dtype);
@@ -1330,8 +1375,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       for (std::size_t q = 0; q < ins.size() && !raises; ++q) {
         if (pd.mag[q].empty())
           continue;
-        for (double u : detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
-                                            bands_of(q), dtype.eps / 2 * dtype.min_normal))
+        for (double u :
+             detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2, bands_of(q),
+                                 dtype.eps / 2 * dtype.min_normal, nullptr, 0, flips_of(pd, q)))
           raises |= u > cap;
       }
       if (!raises)
@@ -1453,7 +1499,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       }
       if (rule == pass_rule::baseline || rule == pass_rule::error_bound) {
         std::deque<owned_tensor<W>> keep32;
-        g32.emplace(f.reference32(cots, keep32));
+        g32.emplace(f.reference32(cots, keep32, sweep::plain));
       }
     } catch (std::exception const& e) {
       sr.problems.push_back(std::string("the reference (vjp of the forward) threw: ") + e.what());
@@ -1499,6 +1545,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         return run_backward(cots, s | 1u).got;
       });
 
+    if (rule == pass_rule::error_bound && gmag && g32)
+      pd.flips = find_flips(pd);
     if (rule == pass_rule::error_bound && o.jitter_reference)
       pd.explained = explain(pd);
     bool over = rule == pass_rule::error_bound && !first.error && over_bound(first.got, pd);
@@ -1651,9 +1699,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         pooled[q] = std::max(pooled[q], detail::max_abs_diff(pd.ref32[q], pd.ref64[q]) / scale);
       if (pd.mag[q].empty())
         continue;
-      auto const units = detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
-                                             bands_of(q), dtype.eps / 2 * dtype.min_normal,
-                                             explained_of(pd, q), explained_units_cap(o, dtype));
+      auto const units =
+          detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2, bands_of(q),
+                              dtype.eps / 2 * dtype.min_normal, explained_of(pd, q),
+                              explained_units_cap(o, dtype), flips_of(pd, q));
       pooled_units[q].resize(units.size(), 0.0);
       for (std::size_t b = 0; b < units.size(); ++b)
         pooled_units[q][b] = std::max(pooled_units[q][b], units[b]);
@@ -1721,11 +1770,10 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
         sr.gradients.push_back(std::move(r));
         continue;
       }
-      auto const tol = make_tolerance(o, dtype, ref64, ref32, pooled[q],
-                                      pd.mag[q].empty() ? nullptr : &pd.mag[q], &pooled_units[q],
-                                      q < pd.saved.size() ? &pd.saved[q] : nullptr, bands_of(q),
-                                      explained_of(pd, q), terms_of(pd, q),
-                                      most_terms_of(pd, q));
+      auto const tol = make_tolerance(
+          o, dtype, ref64, ref32, pooled[q], pd.mag[q].empty() ? nullptr : &pd.mag[q],
+          &pooled_units[q], q < pd.saved.size() ? &pd.saved[q] : nullptr, bands_of(q),
+          explained_of(pd, q), terms_of(pd, q), most_terms_of(pd, q), flips_of(pd, q));
       tols.emplace_back(n.name, tol);
       double const scale_allowed = q < pd.scale_moved.size() ? o.k_saved * pd.scale_moved[q] : 0.0;
       auto r = compare_gradient(*e, ref64, tol, o, scale_limit, scale_allowed);
@@ -1895,6 +1943,28 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
           "where its launches do not show it (an accumulator rounded to bf16 as it adds, partial "
           "sums added up on the host) loses more: if yours does by design, check it with "
           ".bf16_partial_sums = true (the running error bound |J|^T |w|, looser)");
+  }
+  // Mismatches of a gradient where nothing reaches it in the reference, and the others where the
+  // backward is 0: the backward sends gradient elsewhere than the forward's branches. At an
+  // exact tie that is a choice the reference makes one way (and the report's ratios, 1e30 and
+  // more, say nothing).
+  if (rule == pass_rule::error_bound) {
+    std::vector<std::string> names;
+    for (auto const& sr : rep.seeds)
+      for (auto const& g : sr.gradients)
+        if (g.compared && !g.ok && g.unreached > 0 && g.unreached + g.zeroed == g.mismatches &&
+            std::find(names.begin(), names.end(), g.name) == names.end())
+          names.push_back(g.name);
+    for (auto const& name : names)
+      rep.hints.push_back(
+          "the mismatches of '" + name +
+          "' are at elements nothing reaches in the float64 reference (|J|^T |w| = 0 there) "
+          "where the backward is not 0, and where the backward is 0 and the reference is not: it "
+          "sends gradient elsewhere than the forward's branches do. "
+          "At a tie of a max or min (equal inputs, a window of zeros after a relu) the reference "
+          "sends it all to the first of the equal elements, as argmax picks the first; a "
+          "backward that splits it, or picks another, or a mask or where() of the backward that "
+          "differs from the forward's, differs there");
   }
   // A given cotangent of one sign (all ones: the gradient of sum(y)) makes every sum of the
   // backward a sum of terms of one sign, which the bound allows 3 sqrt(n) u |g| for rounding in

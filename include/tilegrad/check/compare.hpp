@@ -78,26 +78,69 @@ inline double max_abs(std::vector<double> const& v) {
     m = std::max(m, std::abs(x));
   return m;
 }
+/// error_bound: how many times the largest units of the other elements of its band an element
+/// where the fp32 reference took another branch must be off by to be judged alone (error_units).
+inline constexpr double flipped_gap = 16;
+
 // The largest |a - b| / (unit * m + underflow) over the elements where m > 0, per band (a empty:
 // zeros).
 /// @param explained per element, the part of |a - b| the forward's own roundings explain (the
 ///   first look's jittered reference; null: none): a band's units are then the larger of those
 ///   of what it does not explain and, up to `cap`, those of the whole error
+/// @param flips per element, whether the run that gave `a` took another branch than the one that
+///   gave `b` on a path to it (a relu at a pre-activation that rounds to 0, a maximum whose two
+///   largest candidates tie only after rounding: the sweeps counting the terms of each element
+///   disagree); null: none. Such an element is off by a whole term, about 1 / unit units, where
+///   roundings reach tens, and would raise k for its whole band: where it is off by flipped_gap
+///   times the units of the elements of its band that agree, and they are most of it, or where m
+///   is 0, it counts in no band's units and is judged alone
+/// @param alone where not null, |a - b| at the elements judged alone, 0 elsewhere
 inline std::vector<double> error_units(std::vector<double> const& a, std::vector<double> const& b,
                                        std::vector<double> const& m, double unit,
                                        row_bands const& bands, double underflow,
                                        std::vector<double> const* explained = nullptr,
-                                       double cap = 0) {
+                                       double cap = 0, std::vector<char> const* flips = nullptr,
+                                       std::vector<double>* alone = nullptr) {
   std::vector<double> whole(static_cast<std::size_t>(bands.count), 0.0), rest = whole;
   bool const ex = explained && explained->size() == a.size();
-  for (std::size_t i = 0; i < a.size() && i < m.size(); ++i)
+  std::size_t const n = std::min(a.size(), m.size());
+  auto band_of = [&](std::size_t i) {
+    return static_cast<std::size_t>(bands.of(static_cast<std::int64_t>(i)));
+  };
+  auto units_of = [&](std::size_t i) { return abs_err(a[i], b[i]) / (unit * m[i] + underflow); };
+  bool const fl = flips && flips->size() >= n;
+  auto flipped = [&](std::size_t i) {
+    return fl && (*flips)[i] && std::isfinite(abs_err(a[i], b[i])) && a[i] != b[i];
+  };
+  // The units of each band's elements that took the same branches; the gap to them tells a
+  // flipped term where most of the band took the same branches (where most did not, values that
+  // underflow in float only, exp of scores far below their row's maximum, make the counts differ
+  // and say nothing of the size of the error).
+  std::vector<double> same(whole.size(), 0.0);
+  std::vector<std::int64_t> agree(whole.size(), 0), differ(whole.size(), 0);
+  for (std::size_t i = 0; fl && i < n; ++i)
+    if (m[i] > 0 && !flipped(i)) {
+      same[band_of(i)] = std::max(same[band_of(i)], units_of(i));
+      ++agree[band_of(i)];
+    } else if (m[i] > 0)
+      ++differ[band_of(i)];
+  if (alone)
+    alone->assign(a.size(), 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto const band = band_of(i);
+    if (flipped(i) &&
+        (m[i] == 0 || (agree[band] >= differ[band] && units_of(i) >= flipped_gap * same[band]))) {
+      if (alone)
+        (*alone)[i] = abs_err(a[i], b[i]);
+      continue;
+    }
     if (m[i] > 0) {
-      auto const band = static_cast<std::size_t>(bands.of(static_cast<std::int64_t>(i)));
       double const err = abs_err(a[i], b[i]), to = unit * m[i] + underflow;
       whole[band] = std::max(whole[band], err / to);
       if (ex)
         rest[band] = std::max(rest[band], std::max(0.0, err - (*explained)[i]) / to);
     }
+  }
   if (ex)
     for (std::size_t band = 0; band < whole.size(); ++band)
       whole[band] = std::max(rest[band], std::min(whole[band], cap));
@@ -174,6 +217,12 @@ struct tolerance {
   /// by k_explained times that more. Null elsewhere.
   std::shared_ptr<std::vector<double> const> explained;
   double k_explained = 0;
+  /// error_bound: |g_ref32 - g_ref64| at the elements where the fp32 reference took another
+  /// branch than the float64 one (detail::error_units), 0 elsewhere; element i may be off by
+  /// k_alone times that more, and those elements raise no band's k. Null where there are none.
+  std::shared_ptr<std::vector<double> const> alone;
+  double k_alone = 0;
+  std::int64_t alone_count = 0;
   /// error_bound, a long sum of one sign run in sequence: element i may be off by
   /// 3 sqrt(n_i) u' |g_ref64|, u' the arithmetic's unit roundoff, n_i the number of terms of the
   /// element's sum, counted by a sweep of the reference (`terms`; null where the sweep did not
@@ -206,7 +255,7 @@ struct tolerance {
                       sequence_at(i) * std::abs(want)) +
              (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) +
              (i < 0 || !explained ? 0 : k_explained * (*explained)[static_cast<std::size_t>(i)]) +
-             floor;
+             (i < 0 || !alone ? 0 : k_alone * (*alone)[static_cast<std::size_t>(i)]) + floor;
     case pass_rule::baseline:
       return k * ref32_err + floor;
     case pass_rule::normwise:
@@ -261,6 +310,11 @@ struct tolerance {
            << " * (how far the float64 reference moves when each value its forward computes moves "
               "by its whole rounding error; what of the fp32 reference's error this explains "
               "raises k to at most 8 k_bound)";
+      if (alone)
+        os << " + " << k_alone << " * |g_ref32 - g_ref64| at " << alone_count
+           << " element(s) judged alone (the fp32 reference took another branch there than the "
+              "float64 one: a comparison near a tie, a relu at 0; off by a whole term, "
+              "they raise no k)";
       if (saved)
         os << " + " << k_saved
            << " * (how far the gradient moves when the values the backward reads from the forward, "
@@ -304,12 +358,19 @@ struct gradient_report {
   double worst_ratio = 0, worst_ratio_bound = 0, worst_ratio_magnitude = 0;
   double worst_ratio_saved = 0; ///< the saved values' share of that bound (second look), if any
   double worst_ratio_explained = 0; ///< the reference's moves' share of it (first look), if any
+  double worst_ratio_alone = 0;     ///< the share of an element judged alone (tolerance::alone)
+  /// error_bound: the first few elements judged alone (tolerance::alone), in order
+  std::vector<element_error> alone;
   double worst_ratio_k = 0;     ///< error_bound: the k of that element's band
   /// error_bound: where the allowance of a long sum, 3 sqrt(n) u' |g_ref64|, was that element's
   /// (larger than k u m), its n; else 0
   double worst_ratio_terms = 0;
   element_error at_worst_ratio;
   std::int64_t mismatches = 0, nonfinite = 0;
+  /// error_bound: the mismatches at elements nothing reaches in the float64 reference (its
+  /// |J|^T |w| is 0 there), where the kernel is not 0; and those where the kernel is 0 and the
+  /// reference is not
+  std::int64_t unreached = 0, zeroed = 0;
   std::vector<element_error> worst; ///< the largest errors first
   block_map map;
   /// Bounding box of the mismatches in the 2-D view (rows x last axis); lo > hi when none.
@@ -516,16 +577,17 @@ inline double explained_units_cap(check_options const& o, dtype_rules const& dty
 /// @param terms error_bound: per element, the number of terms of its sum (null: not
 ///   swept, sequence_n stands for it)
 /// @param sequence_n error_bound: the most terms a sum may count (-1: the dtype's longest axis)
-inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype,
-                                std::vector<double> const& ref64, std::vector<double> const& ref32,
-                                double pooled_rel = 0,
-                                std::vector<double> const* magnitude = nullptr,
-                                std::vector<double> const* pooled_units = nullptr,
-                                std::vector<double> const* saved = nullptr,
-                                row_bands const& bands = {},
-                                std::vector<double> const* explained = nullptr,
-                                std::vector<double> const* terms = nullptr,
-                                std::int64_t sequence_n = -1) {
+/// @param flips error_bound: per element, whether the fp32 reference took another branch on a path
+///   to it (detail::error_units; null: none)
+inline tolerance
+make_tolerance(check_options const& o, dtype_rules const& dtype, std::vector<double> const& ref64,
+               std::vector<double> const& ref32, double pooled_rel = 0,
+               std::vector<double> const* magnitude = nullptr,
+               std::vector<double> const* pooled_units = nullptr,
+               std::vector<double> const* saved = nullptr, row_bands const& bands = {},
+               std::vector<double> const* explained = nullptr,
+               std::vector<double> const* terms = nullptr, std::int64_t sequence_n = -1,
+               std::vector<char> const* flips = nullptr) {
   tolerance t;
   t.rule = o.rule.value_or(dtype.rule);
   t.scale = detail::max_abs(ref64);
@@ -546,11 +608,18 @@ inline tolerance make_tolerance(check_options const& o, dtype_rules const& dtype
     // values the magnitude sweep takes as exact; the reference at the working precision suffers
     // them too, so the kernel may be k times as many units off as the reference is.
     // Per band of rows, so that one badly conditioned row raises k only in its band.
-    std::vector<double> units(static_cast<std::size_t>(bands.count), 0.0);
+    // Elements where the fp32 reference took another branch are judged alone.
+    std::vector<double> units(static_cast<std::size_t>(bands.count), 0.0), alone;
     bool const ex = explained && !explained->empty() && explained->size() == ref64.size();
     if (magnitude)
       units = detail::error_units(ref32, ref64, *magnitude, t.unit, bands, t.underflow,
-                                  ex ? explained : nullptr, explained_units_cap(o, dtype));
+                                  ex ? explained : nullptr, explained_units_cap(o, dtype), flips,
+                                  &alone);
+    t.alone_count = std::count_if(alone.begin(), alone.end(), [](double v) { return v > 0; });
+    if (t.alone_count) {
+      t.alone = std::make_shared<std::vector<double> const>(std::move(alone));
+      t.k_alone = o.k;
+    }
     std::vector<double> ks(units.size());
     double const k0 = o.k_bound.value_or(dtype.k_bound);
     for (std::size_t b = 0; b < units.size(); ++b) {
@@ -637,6 +706,10 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     }
     if (!(e <= b)) {
       ++r.mismatches;
+      if (tol.magnitude && (*tol.magnitude)[static_cast<std::size_t>(i)] == 0 && w == 0)
+        ++r.unreached;
+      else if (g == 0)
+        ++r.zeroed;
       std::int64_t const row = i / cols, col = i % cols;
       r.map.mark(row, col);
       r.bad_row_lo = r.mismatches == 1 ? row : std::min(r.bad_row_lo, row);
@@ -656,6 +729,9 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     r.at_max_abs = element(i_abs);
   if (i_rel >= 0)
     r.at_max_rel = element(i_rel);
+  for (std::int64_t i = 0; tol.alone && i < r.numel && r.alone.size() < 3; ++i)
+    if ((*tol.alone)[static_cast<std::size_t>(i)] > 0)
+      r.alone.push_back(element(i));
   if (i_ratio >= 0) {
     r.at_worst_ratio = element(i_ratio);
     if (tol.magnitude)
@@ -665,6 +741,8 @@ inline gradient_report compare_gradient(erased_gradient const& got,
     if (tol.explained)
       r.worst_ratio_explained =
           tol.k_explained * (*tol.explained)[static_cast<std::size_t>(i_ratio)];
+    if (tol.alone)
+      r.worst_ratio_alone = tol.k_alone * (*tol.alone)[static_cast<std::size_t>(i_ratio)];
     r.worst_ratio_k = tol.k_at(i_ratio);
     if (tol.rule == pass_rule::error_bound) {
       double const want = std::abs(ref64[static_cast<std::size_t>(i_ratio)]);

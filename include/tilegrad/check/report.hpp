@@ -154,10 +154,22 @@ private:
              << g.tol.weight() << " there)";
         if (g.worst_ratio_explained > 0)
           os << " + " << g.worst_ratio_explained << " (the forward's roundings, first look)";
+        if (g.worst_ratio_alone > 0)
+          os << " + " << g.worst_ratio_alone << " (judged alone: another branch in the fp32 "
+             << "reference)";
         if (g.worst_ratio_saved > 0)
           os << " + " << g.worst_ratio_saved << " (the forward's roundings, second look)";
         os << (g.tol.floor ? " + " + std::to_string(g.tol.floor) : std::string())
            << ", err/bound " << g.worst_ratio << "\n";
+      }
+      if (!g.alone.empty()) {
+        os << "      judged alone (another branch in the fp32 reference):";
+        for (auto const& e : g.alone)
+          os << " " << e.where() << " kernel " << e.got << " reference " << e.want << " err/bound "
+             << e.ratio << ";";
+        if (g.tol.alone_count > static_cast<std::int64_t>(g.alone.size()))
+          os << " ... (" << g.tol.alone_count << " in all)";
+        os << "\n";
       }
     } else if (g.tol.rule != pass_rule::atol_rtol) // one bound for the tensor
       os << (g.max_abs_err <= g.tol.bound(0) ? " <= " : " > ") << g.tol.describe() << "\n";
