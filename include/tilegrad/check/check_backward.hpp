@@ -845,10 +845,13 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
   };
   // The first look's bound on each element of gradient q: this seed's alone (the final one,
   // pooled over the seeds, is no smaller), before the second look.
+  auto first_look_tolerance = [&](pending const& pd, std::size_t q) {
+    return make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr, nullptr,
+                          bands_of(q), explained_of(pd, q), terms_of(pd, q), most_terms_of(pd, q),
+                          flips_of(pd, q));
+  };
   auto first_look_bounds = [&](pending const& pd, std::size_t q) {
-    auto const t = make_tolerance(o, dtype, pd.ref64[q], pd.ref32[q], 0, &pd.mag[q], nullptr,
-                                  nullptr, bands_of(q), explained_of(pd, q), terms_of(pd, q),
-                                  most_terms_of(pd, q), flips_of(pd, q));
+    auto const t = first_look_tolerance(pd, q);
     std::vector<double> bounds(pd.ref64[q].size());
     for (std::size_t i = 0; i < bounds.size(); ++i)
       bounds[i] = t.bound(pd.ref64[q][i], static_cast<std::int64_t>(i));
@@ -860,10 +863,12 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       erased_gradient const* e = got.find(ins[q].name);
       if (!e || pd.mag[q].empty() || e->values.size() != pd.ref64[q].size())
         continue;
-      std::vector<double> const bounds = first_look_bounds(pd, q);
-      for (std::size_t i = 0; i < e->values.size(); ++i)
-        if (!(detail::abs_err(e->values[i], pd.ref64[q][i]) <= bounds[i]))
+      auto const t = first_look_tolerance(pd, q);
+      for (std::size_t i = 0; i < e->values.size(); ++i) {
+        auto const at = static_cast<std::int64_t>(i);
+        if (!(t.error(e->values[i], pd.ref64[q][i], at) <= t.bound(pd.ref64[q][i], at)))
           return true;
+      }
     }
     return false;
   };
@@ -1375,9 +1380,8 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       for (std::size_t q = 0; q < ins.size() && !raises; ++q) {
         if (pd.mag[q].empty())
           continue;
-        for (double u :
-             detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2, bands_of(q),
-                                 dtype.eps / 2 * dtype.min_normal, nullptr, 0, flips_of(pd, q)))
+        for (double u : detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
+                                            bands_of(q), dtype.eps / 2 * dtype.min_normal))
           raises |= u > cap;
       }
       if (!raises)

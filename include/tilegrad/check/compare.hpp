@@ -81,20 +81,29 @@ inline double max_abs(std::vector<double> const& v) {
 /// error_bound: how many times the largest units of the other elements of its band an element
 /// where the fp32 reference took another branch must be off by to be judged alone (error_units).
 inline constexpr double flipped_gap = 16;
+/// error_bound: the share of its weight m an element's fp32 reference must be off by, beyond what
+/// the forward's own roundings explain, for it to have taken another branch whatever the counts of
+/// its terms say (error_units): 2^-13, 2^11 units of float32, where roundings the first look does
+/// not explain reach a few hundred (a prefix sum of 1000 terms: up to 640; a layer-norm row at 1e4:
+/// 243).
+inline constexpr double flipped_share = 0x1p-13;
 
 // The largest |a - b| / (unit * m + underflow) over the elements where m > 0, per band (a empty:
 // zeros).
 /// @param explained per element, the part of |a - b| the forward's own roundings explain (the
 ///   first look's jittered reference; null: none): a band's units are then the larger of those
 ///   of what it does not explain and, up to `cap`, those of the whole error
-/// @param flips per element, whether the run that gave `a` took another branch than the one that
-///   gave `b` on a path to it (a relu at a pre-activation that rounds to 0, a maximum whose two
-///   largest candidates tie only after rounding: the sweeps counting the terms of each element
-///   disagree); null: none. Such an element is off by a whole term, about 1 / unit units, where
-///   roundings reach tens, and would raise k for its whole band: where it is off by flipped_gap
-///   times the units of the elements of its band that agree, and they are most of it, or where m
-///   is 0, it counts in no band's units and is judged alone
-/// @param alone where not null, |a - b| at the elements judged alone, 0 elsewhere
+/// @param flips per element, whether the sweeps counting the terms of its gradient disagree
+///   between the runs that gave a and b (a term counts where every partial on its path is
+///   nonzero): the run that gave `a` took another branch on a path to it (a relu at a
+///   pre-activation that rounds to 0, a maximum whose two largest candidates tie only after
+///   rounding); null: not counted. Such an element is off by a whole term, about 1 / unit units
+///   where roundings reach tens, and would raise k for its whole band. It counts in no band's
+///   units and is judged alone where it is off by flipped_gap times the units of the elements of
+///   its band that agree, and they are most of it. So is an element that nothing reaches in b's
+///   run (m = 0) where a is not b, and one off by flipped_share of m or more beyond `explained`
+///   (a leaky relu, a sign: both branches count a term). Only where cap > 0
+/// @param alone where not null, a - b at the elements judged alone, 0 elsewhere
 inline std::vector<double> error_units(std::vector<double> const& a, std::vector<double> const& b,
                                        std::vector<double> const& m, double unit,
                                        row_bands const& bands, double underflow,
@@ -112,6 +121,14 @@ inline std::vector<double> error_units(std::vector<double> const& a, std::vector
   auto flipped = [&](std::size_t i) {
     return fl && (*flips)[i] && std::isfinite(abs_err(a[i], b[i])) && a[i] != b[i];
   };
+  // Off by more than roundings reach, or where nothing reaches in b's run.
+  auto far = [&](std::size_t i) {
+    double const err = abs_err(a[i], b[i]);
+    if (!std::isfinite(err) || err == 0)
+      return false;
+    double const unexplained = ex ? std::max(0.0, err - (*explained)[i]) : err;
+    return m[i] == 0 || unexplained >= flipped_share * m[i] + underflow;
+  };
   // The units of each band's elements that took the same branches; the gap to them tells a
   // flipped term where most of the band took the same branches (where most did not, values that
   // underflow in float only, exp of scores far below their row's maximum, make the counts differ
@@ -124,14 +141,39 @@ inline std::vector<double> error_units(std::vector<double> const& a, std::vector
       ++agree[band_of(i)];
     } else if (m[i] > 0)
       ++differ[band_of(i)];
+  // (cap = 0: the raw units, which decide whether the first look's references run; no element
+  // is judged alone.)
+  std::vector<char> judged(n, 0);
+  std::vector<double> normal(whole.size(), 0.0); // units of the band's elements within `cap`
+  std::vector<char> has_alone(whole.size(), 0);
+  for (std::size_t i = 0; cap > 0 && i < n; ++i) {
+    auto const band = band_of(i);
+    judged[i] = far(i) || (flipped(i) && agree[band] >= differ[band] &&
+                           units_of(i) >= flipped_gap * same[band]);
+    has_alone[band] |= judged[i];
+    if (!judged[i] && m[i] > 0 && units_of(i) <= cap)
+      normal[band] = std::max(normal[band], units_of(i));
+  }
+  // In a band where a branch flipped, an element the same flip reaches by a smaller term (a row
+  // of dc where the flipped column's w is small) is off by less than flipped_share but still far
+  // more than the band's others: where its units pass `cap` and flipped_gap times theirs, it is
+  // judged alone too.
+  for (std::size_t i = 0; cap > 0 && i < n; ++i) {
+    auto const band = band_of(i);
+    double const err = abs_err(a[i], b[i]);
+    double const unexplained = ex ? std::max(0.0, err - (*explained)[i]) : err;
+    double const u = unexplained / (unit * m[i] + underflow);
+    if (has_alone[band] && !judged[i] && m[i] > 0 && std::isfinite(err) && u > cap &&
+        u >= flipped_gap * normal[band])
+      judged[i] = 1;
+  }
   if (alone)
     alone->assign(a.size(), 0.0);
   for (std::size_t i = 0; i < n; ++i) {
     auto const band = band_of(i);
-    if (flipped(i) &&
-        (m[i] == 0 || (agree[band] >= differ[band] && units_of(i) >= flipped_gap * same[band]))) {
+    if (judged[i]) {
       if (alone)
-        (*alone)[i] = abs_err(a[i], b[i]);
+        (*alone)[i] = a[i] - b[i];
       continue;
     }
     if (m[i] > 0) {
@@ -176,7 +218,15 @@ struct element_error {
   std::vector<std::int64_t> at;
   double got = 0, want = 0;
   double ratio = 0; ///< err / bound (inf where the bound is 0 and the error is not)
-  double abs_err() const { return detail::abs_err(got, want); }
+  /// Where the fp32 reference took another branch (tolerance::alone): its value, the other
+  /// branch's reference; 0 elsewhere (other_branch false)
+  double branch = 0;
+  bool other_branch = false;
+  /// |got - want|, or the distance to the nearer branch where the fp32 reference took another
+  double abs_err() const {
+    double const e = detail::abs_err(got, want);
+    return other_branch ? std::min(e, detail::abs_err(got, branch)) : e;
+  }
   TILEGRAD_MACHINERY_MEMBER std::string where() const
 #if TILEGRAD_MACHINERY_BODIES
   { return tuple_string(at.data(), static_cast<int>(at.size())); }
@@ -217,11 +267,12 @@ struct tolerance {
   /// by k_explained times that more. Null elsewhere.
   std::shared_ptr<std::vector<double> const> explained;
   double k_explained = 0;
-  /// error_bound: |g_ref32 - g_ref64| at the elements where the fp32 reference took another
-  /// branch than the float64 one (detail::error_units), 0 elsewhere; element i may be off by
-  /// k_alone times that more, and those elements raise no band's k. Null where there are none.
+  /// error_bound: g_ref32 - g_ref64 at the elements where the fp32 reference took another
+  /// branch than the float64 one (detail::error_units), 0 elsewhere. Those elements raise no band's
+  /// k, and the kernel may take either branch there: its error is the smaller of those against
+  /// g_ref64 and g_ref32 (error()), and the bound counts the other branch's own roundings,
+  /// k * u * |g_ref32 - g_ref64| more. Null where there are none.
   std::shared_ptr<std::vector<double> const> alone;
-  double k_alone = 0;
   std::int64_t alone_count = 0;
   /// error_bound, a long sum of one sign run in sequence: element i may be off by
   /// 3 sqrt(n_i) u' |g_ref64|, u' the arithmetic's unit roundoff, n_i the number of terms of the
@@ -255,7 +306,9 @@ struct tolerance {
                       sequence_at(i) * std::abs(want)) +
              (i < 0 || !saved ? 0 : k_saved * (*saved)[static_cast<std::size_t>(i)]) +
              (i < 0 || !explained ? 0 : k_explained * (*explained)[static_cast<std::size_t>(i)]) +
-             (i < 0 || !alone ? 0 : k_alone * (*alone)[static_cast<std::size_t>(i)]) + floor;
+             (i < 0 || !alone ? 0
+                              : k_at(i) * unit * std::abs((*alone)[static_cast<std::size_t>(i)])) +
+             floor;
     case pass_rule::baseline:
       return k * ref32_err + floor;
     case pass_rule::normwise:
@@ -263,6 +316,13 @@ struct tolerance {
     default:
       return atol + rtol * std::abs(want);
     }
+  }
+  /// The error of `got` at element i (flat index) where the reference is `want`: |got - want|, or
+  /// where the fp32 reference took another branch (`alone`), the distance to the nearer branch.
+  double error(double got, double want, std::int64_t i) const {
+    double const e = detail::abs_err(got, want);
+    double const d = i < 0 || !alone ? 0.0 : (*alone)[static_cast<std::size_t>(i)];
+    return d == 0 ? e : std::min(e, detail::abs_err(got, want + d));
   }
   /// error_bound: the k of element i (flat index; -1: the largest).
   double k_at(std::int64_t i) const {
@@ -311,10 +371,11 @@ struct tolerance {
               "by its whole rounding error; what of the fp32 reference's error this explains "
               "raises k to at most 8 k_bound)";
       if (alone)
-        os << " + " << k_alone << " * |g_ref32 - g_ref64| at " << alone_count
+        os << " + k * u * |g_ref32 - g_ref64| at " << alone_count
            << " element(s) judged alone (the fp32 reference took another branch there than the "
-              "float64 one: a comparison near a tie, a relu at 0; off by a whole term, "
-              "they raise no k)";
+              "float64 one: a comparison near a tie, a relu at 0; off by a whole term, they raise "
+              "no k, and either branch passes: err is the smaller of those against g_ref64 and "
+              "g_ref32)";
       if (saved)
         os << " + " << k_saved
            << " * (how far the gradient moves when the values the backward reads from the forward, "
@@ -615,11 +676,9 @@ make_tolerance(check_options const& o, dtype_rules const& dtype, std::vector<dou
       units = detail::error_units(ref32, ref64, *magnitude, t.unit, bands, t.underflow,
                                   ex ? explained : nullptr, explained_units_cap(o, dtype), flips,
                                   &alone);
-    t.alone_count = std::count_if(alone.begin(), alone.end(), [](double v) { return v > 0; });
-    if (t.alone_count) {
+    t.alone_count = std::count_if(alone.begin(), alone.end(), [](double v) { return v != 0; });
+    if (t.alone_count)
       t.alone = std::make_shared<std::vector<double> const>(std::move(alone));
-      t.k_alone = o.k;
-    }
     std::vector<double> ks(units.size());
     double const k0 = o.k_bound.value_or(dtype.k_bound);
     for (std::size_t b = 0; b < units.size(); ++b) {
@@ -682,19 +741,22 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   for (std::int64_t i = 0; i < r.numel; ++i) {
     double const g = got.values[static_cast<std::size_t>(i)];
     double const w = ref64[static_cast<std::size_t>(i)];
-    double const e = detail::abs_err(g, w);
     if (!std::isfinite(g))
       ++r.nonfinite;
-    sum += e;
-    if (e > r.max_abs_err) {
-      r.max_abs_err = e;
-      i_abs = i;
-    }
-    if (w != 0 && e / std::abs(w) > r.max_rel_err) {
-      r.max_rel_err = e / std::abs(w);
-      i_rel = i;
+    {
+      double const e = detail::abs_err(g, w);
+      sum += e;
+      if (e > r.max_abs_err) {
+        r.max_abs_err = e;
+        i_abs = i;
+      }
+      if (w != 0 && e / std::abs(w) > r.max_rel_err) {
+        r.max_rel_err = e / std::abs(w);
+        i_rel = i;
+      }
     }
     double const b = tol.bound(w, i);
+    double const e = tol.error(g, w, i); // (the nearer branch's, where the fp32 one differs)
     double ratio = b > 0 ? e / b : e > 0 ? std::numeric_limits<double>::infinity() : 0.0;
     if (std::isnan(ratio)) // an infinite error against an infinite bound
       ratio = e <= b ? 0.0 : std::numeric_limits<double>::infinity();
@@ -721,16 +783,21 @@ inline gradient_report compare_gradient(erased_gradient const& got,
   }
   r.mean_abs_err = r.numel ? sum / static_cast<double>(r.numel) : 0;
   auto element = [&](std::int64_t i) {
-    return element_error{detail::unravel(i, got.shape, got.rank),
-                         got.values[static_cast<std::size_t>(i)],
-                         ref64[static_cast<std::size_t>(i)], ratios[static_cast<std::size_t>(i)]};
+    element_error el{detail::unravel(i, got.shape, got.rank),
+                     got.values[static_cast<std::size_t>(i)], ref64[static_cast<std::size_t>(i)],
+                     ratios[static_cast<std::size_t>(i)]};
+    if (double const d = tol.alone ? (*tol.alone)[static_cast<std::size_t>(i)] : 0.0; d != 0) {
+      el.branch = el.want + d;
+      el.other_branch = true;
+    }
+    return el;
   };
   if (r.numel)
     r.at_max_abs = element(i_abs);
   if (i_rel >= 0)
     r.at_max_rel = element(i_rel);
   for (std::int64_t i = 0; tol.alone && i < r.numel && r.alone.size() < 3; ++i)
-    if ((*tol.alone)[static_cast<std::size_t>(i)] > 0)
+    if ((*tol.alone)[static_cast<std::size_t>(i)] != 0)
       r.alone.push_back(element(i));
   if (i_ratio >= 0) {
     r.at_worst_ratio = element(i_ratio);
@@ -742,7 +809,8 @@ inline gradient_report compare_gradient(erased_gradient const& got,
       r.worst_ratio_explained =
           tol.k_explained * (*tol.explained)[static_cast<std::size_t>(i_ratio)];
     if (tol.alone)
-      r.worst_ratio_alone = tol.k_alone * (*tol.alone)[static_cast<std::size_t>(i_ratio)];
+      r.worst_ratio_alone =
+          tol.k_at(i_ratio) * tol.unit * std::abs((*tol.alone)[static_cast<std::size_t>(i_ratio)]);
     r.worst_ratio_k = tol.k_at(i_ratio);
     if (tol.rule == pass_rule::error_bound) {
       double const want = std::abs(ref64[static_cast<std::size_t>(i_ratio)]);

@@ -165,8 +165,8 @@ private:
       if (!g.alone.empty()) {
         os << "      judged alone (another branch in the fp32 reference):";
         for (auto const& e : g.alone)
-          os << " " << e.where() << " kernel " << e.got << " reference " << e.want << " err/bound "
-             << e.ratio << ";";
+          os << " " << e.where() << " kernel " << e.got << " reference " << e.want
+             << " fp32 reference " << e.branch << " err/bound " << e.ratio << ";";
         if (g.tol.alone_count > static_cast<std::int64_t>(g.alone.size()))
           os << " ... (" << g.tol.alone_count << " in all)";
         os << "\n";
@@ -188,10 +188,13 @@ private:
       if (g.nonfinite)
         os << ", " << g.nonfinite << " NaN/Inf";
       os << "\n      worst:";
-      for (std::size_t i = 0; i < g.worst.size(); ++i)
+      for (std::size_t i = 0; i < g.worst.size(); ++i) {
         os << (i ? "\n             " : " ") << g.worst[i].where() << " kernel " << g.worst[i].got
-           << " reference " << g.worst[i].want << " err " << g.worst[i].abs_err() << " err/bound "
-           << g.worst[i].ratio;
+           << " reference " << g.worst[i].want;
+        if (g.worst[i].other_branch)
+          os << " (another branch: " << g.worst[i].branch << ")";
+        os << " err " << g.worst[i].abs_err() << " err/bound " << g.worst[i].ratio;
+      }
       os << "\n";
       if (g.mismatches)
         os << g.map;
