@@ -485,8 +485,19 @@ inline bool& counts_sweep() {
   return c;
 }
 
-/// What a magnitude sweep sums per term: |partials| (the default), their squares, or counts.
-enum class magnitude_kind { absolute, squares, counts };
+/// In a sweep of counts, whether it marks branches: a term that takes the second choice of a
+/// where(), maximum() or minimum(), or passes abs() at a negative value, counts 2 at each such
+/// choice (powers of two, exact in float), so that the counts of an element differ between two
+/// runs where a branch on a path to it went otherwise, even where both branches keep the term (a
+/// leaky relu, a sign): check_backward's test of where the fp32 reference took other branches.
+inline bool& branches_sweep() {
+  thread_local bool b = false;
+  return b;
+}
+
+/// What a magnitude sweep sums per term: |partials| (the default), their squares, counts, or
+/// counts that mark the branches taken (branches_sweep).
+enum class magnitude_kind { absolute, squares, counts, branches };
 
 /// While it lives, the sweeps on this thread (and the vjp calls made from it, which pass the
 /// choice on to their worker threads) sweep magnitudes or not (see magnitude_sweep), of absolute
@@ -495,28 +506,32 @@ enum class magnitude_kind { absolute, squares, counts };
 class magnitude_scope {
 public:
   explicit magnitude_scope(bool on = true, magnitude_kind kind = magnitude_kind::absolute)
-      : saved_(magnitude_sweep()), saved_squares_(squares_sweep()), saved_counts_(counts_sweep()) {
+      : saved_(magnitude_sweep()), saved_squares_(squares_sweep()), saved_counts_(counts_sweep()),
+        saved_branches_(branches_sweep()) {
     magnitude_sweep() = on;
     squares_sweep() = on && kind == magnitude_kind::squares;
-    counts_sweep() = on && kind == magnitude_kind::counts;
+    counts_sweep() = on && (kind == magnitude_kind::counts || kind == magnitude_kind::branches);
+    branches_sweep() = on && kind == magnitude_kind::branches;
   }
   ~magnitude_scope() {
     magnitude_sweep() = saved_;
     squares_sweep() = saved_squares_;
     counts_sweep() = saved_counts_;
+    branches_sweep() = saved_branches_;
   }
   magnitude_scope(magnitude_scope const&) = delete;
   magnitude_scope& operator=(magnitude_scope const&) = delete;
 
   /// The kind of the sweep running on this thread.
   static magnitude_kind current() {
-    return squares_sweep()  ? magnitude_kind::squares
-           : counts_sweep() ? magnitude_kind::counts
-                            : magnitude_kind::absolute;
+    return squares_sweep()    ? magnitude_kind::squares
+           : branches_sweep() ? magnitude_kind::branches
+           : counts_sweep()   ? magnitude_kind::counts
+                              : magnitude_kind::absolute;
   }
 
 private:
-  bool saved_, saved_squares_, saved_counts_;
+  bool saved_, saved_squares_, saved_counts_, saved_branches_;
 };
 
 /// A reference run with rounding jitter (check_backward's second look): the float64 forward

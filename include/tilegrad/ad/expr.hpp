@@ -406,7 +406,8 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
       backprop<W>(tilegrad::detail::get<1>(n.es), r, c, ops::detail::select(m, g, V(0)));
     if constexpr (is_active_v<std::tuple_element_t<2, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<2>(n.es), r, c, ops::detail::select(m, V(0), g));
+      backprop<W>(tilegrad::detail::get<2>(n.es), r, c,
+                  ops::detail::select(m, V(0), branches_sweep() ? g * V(2) : g));
   } else if constexpr (sizeof...(Es) == 1) {
     auto const y = [&] {
       if constexpr (std::is_same_v<Y, no_result>)
@@ -445,6 +446,13 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
                     }));
         return;
       }
+    if constexpr (std::is_same_v<Op, ops::abs_op>)
+      if (branches_sweep()) [[unlikely]] { // a negative value is abs's second branch
+        V const t = z([&](V const& h) { return Op::grad(std::get<0>(x), y, h); });
+        backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
+                    ops::detail::select(std::get<0>(x) < V(0), t * V(2), t));
+        return;
+      }
     backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
                 z([&](V const& h) { return Op::grad(std::get<0>(x), y, h); }));
   } else if constexpr (sizeof...(Es) == 2) {
@@ -459,9 +467,12 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
     if constexpr (is_active_v<std::tuple_element_t<0, std::tuple<Es...>>>)
       backprop<W>(tilegrad::detail::get<0>(n.es), r, c,
                   z([&](V const& h) { return Op::grad0(a, b, y, h); }));
+    constexpr bool picks = std::is_same_v<Op, ops::maximum_op> ||
+                           std::is_same_v<Op, ops::minimum_op>; // the second operand: a branch
     if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<1>(n.es), r, c,
-                  z([&](V const& h) { return Op::grad1(a, b, y, h); }));
+      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, z([&](V const& h) {
+                    return Op::grad1(a, b, y, picks && branches_sweep() ? h * V(2) : h);
+                  }));
   } else {
     static_assert(std::is_same_v<Op, ops::fma_op>);
     auto const& a = std::get<0>(x);

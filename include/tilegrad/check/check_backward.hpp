@@ -196,7 +196,7 @@ private:
 
 /// What a float64 reference sweeps: the gradient, |J|^T |w|, |J|^2^T w^2, or the number of terms
 /// of each element (ad::magnitude_scope).
-enum class sweep { plain, magnitudes, squares, counts };
+enum class sweep { plain, magnitudes, squares, counts, branches };
 
 /// What a float64 jvp of the forward gives the reference's self-check: <J u, w> for the seed's
 /// cotangents w, the sum of its terms' magnitudes, and the direction u of each input marked in
@@ -223,7 +223,7 @@ struct forward_parts {
   /// jvp in float64 on copies of the inputs along directions drawn from the seed given, with
   /// the cotangents given (check_options::check_reference)
   callable_ref<forward_mode_side(std::vector<owned_tensor<T>> const&, unsigned)> reference_jvp64;
-  /// vjp at the working precision fp32<T>, or its sweep (sweep::counts: where its branches go)
+  /// vjp at the working precision fp32<T>, or its sweep (sweep::branches: where its branches go)
   callable_ref<gradients<fp32<T>>(std::vector<owned_tensor<T>> const&,
                                   std::deque<owned_tensor<fp32<T>>>&, sweep)>
       reference32;
@@ -396,9 +396,9 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
       cot_copies.push_back(detail::copy_as<U>(c.cview()));
       if (kind != sweep::plain)
         for (U& v : cot_copies.back())
-          v = kind == sweep::squares  ? v * v
-              : kind == sweep::counts ? U(v != U(0) ? 1 : 0)
-                                      : std::abs(v);
+          v = kind == sweep::squares                             ? v * v
+              : kind == sweep::counts || kind == sweep::branches ? U(v != U(0) ? 1 : 0)
+                                                                 : std::abs(v);
     }
     auto cot = [&](std::string const& name) -> owned_tensor<U> const& {
       return cotangent_named(cot_copies, name);
@@ -408,9 +408,10 @@ check_report check_backward_impl(forward_launch<Kernel, Args...> const& fwd,
         [&](auto const&... a) { return std::tuple{detail::rebind<U>(a, keep, cot)...}; }, fwd.args);
     std::optional<ad::magnitude_scope> scope;
     if (kind != sweep::plain)
-      scope.emplace(true, kind == sweep::squares  ? ad::magnitude_kind::squares
-                          : kind == sweep::counts ? ad::magnitude_kind::counts
-                                                  : ad::magnitude_kind::absolute);
+      scope.emplace(true, kind == sweep::squares    ? ad::magnitude_kind::squares
+                          : kind == sweep::counts   ? ad::magnitude_kind::counts
+                          : kind == sweep::branches ? ad::magnitude_kind::branches
+                                                    : ad::magnitude_kind::absolute);
     return std::apply([&](auto const&... a) { return vjp(o.launch, fwd.g, fwd.kernel, a...); },
                       args);
   };
@@ -1355,9 +1356,9 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
       std::optional<gradients<W>> c32;
       try {
         std::deque<owned_tensor<double>> keep;
-        c64.emplace(f.reference64(cots, keep, sweep::counts));
+        c64.emplace(f.reference64(cots, keep, sweep::branches));
         std::deque<owned_tensor<W>> keep32;
-        c32.emplace(f.reference32(cots, keep32, sweep::counts));
+        c32.emplace(f.reference32(cots, keep32, sweep::branches));
       } catch (std::exception const&) {
         return flips;
       }

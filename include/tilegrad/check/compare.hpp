@@ -81,28 +81,27 @@ inline double max_abs(std::vector<double> const& v) {
 /// error_bound: how many times the largest units of the other elements of its band an element
 /// where the fp32 reference took another branch must be off by to be judged alone (error_units).
 inline constexpr double flipped_gap = 16;
-/// error_bound: the share of its weight m an element's fp32 reference must be off by, beyond what
-/// the forward's own roundings explain, for it to have taken another branch whatever the counts of
-/// its terms say (error_units): 2^-13, 2^11 units of float32, where roundings the first look does
-/// not explain reach a few hundred (a prefix sum of 1000 terms: up to 640; a layer-norm row at 1e4:
-/// 243).
-inline constexpr double flipped_share = 0x1p-13;
-
+/// error_bound: the units beyond what the forward's roundings explain past which an element where
+/// the fp32 reference took another branch is judged alone whatever its band (error_units): 2^13,
+/// where roundings the first look does not explain reach a few hundred (a prefix sum of 1000
+/// terms: up to 640; a layer-norm row at 1e4: 243).
+inline constexpr double flipped_units = 0x1p13;
 // The largest |a - b| / (unit * m + underflow) over the elements where m > 0, per band (a empty:
 // zeros).
 /// @param explained per element, the part of |a - b| the forward's own roundings explain (the
 ///   first look's jittered reference; null: none): a band's units are then the larger of those
 ///   of what it does not explain and, up to `cap`, those of the whole error
-/// @param flips per element, whether the sweeps counting the terms of its gradient disagree
-///   between the runs that gave a and b (a term counts where every partial on its path is
-///   nonzero): the run that gave `a` took another branch on a path to it (a relu at a
-///   pre-activation that rounds to 0, a maximum whose two largest candidates tie only after
-///   rounding); null: not counted. Such an element is off by a whole term, about 1 / unit units
-///   where roundings reach tens, and would raise k for its whole band. It counts in no band's
-///   units and is judged alone where it is off by flipped_gap times the units of the elements of
-///   its band that agree, and they are most of it. So is an element that nothing reaches in b's
-///   run (m = 0) where a is not b, and one off by flipped_share of m or more beyond `explained`
-///   (a leaky relu, a sign: both branches count a term). Only where cap > 0
+/// @param flips per element, whether the sweeps counting the terms of its gradient, each term
+///   marked by the branches it takes (ad::branches_sweep), disagree between the runs that gave a
+///   and b: the run that gave `a` took another branch on a path to it (a relu at a pre-activation
+///   that rounds to 0, a maximum whose two largest candidates tie only after rounding); null: not
+///   counted. Such an element is off by a whole term, about 1 / unit units where roundings reach
+///   tens, and would raise k for its whole band. It counts in no band's units and is judged alone
+///   where it is off by flipped_gap times the units of the elements of its band that agree, and
+///   they are most of it (where most are not, values that underflow in one run only made the
+///   counts differ), where it is off by flipped_units beyond `explained` (a bias summed over one
+///   band, all of which flipped), or where nothing reaches it in b's run (m = 0). Only where
+///   cap > 0 (cap = 0: the raw units, which decide whether the first look's references run)
 /// @param alone where not null, a - b at the elements judged alone, 0 elsewhere
 inline std::vector<double> error_units(std::vector<double> const& a, std::vector<double> const& b,
                                        std::vector<double> const& m, double unit,
@@ -121,14 +120,6 @@ inline std::vector<double> error_units(std::vector<double> const& a, std::vector
   auto flipped = [&](std::size_t i) {
     return fl && (*flips)[i] && std::isfinite(abs_err(a[i], b[i])) && a[i] != b[i];
   };
-  // Off by more than roundings reach, or where nothing reaches in b's run.
-  auto far = [&](std::size_t i) {
-    double const err = abs_err(a[i], b[i]);
-    if (!std::isfinite(err) || err == 0)
-      return false;
-    double const unexplained = ex ? std::max(0.0, err - (*explained)[i]) : err;
-    return m[i] == 0 || unexplained >= flipped_share * m[i] + underflow;
-  };
   // The units of each band's elements that took the same branches; the gap to them tells a
   // flipped term where most of the band took the same branches (where most did not, values that
   // underflow in float only, exp of scores far below their row's maximum, make the counts differ
@@ -141,31 +132,14 @@ inline std::vector<double> error_units(std::vector<double> const& a, std::vector
       ++agree[band_of(i)];
     } else if (m[i] > 0)
       ++differ[band_of(i)];
-  // (cap = 0: the raw units, which decide whether the first look's references run; no element
-  // is judged alone.)
   std::vector<char> judged(n, 0);
-  std::vector<double> normal(whole.size(), 0.0); // units of the band's elements within `cap`
-  std::vector<char> has_alone(whole.size(), 0);
-  for (std::size_t i = 0; cap > 0 && i < n; ++i) {
-    auto const band = band_of(i);
-    judged[i] = far(i) || (flipped(i) && agree[band] >= differ[band] &&
-                           units_of(i) >= flipped_gap * same[band]);
-    has_alone[band] |= judged[i];
-    if (!judged[i] && m[i] > 0 && units_of(i) <= cap)
-      normal[band] = std::max(normal[band], units_of(i));
-  }
-  // In a band where a branch flipped, an element the same flip reaches by a smaller term (a row
-  // of dc where the flipped column's w is small) is off by less than flipped_share but still far
-  // more than the band's others: where its units pass `cap` and flipped_gap times theirs, it is
-  // judged alone too.
   for (std::size_t i = 0; cap > 0 && i < n; ++i) {
     auto const band = band_of(i);
     double const err = abs_err(a[i], b[i]);
     double const unexplained = ex ? std::max(0.0, err - (*explained)[i]) : err;
-    double const u = unexplained / (unit * m[i] + underflow);
-    if (has_alone[band] && !judged[i] && m[i] > 0 && std::isfinite(err) && u > cap &&
-        u >= flipped_gap * normal[band])
-      judged[i] = 1;
+    judged[i] =
+        flipped(i) && (m[i] == 0 || unexplained >= flipped_units * (unit * m[i] + underflow) ||
+                       (agree[band] >= differ[band] && units_of(i) >= flipped_gap * same[band]));
   }
   if (alone)
     alone->assign(a.size(), 0.0);
