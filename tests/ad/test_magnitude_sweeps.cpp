@@ -5,6 +5,7 @@
 // the number of nonzero terms (how many roundings a long sum of them takes). The kernel
 // has a dot, an elementwise chain, a row broadcast, a sum over each row and an operand read twice
 // (x * x: two terms), on shapes that do not fill the tiles; every sweep in float64 and float32.
+// And the counts that mark branches (ad::branches_sweep) on a where, an abs and a maximum.
 #include <tilegrad/tilegrad.hpp>
 
 #include <gtest/gtest.h>
@@ -127,7 +128,56 @@ void expect_sweeps_match(double rel) {
   }
 }
 
+// y1 = where(x > 0, x, x / 2), y2 = abs(x), y3 = maximum(x, w), elementwise in blocks of 64.
+constexpr int EB = 64;
+constexpr auto branchy = []<class T>(tg::program const& p, tg::tensor<T const> x,
+                                     tg::tensor<T const> w, tg::tensor<T> y1, tg::tensor<T> y2,
+                                     tg::tensor<T> y3) {
+  auto const offs = p.program_id(0) * EB + tg::arange<0, EB>();
+  auto const m = offs < x.numel();
+  tg::tile<T, EB> const xv = tg::load(x + offs, m, 0.0f), wv = tg::load(w + offs, m, 0.0f);
+  tg::store(y1 + offs, tg::where(xv > 0.0f, xv, xv * 0.5f), m);
+  tg::store(y2 + offs, tg::abs(xv), m);
+  tg::store(y3 + offs, tg::maximum(xv, wv), m);
+};
+
+// The counts of x's and w's terms, seeded with 1: with `branches`, a term counts 2 at each second
+// choice (where's false side, abs at a negative value, maximum's second operand).
+template <class T>
+void expect_branch_counts(kind k) {
+  constexpr std::int64_t n = 150;
+  tg::owned_tensor<T> x{{n}}, w{{n}}, y1{{n}}, y2{{n}}, y3{{n}}, ones{{n}};
+  test_support::fill(x, 7);
+  test_support::fill(w, 8);
+  for (T& v : ones)
+    v = T(1);
+  tg::gradients<T> g = [&] {
+    tg::ad::magnitude_scope const sweep(true, k);
+    return tg::vjp(static_cast<int>(tg::cdiv(n, std::int64_t{EB})), branchy, tg::in("x", x),
+                   tg::in("w", w), tg::out("y1", y1, ones), tg::out("y2", y2, ones),
+                   tg::out("y3", y3, ones));
+  }();
+  double const two = k == kind::branches ? 2 : 1;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double const xi = double(x(i)), wi = double(w(i));
+    ASSERT_NE(xi, 0.0);
+    double const want_x = (xi > 0 ? 1 : two) + (xi > 0 ? 1 : two) + (wi > xi ? 0 : 1);
+    double const want_w = wi > xi ? two : 0;
+    EXPECT_EQ(double(g["x"].data()[i]), want_x) << i << " " << static_cast<int>(k);
+    EXPECT_EQ(double(g["w"].data()[i]), want_w) << i << " " << static_cast<int>(k);
+  }
+}
+
 } // namespace
+
+TEST(MagnitudeSweeps, BranchesSweepsMarkEachSecondChoiceOfATerm) {
+  // check_backward counts terms so in both precisions: where the counts differ, a branch went
+  // otherwise (a leaky relu keeps its term on both branches, and only the marks tell them apart).
+  for (kind k : {kind::counts, kind::branches}) {
+    expect_branch_counts<double>(k);
+    expect_branch_counts<float>(k);
+  }
+}
 
 TEST(MagnitudeSweeps, SumTheTermsOfEachElementByAbsoluteValueOrSquareOrCountThem) {
   expect_sweeps_match<double>(1e-12);

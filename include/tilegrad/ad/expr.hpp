@@ -469,10 +469,10 @@ TILEGRAD_INLINE void backprop_map(map_node<Op, Es...> const& n, int r, int c, V 
                   z([&](V const& h) { return Op::grad0(a, b, y, h); }));
     constexpr bool picks = std::is_same_v<Op, ops::maximum_op> ||
                            std::is_same_v<Op, ops::minimum_op>; // the second operand: a branch
-    if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>)
-      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, z([&](V const& h) {
-                    return Op::grad1(a, b, y, picks && branches_sweep() ? h * V(2) : h);
-                  }));
+    if constexpr (is_active_v<std::tuple_element_t<1, std::tuple<Es...>>>) {
+      V const t = z([&](V const& h) { return Op::grad1(a, b, y, h); });
+      backprop<W>(tilegrad::detail::get<1>(n.es), r, c, picks && branches_sweep() ? t * V(2) : t);
+    }
   } else {
     static_assert(std::is_same_v<Op, ops::fma_op>);
     auto const& a = std::get<0>(x);
