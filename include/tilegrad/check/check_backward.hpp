@@ -1339,18 +1339,23 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     // it took otherwise than the float64 one (a relu at a pre-activation that rounds to 0, a
     // maximum whose largest candidates tie only after rounding): off by a whole term there, it
     // raised k to tens of millions for the band and let any bug in it pass. The terms of each
-    // element's gradient are counted in both precisions (a term counts where every partial on its
-    // path is nonzero); where the counts differ, the element took another branch (error_units).
-    auto find_flips = [&](pending const& pd) {
-      std::vector<std::vector<char>> flips;
+    // element's gradient are counted in both precisions, each marked by the branches it takes
+    // (ad::branches_sweep); where the counts differ, the element took another branch (error_units).
+    // Whether the fp32 reference's raw units raise k past 8 k_bound somewhere (the first look's
+    // references below run only then).
+    auto raises_past_cap = [&](pending const& pd) {
       double const cap = explained_units_cap(o, dtype);
-      bool raises = false;
-      for (std::size_t q = 0; q < ins.size() && !raises; ++q)
+      for (std::size_t q = 0; q < ins.size(); ++q)
         if (!pd.mag[q].empty())
           for (double u : detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
                                               bands_of(q), dtype.eps / 2 * dtype.min_normal))
-            raises |= u > cap;
-      if (!raises)
+            if (u > cap)
+              return true;
+      return false;
+    };
+    auto find_flips = [&](pending const& pd) {
+      std::vector<std::vector<char>> flips;
+      if (!raises_past_cap(pd))
         return flips;
       std::optional<gradients<double>> c64;
       std::optional<gradients<W>> c32;
@@ -1376,16 +1381,7 @@ check_report check_backward_core(grid const& g, forward_parts<T>& f, backward_re
     };
     auto explain = [&](pending const& pd) {
       std::vector<std::vector<double>> moves;
-      double const cap = explained_units_cap(o, dtype);
-      bool raises = false;
-      for (std::size_t q = 0; q < ins.size() && !raises; ++q) {
-        if (pd.mag[q].empty())
-          continue;
-        for (double u : detail::error_units(pd.ref32[q], pd.ref64[q], pd.mag[q], dtype.eps / 2,
-                                            bands_of(q), dtype.eps / 2 * dtype.min_normal))
-          raises |= u > cap;
-      }
-      if (!raises)
+      if (!raises_past_cap(pd))
         return moves;
       auto jittered_reference = [&](double scale) {
         std::deque<owned_tensor<double>> keep_j;
