@@ -10,8 +10,12 @@
 #include "../support/tensors.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
 
 namespace test_jitter {
 
@@ -415,6 +419,67 @@ TEST(Jitter, AValueStoredAndReloadedMovesAsWhereItIsRead) {
   };
   check(stored_and_reloaded<false>, "pointers");
   check(stored_and_reloaded<true>, "block");
+}
+
+// The bit tests the jitter and the second look use, against the library functions they replace:
+// whether a double is a power of two or zero (frexp), and the spacing of float and double values
+// (nextafter), over zeros, subnormals, normals next to powers of two, the largest finite values,
+// infinities and NaN, and random bit patterns.
+TEST(JitterBits, PowersOfTwoAndSpacingsAgreeWithTheLibrary) {
+  auto const by_frexp = [](double x) {
+    int e;
+    return x == 0 || (std::isfinite(x) && std::frexp(x, &e) == (x < 0 ? -0.5 : 0.5));
+  };
+  auto const by_nextafter = []<class E>(E x) {
+    return static_cast<double>(std::nextafter(x, std::numeric_limits<E>::infinity()) - x);
+  };
+  std::vector<double> xs{0.0,
+                         -0.0,
+                         1.0,
+                         -1.0,
+                         0.5,
+                         3.0,
+                         0.125,
+                         1.0000000000000002,
+                         std::numeric_limits<double>::denorm_min(),
+                         3 * std::numeric_limits<double>::denorm_min(),
+                         std::numeric_limits<double>::min(),
+                         std::numeric_limits<double>::min() / 2,
+                         std::numeric_limits<double>::max(),
+                         std::numeric_limits<double>::infinity(),
+                         -std::numeric_limits<double>::infinity(),
+                         std::numeric_limits<double>::quiet_NaN(),
+                         double(std::numeric_limits<float>::max()),
+                         double(std::numeric_limits<float>::denorm_min()),
+                         0x1p-1074,
+                         0x1p1023,
+                         0x1.8p-1060};
+  std::mt19937_64 rng(15);
+  for (int i = 0; i < 100000; ++i) {
+    std::uint64_t b = rng();
+    if (i % 4 == 0)
+      b &= ~((std::uint64_t{1} << 52) - 1); // a power of two, or infinity / NaN's exponent
+    if (i % 4 == 1)
+      b &= (std::uint64_t{1} << 63) | ((std::uint64_t{1} << 52) - 1); // subnormal
+    if (i % 4 == 2)
+      b = std::bit_cast<std::uint64_t>(double(std::bit_cast<float>(static_cast<std::uint32_t>(b))));
+    xs.push_back(std::bit_cast<double>(b));
+  }
+  int powers = 0;
+  for (double const x : xs) {
+    EXPECT_EQ(tg::ad::power_of_two_or_zero(x), by_frexp(x)) << x;
+    powers += by_frexp(x);
+    if (std::isnan(x))
+      continue;
+    double const got = tg::detail::ulp_of<double>(x), want = by_nextafter(std::abs(x));
+    EXPECT_TRUE(got == want || (std::isnan(got) && std::isnan(want))) << x;
+    float const f = static_cast<float>(std::abs(x));
+    if (double(f) == std::abs(x)) {
+      double const gotf = tg::detail::ulp_of<float>(x), wantf = by_nextafter(f);
+      EXPECT_TRUE(gotf == wantf || (std::isnan(gotf) && std::isnan(wantf))) << x;
+    }
+  }
+  EXPECT_GT(powers, 20000); // the patterns reach both answers
 }
 
 } // namespace test_jitter
