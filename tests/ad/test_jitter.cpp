@@ -423,8 +423,8 @@ TEST(Jitter, AValueStoredAndReloadedMovesAsWhereItIsRead) {
 
 // The bit tests the jitter and the second look use, against the library functions they replace:
 // whether a double is a power of two or zero (frexp), and the spacing of float and double values
-// (nextafter), over zeros, subnormals, normals next to powers of two, the largest finite values,
-// infinities and NaN, and random bit patterns.
+// (nextafter) and of bf16 values (ilogb, ldexp), over zeros, subnormals, normals next to powers
+// of two, the largest finite values, infinities and NaN, and random bit patterns.
 TEST(JitterBits, PowersOfTwoAndSpacingsAgreeWithTheLibrary) {
   auto const by_frexp = [](double x) {
     int e;
@@ -473,6 +473,10 @@ TEST(JitterBits, PowersOfTwoAndSpacingsAgreeWithTheLibrary) {
       continue;
     double const got = tg::detail::ulp_of<double>(x), want = by_nextafter(std::abs(x));
     EXPECT_TRUE(got == want || (std::isnan(got) && std::isnan(want))) << x;
+    if (std::isfinite(x)) { // bf16: 8 significant bits, the smallest normal's spacing below it
+      int const e = x != 0 ? std::max(std::ilogb(std::abs(x)), -126) : -126;
+      EXPECT_EQ(tg::detail::ulp_of<tg::bf16>(x), std::ldexp(1.0, e - 7)) << x;
+    }
     float const f = static_cast<float>(std::abs(x));
     if (double(f) == std::abs(x)) {
       double const gotf = tg::detail::ulp_of<float>(x), wantf = by_nextafter(f);

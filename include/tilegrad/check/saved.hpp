@@ -31,8 +31,15 @@ double ulp_of(double v) {
   double const a = std::abs(v);
   if constexpr (std::is_same_v<E, bf16>) {
     // 8 significant bits; below the smallest normal the spacing is that of the smallest normal.
-    int const e = a > 0 ? std::max(std::ilogb(a), -126) : -126;
-    return std::ldexp(1.0, e - 7);
+    // On the bits of a (ilogb and ldexp, library calls, took half of a bf16 check's time): its
+    // exponent, -126 at least, and 2^(e - 7) a normal double.
+    std::uint64_t const field = std::bit_cast<std::uint64_t>(a) >> 52;
+    if (field == 0x7ff) { // infinity or NaN (callers pass finite values)
+      int const e = std::max(std::ilogb(a), -126);
+      return std::ldexp(1.0, e - 7);
+    }
+    int const e = std::max(static_cast<int>(field) - 1023, -126);
+    return std::bit_cast<double>(static_cast<std::uint64_t>(e - 7 + 1023) << 52);
   } else {
     E const x = static_cast<E>(a);
     // The next E above x is x's bits plus one where x is finite and not negative (the largest
