@@ -296,7 +296,9 @@ private:
     for (int i = k - 1; i >= 0; --i)
       reach[i] = reach[i + 1] + (shape_[ax[i]] - 1) * strides_[ax[i]];
     auto const from = [&](auto const& self, int i, std::int64_t rem) -> bool {
-      if (i == k)
+      // (k <= max_tensor_rank: the second test never decides, but bounds the recursion GCC
+      // inlines at -O3, which otherwise warns of subscripts past the arrays at depths never met.)
+      if (i == k || i >= max_tensor_rank)
         return rem == 0;
       std::int64_t const st = strides_[ax[i]];
       std::int64_t const lo = std::max<std::int64_t>(0, (rem - reach[i + 1] + st - 1) / st);
