@@ -111,12 +111,14 @@ bool gemm_dual_planes(T* c, T const* a, T const* b) {
         planes[(k + 1) * n + i] = x[i].d[k];
     }
     V sums[16] = {};
-    std::size_t i = 0;
-    for (; i + 16 <= n * (D + 1); i += 16)
+    std::size_t const all = n * (D + 1), whole = all - all % 16;
+    for (std::size_t i = 0; i < whole; i += 16)
       for (int l = 0; l < 16; ++l)
         sums[l] += planes[i + l] - planes[i + l];
-    for (; i < n * (D + 1); ++i)
-      sums[0] += planes[i] - planes[i];
+    // (The rest counted from zero: GCC 12 at -O3 warned of the loop `for (; i < all; ++i)`,
+    // which never runs where `all` is a multiple of 16, as it invoking undefined behaviour.)
+    for (std::size_t j = 0; j < all % 16; ++j)
+      sums[0] += planes[whole + j] - planes[whole + j];
     V total = 0;
     for (V s : sums)
       total += s;
