@@ -23,17 +23,14 @@ namespace tilegrad::kernels {
 
 namespace detail {
 /// The error of check_softmax_rows, out of line: the check itself is three compares per program,
-/// with no call and no stores (a row kernel is memory-bound, and on a Xeon core every store a
-/// program makes between its rows' traffic cost the row's time).
-[[noreturn]] TILEGRAD_NOINLINE inline void softmax_rows_error(char const* who, int program,
-                                                              int block, char const* in_name,
-                                                              std::int64_t in_rows,
-                                                              std::int64_t in_cols,
-                                                              char const* out_name,
-                                                              std::int64_t out_rows,
-                                                              std::int64_t out_cols) {
-  std::string const head = std::string("tilegrad::") + who + " (program " +
-                           std::to_string(program) + "): ";
+/// with no call and no stores (a row kernel is memory-bound, and on a Xeon core the stores a
+/// program makes before its row's loads wait behind the previous row's: docs/performance.md).
+[[noreturn]] TILEGRAD_NOINLINE inline void
+softmax_rows_error(char const* who, int program, int block, char const* in_name,
+                   std::int64_t in_rows, std::int64_t in_cols, char const* out_name,
+                   std::int64_t out_rows, std::int64_t out_cols) {
+  std::string const head =
+      std::string("tilegrad::") + who + " (program " + std::to_string(program) + "): ";
   if (in_cols > block)
     throw std::invalid_argument(
         head + "'" + in_name + "' has rows of " + std::to_string(in_cols) +
